@@ -1,0 +1,44 @@
+"""ringlet: collective communication for Python.
+
+Real collectives across processes (shared memory on one host by default),
+every algorithm written once as a schedule that is executed, verified,
+costed and drawn.
+"""
+
+from __future__ import annotations
+
+from .algorithms import algorithms
+from .config import Settings
+from .errors import (
+    ArgumentError,
+    CommTimeoutError,
+    ConfigError,
+    MismatchError,
+    PeerError,
+    RingletError,
+    SpawnError,
+    VerificationError,
+)
+from .ops import ReduceOp
+from .schedule import Schedule
+from .verify import verify as _verify_schedule
+
+__version__ = "0.1.0"
+
+
+def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params: int) -> None:
+    """Run ``algorithm``'s schedule for ``collective`` on ``nranks`` ranks symbolically.
+
+    Raises :class:`VerificationError`, naming the rank and chunk, if the end
+    condition fails or a step reads a chunk its rank never received.
+    """
+    from .algorithms import build
+
+    _verify_schedule(build(collective, algorithm, nranks, root, **params))
+
+
+__all__ = [
+    "ArgumentError", "CommTimeoutError", "ConfigError", "MismatchError", "PeerError",
+    "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError", "VerificationError",
+    "algorithms", "verify",
+]

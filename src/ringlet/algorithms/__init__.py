@@ -1,0 +1,116 @@
+"""The algorithm library: one module per family, each algorithm a pure schedule.
+
+An algorithm is a builder ``fn(nranks, root=0, **params) -> Schedule``,
+registered for a collective under a name (and optional aliases).  Nothing
+here touches data or processes.
+
+>>> import ringlet
+>>> "ring" in ringlet.algorithms("all_reduce")
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..errors import ArgumentError
+from ..schedule import COLLECTIVES, Schedule
+
+Builder = Callable[..., Schedule]
+
+
+@dataclass
+class Entry:
+    name: str
+    builder: Builder
+    params: dict[str, int] = field(default_factory=dict)   # parameter -> default
+    doc: str = ""
+
+
+#: The family modules, one per classic family of algorithms.
+FAMILIES = ("naive", "ring")
+
+_REGISTRY: dict[str, dict[str, Entry]] = {c: {} for c in COLLECTIVES}
+_ALIASES: dict[str, dict[str, str]] = {c: {} for c in COLLECTIVES}
+
+
+def register(collective: str, name: str, *, aliases: tuple[str, ...] = (),
+             params: dict[str, int] | None = None) -> Callable[[Builder], Builder]:
+    """Decorator: register ``fn`` as algorithm ``name`` of ``collective``."""
+
+    def deco(fn: Builder) -> Builder:
+        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        _REGISTRY[collective][name] = Entry(name, fn, dict(params or {}), doc)
+        for a in aliases:
+            _ALIASES[collective][a] = name
+        return fn
+
+    return deco
+
+
+def _load() -> None:
+    # Importing the family modules registers their algorithms.
+    import importlib
+
+    for family in FAMILIES:
+        importlib.import_module(f"{__name__}.{family}")
+
+
+def _check_collective(collective: str) -> None:
+    if collective not in _REGISTRY:
+        raise ArgumentError(
+            f"unknown collective {collective!r}; use one of {', '.join(_REGISTRY)}")
+
+
+def algorithms(collective: str) -> list[str]:
+    """The names of the algorithms that implement ``collective``."""
+    _load()
+    _check_collective(collective)
+    return sorted(_REGISTRY[collective])
+
+
+def entry(collective: str, name: str) -> Entry:
+    """The registry entry for ``name`` (an alias is resolved); a clear error if unknown."""
+    _load()
+    _check_collective(collective)
+    key = _ALIASES[collective].get(name, name)
+    e = _REGISTRY[collective].get(key)
+    if e is None:
+        raise ArgumentError(
+            f"unknown algorithm {name!r} for {collective}; valid: "
+            f"{', '.join(sorted(_REGISTRY[collective]))}")
+    return e
+
+
+def canonical(collective: str, name: str) -> str:
+    return entry(collective, name).name
+
+
+@lru_cache(maxsize=512)
+def _build(collective: str, name: str, nranks: int, root: int,
+           params: tuple[tuple[str, int], ...]) -> Schedule:
+    e = entry(collective, name)
+    s = e.builder(nranks, root, **dict(params))
+    s.params = {**e.params, **dict(params)}
+    return s
+
+
+def build(collective: str, name: str, nranks: int, root: int = 0, **params: int) -> Schedule:
+    """The schedule of algorithm ``name`` for ``collective`` on ``nranks`` ranks (cached)."""
+    if nranks < 1:
+        raise ArgumentError(f"nranks must be >= 1, got {nranks}")
+    if not 0 <= root < nranks:
+        raise ArgumentError(f"root {root} is out of range for {nranks} ranks (0..{nranks - 1})")
+    e = entry(collective, name)
+    unknown = sorted(set(params) - set(e.params))
+    if unknown:
+        raise ArgumentError(
+            f"{collective}/{e.name} takes no parameter(s) {unknown}; "
+            f"it takes {sorted(e.params) or 'none'}")
+    return _build(collective, e.name, nranks, root if collective in _ROOTED else 0,
+                  tuple(sorted(params.items())))
+
+
+_ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})

@@ -1,0 +1,140 @@
+"""ringlet's settings: one typed object, documented defaults, ``RINGLET_<NAME>`` overrides.
+
+Every setting is a field of :class:`Settings`.  ``Settings.from_env()`` reads
+``RINGLET_<NAME>`` variables (``RINGLET_TIMEOUT=30``) and rejects any
+``RINGLET_*`` variable that names no setting, so a typo fails loudly instead
+of being ignored.  Code never reads ``os.environ`` for a setting anywhere
+else: the communicator carries its ``Settings`` and passes it down.
+
+Tests override settings in a scoped way, by passing a ``Settings`` object
+(``ringlet.spawn(fn, 4, settings=Settings(timeout=5))``) or with
+``settings.replace(timeout=5)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+
+#: ``RINGLET_*`` variables that are part of the launch protocol, not settings.
+#: ``ringlet run`` and ``ringlet.spawn`` set them for the ranks they start.
+LAUNCH_VARIABLES = frozenset({"RINGLET_JOB_ID"})
+
+_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"4096"``, ``"64K"``, ``"1M"``, ``"2G"`` (binary multiples) -> bytes."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = 1
+    if t and t[-1] in _SUFFIXES:
+        mult, t = _SUFFIXES[t[-1]], t[:-1]
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a byte size; write e.g. 4096, 64K, 1M or 2G") from None
+    if value < 0 or value != int(value):
+        raise ConfigError(f"{text!r} is not a whole, non-negative number of bytes")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of ringlet's settings.  Each is overridable by ``RINGLET_<NAME>``."""
+
+    timeout: float = field(default=300.0, metadata={
+        "doc": "Deadline in seconds for every wait (a collective, a recv, a start-up "
+               "rendezvous). A timeout names the collective, its sequence number and "
+               "the ranks that did not arrive."})
+    debug: str = field(default="", metadata={
+        "doc": "Logging, like NCCL_DEBUG: '' (quiet), WARN, INFO (one line per "
+               "collective: algorithm, count, bytes), TRACE (also every round)."})
+    algo: str = field(default="", metadata={
+        "doc": "Algorithm overrides per collective, e.g. 'all_reduce:ring;broadcast:tree'; "
+               "'^name' excludes an algorithm from the automatic choice."})
+    transport: str = field(default="auto", metadata={
+        "doc": "'auto' or 'shm' (shared memory on one host)."})
+    shm_slot_bytes: int = field(default=256 << 10, metadata={
+        "doc": "Bytes in one shared-memory message slot (a fragment). Accepts K/M/G."})
+    shm_slots: int = field(default=4, metadata={
+        "doc": "Slots per ordered pair of ranks (fragments in flight, >= 2)."})
+    spin_us: float = field(default=50.0, metadata={
+        "doc": "Microseconds a wait polls before it starts yielding the core."})
+    yield_us: float = field(default=2000.0, metadata={
+        "doc": "Microseconds a wait yields (sched_yield) before it sleeps between polls."})
+    sleep_us: float = field(default=200.0, metadata={
+        "doc": "Longest sleep between polls of a long wait, in microseconds."})
+    liveness_s: float = field(default=0.1, metadata={
+        "doc": "Seconds between checks, during a wait, that the peers are alive."})
+    grace: float = field(default=3.0, metadata={
+        "doc": "Seconds `ringlet run` and `ringlet.spawn` let the other ranks fail on "
+               "their own after one rank failed, before stopping them."})
+    start_method: str = field(default="spawn", metadata={
+        "doc": "multiprocessing start method of ringlet.spawn: spawn, forkserver or fork."})
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
+            raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
+        if self.transport not in ("auto", "shm"):
+            raise ConfigError(f"transport must be 'auto' or 'shm', got {self.transport!r}")
+        if self.shm_slot_bytes < 4096 or self.shm_slot_bytes % 64:
+            raise ConfigError(
+                f"shm_slot_bytes must be a multiple of 64 and >= 4096, got {self.shm_slot_bytes}")
+        if self.shm_slots < 2:
+            raise ConfigError(f"shm_slots must be >= 2, got {self.shm_slots}")
+        for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.start_method not in ("spawn", "forkserver", "fork"):
+            raise ConfigError(
+                f"start_method must be spawn, forkserver or fork, got {self.start_method!r}")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some settings changed (validated like the original)."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown}; known: {sorted(names)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then ``RINGLET_<NAME>`` variables from ``env``, then ``overrides``."""
+        env = os.environ if env is None else env
+        by_var = {f"RINGLET_{f.name.upper()}": f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for var, text in env.items():
+            if not var.startswith("RINGLET_") or var in LAUNCH_VARIABLES:
+                continue
+            f = by_var.get(var)
+            if f is None:
+                raise ConfigError(
+                    f"unknown setting {var}={text!r}; known: {', '.join(sorted(by_var))} "
+                    f"(see `ringlet config`)")
+            values[f.name] = _parse(f, var, text)
+        values.update(overrides)
+        return cls().replace(**values)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """``(variable, current value, documentation)`` for every setting."""
+        return [(f"RINGLET_{f.name.upper()}", repr(getattr(self, f.name)), f.metadata["doc"])
+                for f in fields(self)]
+
+
+def _parse(f: dataclasses.Field[Any], var: str, text: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    try:
+        if kind == "int":
+            return parse_bytes(text) if f.name.endswith("_bytes") else int(text)
+        if kind == "float":
+            return float(text)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"{var}={text!r} is not a valid {kind}: {exc}") from None
+    return text

@@ -1,0 +1,150 @@
+"""Reduction operators, supported element types and the reduce kernels.
+
+Kernels reduce in place (``dst = dst (op) src``) with numpy ufuncs and
+``out=``, so the hot loop allocates nothing.  torch's bfloat16 has no numpy
+type: it travels as 16-bit integers and is reduced by torch's own kernels on
+views of the same memory (torch is only imported when such a tensor is seen).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ArgumentError
+
+
+class ReduceOp(enum.IntEnum):
+    """The reduction operators.  Strings (``"sum"``, ``"max"``...) are accepted too."""
+
+    SUM = 0
+    PROD = 1
+    MIN = 2
+    MAX = 3
+    AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+
+    @classmethod
+    def parse(cls, op: ReduceOp | str) -> ReduceOp:
+        if isinstance(op, ReduceOp):
+            return op
+        if isinstance(op, str):
+            name = op.strip().upper()
+            name = {"PRODUCT": "PROD", "MEAN": "AVG", "AVERAGE": "AVG"}.get(name, name)
+            if name in cls.__members__:
+                return cls[name]
+        raise ArgumentError(
+            f"unknown reduction op {op!r}; use one of "
+            f"{', '.join(m.lower() for m in cls.__members__)} or ringlet.ReduceOp")
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type ringlet moves: its numpy storage type and its identity."""
+
+    name: str          # "float32", "bfloat16", ...
+    code: int          # stable number, compared across ranks
+    np_dtype: np.dtype[Any]  # storage; bfloat16 is stored as int16
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.np_dtype.itemsize)
+
+    @property
+    def is_float(self) -> bool:
+        return self.name == "bfloat16" or self.np_dtype.kind in "fc"
+
+    @property
+    def is_complex(self) -> bool:
+        return self.np_dtype.kind == "c"
+
+
+_NUMPY_NAMES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                "uint64", "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES: dict[str, DType] = {
+    name: DType(name, i, np.dtype(name)) for i, name in enumerate(_NUMPY_NAMES)}
+DTYPES["bfloat16"] = DType("bfloat16", len(_NUMPY_NAMES), np.dtype("int16"))
+DTYPE_BY_CODE = {d.code: d for d in DTYPES.values()}
+
+
+def dtype_of_numpy(dt: np.dtype[Any]) -> DType:
+    d = DTYPES.get(dt.name) if dt.isnative or dt.itemsize == 1 else None
+    if d is None:
+        raise ArgumentError(
+            f"dtype {dt} is not supported; use one of {', '.join(DTYPES)} "
+            f"(native byte order)")
+    return d
+
+
+_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+          ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+
+def check_op(op: ReduceOp, dt: DType) -> None:
+    """Raise ArgumentError if ``op`` is not defined on ``dt`` (before any communication)."""
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and dt.is_float:
+        raise ArgumentError(
+            f"bitwise op {op.name} is not defined for {dt.name}; use it on bool or integer "
+            f"buffers (view the bits as an integer type if that is what you mean)")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and dt.is_complex:
+        raise ArgumentError(f"{op.name} is not defined for complex dtype {dt.name}")
+    if op is ReduceOp.AVG and not dt.is_float:
+        raise ArgumentError(
+            f"AVG is defined for floating and complex buffers, not {dt.name}; "
+            f"use SUM and divide by the size yourself")
+
+
+def reducer(op: ReduceOp, dt: DType) -> Reducer:
+    """The in-place kernel ``dst = dst (op) src`` for this op and element type."""
+    if dt.name == "bfloat16":
+        return _torch_bf16_reducer(op)
+    ufunc = _UFUNC[op]
+
+    def reduce(dst: np.ndarray, src: np.ndarray) -> None:
+        ufunc(dst, src, out=dst)
+
+    return reduce
+
+
+def _torch_bf16_reducer(op: ReduceOp) -> Reducer:
+    import torch
+
+    fn = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
+          ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}[op]
+
+    def reduce(dst: np.ndarray, src: np.ndarray) -> None:
+        d = torch.from_numpy(dst).view(torch.bfloat16)
+        s = torch.from_numpy(np.ascontiguousarray(src)).view(torch.bfloat16)
+        fn(d, s, out=d)
+
+    return reduce
+
+
+def finish_avg(buf: np.ndarray, dt: DType, nranks: int) -> None:
+    """Turn a SUM into the AVG, in place, identically on every rank."""
+    if buf.size == 0:
+        return
+    if dt.name == "bfloat16":
+        import torch
+
+        t = torch.from_numpy(buf).view(torch.bfloat16)
+        t.div_(nranks)
+    else:
+        np.divide(buf, nranks, out=buf, casting="unsafe")
+
+
+def reference_reduce(stack: np.ndarray, op: ReduceOp) -> np.ndarray:
+    """numpy's answer for ``op`` over axis 0 of ``stack``, in stack's dtype (the test oracle)."""
+    if op is ReduceOp.AVG:
+        out = np.add.reduce(stack, axis=0, dtype=stack.dtype)
+        return (out / stack.shape[0]).astype(stack.dtype)
+    return _UFUNC[op].reduce(stack, axis=0, dtype=stack.dtype)
