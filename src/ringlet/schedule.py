@@ -182,7 +182,7 @@ class Counts:
     round_reduced: np.ndarray    # per round: the most bytes any rank reduces in it
 
 
-@dataclass
+@dataclass(eq=False)
 class Schedule:
     """One algorithm for one collective on ``nranks`` ranks (see the module docs)."""
 

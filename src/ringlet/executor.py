@@ -1,0 +1,144 @@
+"""Runs one rank's steps of a schedule on a transport.
+
+A schedule's steps name chunks; :func:`compile_program` turns one rank's
+steps, for one unit count ``m``, into element ranges (cached, so a repeated
+call costs nothing to plan).  :func:`execute` then runs the rounds: it
+queues the round's sends, posts its receives (reducing in place with the
+numpy kernels as fragments arrive), performs local copies and reductions in
+the order the schedule lists them, and waits for the round to finish.
+
+Order within a round follows the schedule's semantics: a send reads what the
+rank held when the round began (if a later write of the same round overlaps
+it, the executor sends a snapshot), and writes apply in step order (a
+receive that reduces into a region an earlier receive of the round is still
+writing waits for it, so reductions happen in the same order on every run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .schedule import Buf, Kind, Ref, Schedule
+from .transport.shm import RecvReq, SendReq, ShmTransport
+
+Range = tuple[int, int, int]   # (buffer, first element, stop element)
+
+
+@dataclass
+class _Op:
+    kind: Kind
+    peer: int
+    dst: tuple[Range, ...]
+    src: tuple[Range, ...]
+    snapshot: bool = False      # SEND: send a copy taken at the start of the round
+    after_recvs: bool = False   # RECV/RRED: wait for the round's earlier receives first
+
+
+@dataclass
+class Program:
+    """One rank's steps of one schedule at one unit count, as element ranges."""
+
+    rounds: list[list[_Op]]
+    elems: dict[int, int]                       # buffer -> elements it must hold
+    messages: int = 0
+    snap_elems: int = 0                         # most elements snapshotted in one round
+    _peers: set[int] = field(default_factory=set)
+
+
+def _ranges(refs: tuple[Ref, ...], bounds: dict[Buf, np.ndarray]) -> tuple[Range, ...]:
+    out: list[list[int]] = []
+    for b, s, e in refs:
+        lo, hi = int(bounds[b][s]), int(bounds[b][e])
+        if hi == lo:
+            continue
+        if out and out[-1][0] == b and out[-1][2] == lo:
+            out[-1][2] = hi
+        else:
+            out.append([int(b), lo, hi])
+    return tuple((b, lo, hi) for b, lo, hi in out)
+
+
+def _overlap(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
+    return any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
+
+
+@lru_cache(maxsize=256)
+def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
+    """Element-level plan of ``rank``'s steps for unit count ``m`` (cached)."""
+    bounds = {b: lay.bounds(m) for b, lay in schedule.layouts.items()}
+    rounds: list[list[_Op]] = []
+    snap = msgs = 0
+    for steps in schedule.steps(rank):
+        ops = [_Op(st.kind, st.peer, _ranges(st.dst, bounds), _ranges(st.src, bounds))
+               for st in steps]
+        writes = tuple(r for op in ops if op.kind is not Kind.SEND for r in op.dst)
+        recv_dsts: tuple[Range, ...] = ()
+        for op in ops:
+            if op.kind is Kind.SEND:
+                op.snapshot = _overlap(op.src, writes)
+                if op.snapshot:
+                    snap += sum(hi - lo for _, lo, hi in op.src)
+                msgs += 1
+            elif op.kind in (Kind.RECV, Kind.RRED):
+                op.after_recvs = _overlap(op.dst, recv_dsts)
+                recv_dsts += op.dst
+        # a message of zero elements is never sent (both sides agree it is empty)
+        ops = [op for op in ops if (op.src if op.kind is Kind.SEND else op.dst)]
+        rounds.append(ops)
+    elems = {int(b): int(bd[-1]) for b, bd in bounds.items()}
+    return Program(rounds, elems, msgs, snap)
+
+
+def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarray],
+            reduce: Callable[[np.ndarray, np.ndarray], None] | None,
+            what: Callable[[], str]) -> None:
+    """Run ``program`` on ``transport`` over the flat typed buffers ``bufs``."""
+    round_no = 0
+
+    def describe() -> str:
+        return f"{what()}, round {round_no}"
+
+    for round_no, ops in enumerate(program.rounds):  # noqa: B007 - read by describe()
+        if not ops:
+            continue
+        reqs: list[SendReq | RecvReq] = []
+        recvs: list[RecvReq] = []
+        for op in ops:
+            if op.kind is Kind.SEND:
+                parts = [bufs[b][lo:hi] for b, lo, hi in op.src]
+                if op.snapshot:
+                    parts = [p.copy() for p in parts]
+                reqs.append(transport.isend(op.peer, [p.view(np.uint8) for p in parts]))
+            elif op.kind in (Kind.RECV, Kind.RRED):
+                if op.after_recvs:
+                    transport.wait(recvs, describe)
+                r = transport.irecv(op.peer, [bufs[b][lo:hi] for b, lo, hi in op.dst],
+                                    reduce if op.kind is Kind.RRED else None)
+                recvs.append(r)
+                reqs.append(r)
+            else:
+                transport.wait(recvs, describe)
+                srcs = [bufs[b][lo:hi] for b, lo, hi in op.src]
+                dsts = [bufs[b][lo:hi] for b, lo, hi in op.dst]
+                _local(op.kind, dsts, srcs, reduce)
+        transport.wait(reqs, describe)
+
+
+def _local(kind: Kind, dsts: list[np.ndarray], srcs: list[np.ndarray],
+           reduce: Callable[[np.ndarray, np.ndarray], None] | None) -> None:
+    """COPY or LRED between equal-length lists of ranges (they may split differently)."""
+    src = srcs[0] if len(srcs) == 1 else np.concatenate(srcs)
+    pos = 0
+    for d in dsts:
+        piece = src[pos:pos + d.size]
+        if kind is Kind.COPY:
+            d[...] = piece
+        else:
+            if reduce is None:
+                raise TypeError("a local reduction needs a reduce kernel")
+            reduce(d, piece)
+        pos += d.size

@@ -1,0 +1,489 @@
+"""The shared-memory transport: ringlet's default on one host.
+
+Each rank of a communicator owns one segment (a file in ``/dev/shm``, mode
+0600, named ``ringlet-<job id>-<communicator token>-<rank>``, the job id
+being 128 random bits).  It holds:
+
+- a header: pid, the two latest collective descriptors, attach flags and an
+  abort mailbox;
+- for every peer, two single-producer single-consumer channels (one for
+  collectives, one for the user's point-to-point messages, so the two never
+  mix), each a ring of ``shm_slots`` slots of ``shm_slot_bytes``.
+
+The producer writes a fragment into a slot, then its length, then advances
+``head``; the consumer reads, then advances ``tail`` (x86-64's store order
+makes this safe without locks).  Segments are unlinked as soon as every peer
+has mapped them, so nothing is left in ``/dev/shm`` even if a rank is
+SIGKILLed afterwards; the mappings live as long as the processes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+import numpy as np
+
+from ..config import Settings
+from ..errors import ArgumentError, CommTimeoutError, PeerError, RingletError
+from ..wait import Waiter
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), "ringlet-shm")
+
+MAGIC = 0x524C4E4731          # "RLNG1"
+DESC_WORDS = 16               # one collective descriptor: seq + 15 words
+ABORT_BYTES = 1024
+COLL, P2P = 0, 1
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class _Layout:
+    """Byte offsets inside one rank's segment."""
+
+    def __init__(self, size: int, slots: int, slot_bytes: int) -> None:
+        self.size, self.K, self.F = size, slots, slot_bytes
+        self.desc = 64
+        self.attached = self.desc + 2 * DESC_WORDS * 8
+        self.abort = _align(self.attached + 8 * size, 64)
+        self.ctrl = _align(self.abort + 16 + ABORT_BYTES, 64)
+        self.ctrl_bytes = 128 + _align(8 * slots, 64)
+        self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096)
+        self.total = self.data + 2 * size * slots * slot_bytes
+
+    def ctrl_off(self, kind: int, peer: int) -> int:
+        return self.ctrl + (kind * self.size + peer) * self.ctrl_bytes
+
+    def data_off(self, kind: int, peer: int) -> int:
+        return self.data + (kind * self.size + peer) * self.K * self.F
+
+
+class _Channel:
+    """One direction between two ranks; lives in the producer's segment."""
+
+    __slots__ = ("head", "tail", "lens", "slots", "count", "K", "F")
+
+    def __init__(self, mm: mmap.mmap, lay: _Layout, kind: int, consumer: int) -> None:
+        c = lay.ctrl_off(kind, consumer)
+        mv = memoryview(mm)
+        self.head = mv[c:c + 8].cast("q")
+        self.tail = mv[c + 64:c + 72].cast("q")
+        self.lens = mv[c + 128:c + 128 + 8 * lay.K].cast("q")
+        d = lay.data_off(kind, consumer)
+        self.slots = [np.frombuffer(mm, np.uint8, lay.F, d + i * lay.F) for i in range(lay.K)]
+        self.count = 0   # head (producer side) or tail (consumer side), mirrored locally
+        self.K, self.F = lay.K, lay.F
+
+    def release(self) -> None:
+        for v in (self.head, self.tail, self.lens):
+            v.release()
+        self.slots = []
+
+
+class SendReq:
+    """A message being pushed into a channel, fragment by fragment."""
+
+    __slots__ = ("chan", "parts", "pi", "off", "remaining", "peer")
+
+    def __init__(self, chan: _Channel, parts: Sequence[np.ndarray], peer: int) -> None:
+        self.chan, self.peer = chan, peer
+        self.parts = [p for p in parts if p.size]
+        self.pi = self.off = 0
+        self.remaining = sum(p.size for p in self.parts)
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+    def push(self) -> bool:
+        """Write as many fragments as there are free slots; True if any was written."""
+        ch, moved = self.chan, False
+        while self.remaining:
+            h = ch.count
+            if h - ch.tail[0] >= ch.K:
+                return moved
+            slot = ch.slots[h % ch.K]
+            n = min(ch.F, self.remaining)
+            filled = 0
+            while filled < n:
+                part = self.parts[self.pi]
+                take = min(part.size - self.off, n - filled)
+                slot[filled:filled + take] = part[self.off:self.off + take]
+                filled += take
+                self.off += take
+                if self.off == part.size:
+                    self.pi += 1
+                    self.off = 0
+            ch.lens[h % ch.K] = n
+            ch.count = h + 1
+            ch.head[0] = h + 1
+            self.remaining -= n
+            moved = True
+        return moved
+
+
+class RecvReq:
+    """A message being pulled from a channel into typed parts, copying or reducing."""
+
+    __slots__ = ("chan", "parts", "reducer", "pi", "off", "remaining", "peer", "itemsize")
+
+    def __init__(self, chan: _Channel, parts: Sequence[np.ndarray],
+                 reducer: Callable[[np.ndarray, np.ndarray], None] | None, peer: int) -> None:
+        self.chan, self.peer, self.reducer = chan, peer, reducer
+        self.parts = [p for p in parts if p.size]
+        self.itemsize = self.parts[0].itemsize if self.parts else 1
+        self.pi = self.off = 0   # off counts elements of parts[pi]
+        self.remaining = sum(p.size for p in self.parts) * self.itemsize
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+    def pull(self) -> bool:
+        """Consume every fragment that has arrived; True if any was."""
+        ch, moved, isz = self.chan, False, self.itemsize
+        while self.remaining:
+            t = ch.count
+            if ch.head[0] == t:
+                return moved
+            slot = ch.slots[t % ch.K]
+            n = ch.lens[t % ch.K]
+            if n > self.remaining or n % isz:
+                raise RingletError(
+                    f"message from rank {self.peer} does not fit: {n} bytes arrived, "
+                    f"{self.remaining} expected (ranks disagree about a message size)")
+            pos = 0
+            while pos < n:
+                part = self.parts[self.pi]
+                take = min(part.size - self.off, (n - pos) // isz)
+                src = slot[pos:pos + take * isz].view(part.dtype)
+                dst = part[self.off:self.off + take]
+                if self.reducer is None:
+                    dst[...] = src
+                else:
+                    self.reducer(dst, src)
+                pos += take * isz
+                self.off += take
+                if self.off == part.size:
+                    self.pi += 1
+                    self.off = 0
+            ch.count = t + 1
+            ch.tail[0] = t + 1
+            self.remaining -= n
+            moved = True
+        return moved
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+class ShmTransport:
+    """Channels between the ranks of one communicator on one host."""
+
+    def __init__(self, rank: int, size: int, prefix: str, settings: Settings) -> None:
+        self.rank, self.size, self.prefix, self.settings = rank, size, prefix, settings
+        self.lay = _Layout(size, settings.shm_slots, settings.shm_slot_bytes)
+        self.maps: list[mmap.mmap | None] = [None] * size
+        self._views: list[memoryview] = []
+        self.pids = [0] * size
+        self._closed = False
+        self.out: list[list[_Channel]] = []   # [kind][peer]: channels I produce
+        self.inn: list[list[_Channel]] = []   # [kind][peer]: channels I consume
+        self._sendq: list[deque[SendReq]] = [deque() for _ in range(size)]
+        self._recvq: list[deque[RecvReq]] = [deque() for _ in range(size)]
+        self._active_send: set[int] = set()
+        self._active_recv: set[int] = set()
+        self.describe: Callable[[], str] = lambda: "a collective"
+
+    # --- start-up -------------------------------------------------------------
+
+    def path(self, rank: int) -> str:
+        return os.path.join(SHM_DIR, f"{self.prefix}-{rank}")
+
+    def connect(self, timeout: float | None = None) -> None:
+        """Create my segment, map every peer's, and unlink mine once all have mapped it."""
+        os.makedirs(SHM_DIR, mode=0o700, exist_ok=True)
+        mine = self.path(self.rank)
+        try:
+            fd = os.open(mine, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise RingletError(
+                f"shared-memory segment {mine} already exists: two jobs share a job id "
+                f"(RINGLET_JOB_ID={self.prefix!r}?)") from None
+        try:
+            os.ftruncate(fd, self.lay.total)
+            mm = mmap.mmap(fd, self.lay.total)
+        finally:
+            os.close(fd)
+        self.maps[self.rank] = mm
+        hdr = self._words(self.rank, 0, 8)
+        hdr[1] = os.getpid()
+        hdr[0] = MAGIC
+        deadline = time.monotonic() + (self.settings.timeout if timeout is None else timeout)
+        try:
+            self._map_peers(deadline)
+            self._await_attached(deadline)
+        finally:
+            try:
+                os.unlink(mine)
+            except FileNotFoundError:
+                pass
+        self._channels()
+
+    def _map_peers(self, deadline: float) -> None:
+        pending = [q for q in range(self.size) if q != self.rank]
+        delay = 1e-4
+        while pending:
+            for q in list(pending):
+                try:
+                    fd = os.open(self.path(q), os.O_RDWR)
+                except FileNotFoundError:
+                    continue
+                try:
+                    if os.fstat(fd).st_size < self.lay.total:
+                        continue  # created but not yet sized
+                    mm = mmap.mmap(fd, self.lay.total)
+                finally:
+                    os.close(fd)
+                if int.from_bytes(mm[0:8], "little") != MAGIC:
+                    mm.close()  # sized, but its header is not written yet
+                    continue
+                self.maps[q] = mm
+                self.pids[q] = int.from_bytes(mm[8:16], "little")
+                self._words(q, self.lay.attached, self.size)[self.rank] = 1
+                pending.remove(q)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise CommTimeoutError(
+                        f"timed out starting the shared-memory transport ({self.prefix}): "
+                        f"ranks {', '.join(map(str, pending))} did not arrive; check that "
+                        f"every rank called ringlet.init()")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.01)
+        self.pids[self.rank] = os.getpid()
+
+    def _await_attached(self, deadline: float) -> None:
+        att = self._words(self.rank, self.lay.attached, self.size)
+        delay = 1e-4
+        while True:
+            missing = [q for q in range(self.size) if q != self.rank and att[q] != 1]
+            if not missing:
+                return
+            for q in missing:
+                if self.pids[q] and not _pid_alive(self.pids[q]):
+                    raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up")
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"timed out starting the shared-memory transport: ranks "
+                    f"{', '.join(map(str, missing))} did not map this rank's segment")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def _words(self, rank: int, offset: int, n: int) -> memoryview:
+        mm = self.maps[rank]
+        if mm is None:
+            raise RingletError(f"rank {rank}'s segment is not mapped")
+        v = memoryview(mm)[offset:offset + 8 * n].cast("q")
+        self._views.append(v)
+        return v
+
+    def _channels(self) -> None:
+        self.out = [[_Channel(self.maps[self.rank], self.lay, k, q)  # type: ignore[arg-type]
+                     for q in range(self.size)] for k in (COLL, P2P)]
+        self.inn = [[_Channel(self.maps[q], self.lay, k, self.rank)  # type: ignore[arg-type]
+                     for q in range(self.size)] for k in (COLL, P2P)]
+        self._desc = [self._words(q, self.lay.desc, 2 * DESC_WORDS) for q in range(self.size)]
+        self._abort = [self._words(q, self.lay.abort, 2) for q in range(self.size)]
+
+    # --- collective descriptors -------------------------------------------------
+
+    def publish(self, seq: int, words: Sequence[int]) -> None:
+        """Publish my descriptor of collective ``seq`` (the sequence number is written last)."""
+        d, base = self._desc[self.rank], (seq % 2) * DESC_WORDS
+        for i, w in enumerate(words, 1):
+            d[base + i] = int(w)
+        d[base] = seq
+
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        """Rank q's descriptor of collective ``seq``, or None if it has not published it."""
+        d, base = self._desc[q], (seq % 2) * DESC_WORDS
+        if d[base] != seq:
+            return None
+        return tuple(d[base + 1:base + DESC_WORDS])
+
+    def latest_desc(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        """(seq, descriptor) of the last collective rank q entered, if any."""
+        d = self._desc[q]
+        best = max((d[0], 0), (d[DESC_WORDS], DESC_WORDS))
+        if best[0] <= 0:
+            return None
+        return best[0], tuple(d[best[1] + 1:best[1] + DESC_WORDS])
+
+    # --- failure ------------------------------------------------------------------
+
+    def abort(self, message: str) -> None:
+        """Tell every rank of this communicator to fail with ``message``."""
+        data = message.encode()[:ABORT_BYTES]
+        for q in range(self.size):
+            mm = self.maps[q]
+            if mm is None:
+                continue
+            a = self.lay.abort
+            if self._abort[q][0]:
+                continue
+            mm[a + 16:a + 16 + len(data)] = data
+            self._abort[q][1] = len(data)
+            self._abort[q][0] = 1
+
+    def aborted(self) -> str | None:
+        a = self._abort[self.rank]
+        if not a[0]:
+            return None
+        off = self.lay.abort + 16
+        return bytes(self.maps[self.rank][off:off + a[1]]).decode(errors="replace")  # type: ignore[index]
+
+    def check(self, watch: Sequence[int] | None = None) -> None:
+        """Raise PeerError if a peer aborted the communicator or died."""
+        msg = self.aborted()
+        if msg is not None:
+            raise PeerError(msg)
+        for q in range(self.size) if watch is None else watch:
+            if q != self.rank and not _pid_alive(self.pids[q]):
+                raise PeerError(
+                    f"rank {q} (pid {self.pids[q]}) died; {self.describe()} cannot complete")
+
+    # --- requests -------------------------------------------------------------------
+
+    def isend(self, peer: int, parts: Sequence[np.ndarray], kind: int = COLL) -> SendReq:
+        """Queue a message of ``parts`` (uint8 views) to ``peer``; progress() moves it."""
+        req = SendReq(self.out[kind][peer], parts, peer)
+        if kind == COLL and req.remaining:
+            self._sendq[peer].append(req)
+            self._active_send.add(peer)
+        return req
+
+    def irecv(self, peer: int, parts: Sequence[np.ndarray],
+              reducer: Callable[[np.ndarray, np.ndarray], None] | None = None,
+              kind: int = COLL) -> RecvReq:
+        """Queue a receive from ``peer`` into ``parts`` (typed views), copying or reducing."""
+        req = RecvReq(self.inn[kind][peer], parts, reducer, peer)
+        if kind == COLL and req.remaining:
+            self._recvq[peer].append(req)
+            self._active_recv.add(peer)
+        return req
+
+    def progress(self) -> bool:
+        """Advance every queued collective request; True if any byte moved."""
+        moved = False
+        for q in tuple(self._active_send):
+            dq = self._sendq[q]
+            while dq:
+                moved |= dq[0].push()
+                if dq[0].remaining:
+                    break
+                dq.popleft()
+            if not dq:
+                self._active_send.discard(q)
+        for q in tuple(self._active_recv):
+            rq = self._recvq[q]
+            while rq:
+                moved |= rq[0].pull()
+                if rq[0].remaining:
+                    break
+                rq.popleft()
+            if not rq:
+                self._active_recv.discard(q)
+        return moved
+
+    def pending_peers(self) -> list[int]:
+        return sorted(self._active_send | self._active_recv)
+
+    def wait(self, reqs: Sequence[SendReq | RecvReq], what: Callable[[], str]) -> None:
+        """Progress until every request in ``reqs`` is done, within the deadline."""
+        if all(r.done for r in reqs):
+            return
+        waiter = Waiter(self.settings, what,
+                        lambda: [r.peer for r in reqs if not r.done],
+                        lambda: self.check([r.peer for r in reqs if not r.done]))
+        while True:
+            if not self.progress():
+                if all(r.done for r in reqs):
+                    return
+                waiter.pause()
+
+    def discard_pending(self) -> None:
+        """Forget queued collective requests (after an error the communicator is aborted)."""
+        for dq in self._sendq:
+            dq.clear()
+        for rq in self._recvq:
+            rq.clear()
+        self._active_send.clear()
+        self._active_recv.clear()
+
+    # --- shutdown ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap every segment (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for chans in self.out + self.inn:
+            for c in chans:
+                c.release()
+        for v in self._views:
+            v.release()
+        self._views.clear()
+        self.out, self.inn = [], []
+        for i, mm in enumerate(self.maps):
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # a view is still referenced; the mapping goes with the process
+                self.maps[i] = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def cleanup(job_id: str) -> list[str]:
+    """Remove every segment file of ``job_id`` left behind (the launcher's backstop)."""
+    removed = []
+    if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
+        raise ArgumentError(f"bad job id {job_id!r}")
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(f"ringlet-{job_id}-"):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+

@@ -1,0 +1,77 @@
+"""How ringlet waits: spin briefly, then yield the core, then sleep; always with a deadline.
+
+Every wait in ringlet goes through a :class:`Waiter`.  It polls for a while
+(the fast path when peers are running), then yields the core with
+``sched_yield`` so that more ranks than cores still make progress, then
+sleeps in growing steps.  Every ``liveness_s`` it asks the transport whether
+a peer died or aborted, and at the deadline it raises
+:class:`~ringlet.errors.CommTimeoutError` with a message that names the
+operation, its sequence number and the ranks that did not arrive.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+
+from .config import Settings
+from .errors import CommTimeoutError
+
+_sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class Waiter:
+    """One wait.  Call :meth:`pause` whenever a poll found nothing to do."""
+
+    __slots__ = ("_what", "_missing", "_check", "_start", "_deadline", "_spin_end",
+                 "_yield_end", "_sleep", "_sleep_max", "_next_check", "_liveness",
+                 "_polls", "timeout")
+
+    def __init__(self, settings: Settings, what: Callable[[], str],
+                 missing: Callable[[], Iterable[int]],
+                 check: Callable[[], None] | None = None,
+                 timeout: float | None = None) -> None:
+        self._what = what
+        self._missing = missing
+        self._check = check
+        self.timeout = settings.timeout if timeout is None else timeout
+        now = time.monotonic()
+        self._start = now
+        self._deadline = now + self.timeout
+        self._spin_end = now + settings.spin_us * 1e-6
+        self._yield_end = self._spin_end + settings.yield_us * 1e-6
+        self._sleep = 20e-6
+        self._sleep_max = max(settings.sleep_us * 1e-6, 20e-6)
+        self._liveness = settings.liveness_s
+        self._next_check = now + min(self._liveness, 0.01)
+        self._polls = 0
+
+    def pause(self) -> None:
+        """Nothing to do this poll: spin, yield or sleep, and check peers and the deadline."""
+        self._polls += 1
+        if self._polls & 15:
+            return  # pure spin between clock reads
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + self._liveness
+            if self._check is not None:
+                self._check()
+            if now >= self._deadline:
+                raise self.timeout_error()
+        if now < self._spin_end:
+            return
+        if now < self._yield_end:
+            _sched_yield()
+            return
+        time.sleep(self._sleep)
+        self._sleep = min(self._sleep * 2, self._sleep_max)
+
+    def timeout_error(self) -> CommTimeoutError:
+        missing = sorted(set(self._missing()))
+        who = (f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} "
+               f"did not arrive") if missing else "no rank is known to be missing"
+        return CommTimeoutError(
+            f"timed out after {self.timeout:g} s in {self._what()}: {who}. If the peers are "
+            f"just slow, raise RINGLET_TIMEOUT (seconds); if they called a different "
+            f"collective or none, fix the program's collective order")
