@@ -1,0 +1,140 @@
+"""Settings: defaults, RINGLET_* overrides, validation, and ``ringlet config``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from ringlet.config import LAUNCH_VARIABLES, Settings, parse_bytes
+from ringlet.configcli import configure, main
+from ringlet.errors import ConfigError
+
+
+def test_defaults() -> None:
+    s = Settings()
+    assert s.timeout == 300.0
+    assert s.debug == ""
+    assert s.algo == ""
+    assert s.transport == "auto"
+    assert s.shm_slot_bytes == 256 << 10
+    assert s.shm_slots == 4
+    assert s.grace == 3.0
+    assert s.start_method == "spawn"
+    assert Settings.from_env({}) == s
+
+
+def test_every_setting_has_a_variable_and_a_doc() -> None:
+    rows = Settings().describe()
+    assert [var for var, _, _ in rows] == [
+        f"RINGLET_{f.name.upper()}" for f in dataclasses.fields(Settings)]
+    assert all(doc.strip() for _, _, doc in rows)
+
+
+def test_overrides_are_parsed_and_typed() -> None:
+    s = Settings.from_env({
+        "RINGLET_TIMEOUT": "30", "RINGLET_DEBUG": "INFO", "RINGLET_ALGO": "all_reduce:ring",
+        "RINGLET_SHM_SLOTS": "8", "RINGLET_SHM_SLOT_BYTES": "64K", "RINGLET_GRACE": "0.5",
+        "RINGLET_START_METHOD": "fork", "RINGLET_SPIN_US": "0",
+        "HOME": "/root", "RINGLET_JOB_ID": "abc",   # not settings: ignored
+    })
+    assert s.timeout == 30.0 and isinstance(s.timeout, float)
+    assert s.shm_slots == 8 and isinstance(s.shm_slots, int)
+    assert s.shm_slot_bytes == 65536
+    assert (s.debug, s.algo, s.grace, s.start_method, s.spin_us) == (
+        "INFO", "all_reduce:ring", 0.5, "fork", 0.0)
+    assert "RINGLET_JOB_ID" in LAUNCH_VARIABLES
+
+
+def test_keyword_overrides_win_over_the_environment() -> None:
+    s = Settings.from_env({"RINGLET_TIMEOUT": "30"}, timeout=7)
+    assert s.timeout == 7
+
+
+@pytest.mark.parametrize("text, value", [
+    ("4096", 4096), ("64K", 65536), ("64k", 65536), ("64KiB", 65536), ("64KB", 65536),
+    ("1M", 1 << 20), ("2G", 2 << 30), ("1.5K", 1536), (" 8K ", 8192), ("0", 0),
+])
+def test_byte_sizes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lots", r"'lots' is not a byte size; write e.g. 4096, 64K"),
+    ("", r"'' is not a byte size"),
+    ("1.3", r"'1.3' is not a whole, non-negative number of bytes"),
+    ("-4K", r"'-4K' is not a whole, non-negative"),
+])
+def test_bad_byte_sizes(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_bytes(text)
+
+
+def test_unknown_variable_is_rejected_with_the_known_names() -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting RINGLET_FOO='1'; known: .*"
+                                          r"RINGLET_GRACE.*RINGLET_TIMEOUT.*ringlet config"):
+        Settings.from_env({"RINGLET_FOO": "1"})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RINGLET_TIMEOUT": "soon"}, r"RINGLET_TIMEOUT='soon' is not a valid float"),
+    ({"RINGLET_SHM_SLOTS": "4.0"}, r"RINGLET_SHM_SLOTS='4.0' is not a valid int"),
+    ({"RINGLET_SHM_SLOT_BYTES": "big"}, r"RINGLET_SHM_SLOT_BYTES='big' is not a valid int"),
+    ({"RINGLET_TIMEOUT": "0"}, r"timeout must be > 0 seconds, got 0.0"),
+    ({"RINGLET_TIMEOUT": "nan"}, r"timeout must be > 0 seconds"),
+    ({"RINGLET_DEBUG": "LOUD"}, r"debug must be '', WARN, INFO or TRACE, got 'LOUD'"),
+    ({"RINGLET_TRANSPORT": "tcp"}, r"transport must be 'auto' or 'shm', got 'tcp'"),
+    ({"RINGLET_SHM_SLOT_BYTES": "1K"}, r"shm_slot_bytes must be a multiple of 64 and >= 4096"),
+    ({"RINGLET_SHM_SLOT_BYTES": "4100"}, r"shm_slot_bytes must be a multiple of 64"),
+    ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),
+    ({"RINGLET_GRACE": "-1"}, r"grace must be >= 0, got -1.0"),
+    ({"RINGLET_START_METHOD": "thread"}, r"start_method must be spawn, forkserver or fork"),
+])
+def test_invalid_values_are_rejected(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env)
+
+
+def test_replace_validates() -> None:
+    s = Settings()
+    t = s.replace(timeout=5, grace=0.1)
+    assert (t.timeout, t.grace) == (5, 0.1)
+    assert s.timeout == 300.0  # the original is untouched (frozen)
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['timout'\]; known: .*'timeout'"):
+        s.replace(timout=5)
+    with pytest.raises(ConfigError, match=r"shm_slots must be >= 2, got 0"):
+        s.replace(shm_slots=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.timeout = 1  # type: ignore[misc]
+
+
+# -- ringlet config -----------------------------------------------------------------
+
+
+def run_config(capsys: pytest.CaptureFixture[str]) -> str:
+    parser = argparse.ArgumentParser(prog="ringlet config")
+    configure(parser)
+    assert main(parser.parse_args([])) == 0
+    return capsys.readouterr().out
+
+
+def test_config_command_lists_every_setting(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGLET_TIMEOUT", "12")
+    out = run_config(capsys)
+    for var, _, doc in Settings().describe():
+        assert var in out
+        assert doc.split()[0] in out
+    lines = out.splitlines()
+    assert any(line.startswith("RINGLET_TIMEOUT") and "= 12.0  (from the environment)" in line
+               for line in lines)
+    assert any(line.startswith("RINGLET_GRACE") and "= 3.0  (default)" in line for line in lines)
+
+
+def test_config_command_reports_bad_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGLET_TIMOUT", "12")
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    with pytest.raises(ConfigError, match="unknown setting RINGLET_TIMOUT"):
+        main(parser.parse_args([]))
