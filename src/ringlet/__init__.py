@@ -8,6 +8,7 @@ costed and drawn.
 from __future__ import annotations
 
 from .algorithms import algorithms
+from .comm import Communicator, Work, init
 from .config import Settings
 from .errors import (
     ArgumentError,
@@ -38,7 +39,7 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params
 
 
 __all__ = [
-    "ArgumentError", "CommTimeoutError", "ConfigError", "MismatchError", "PeerError",
-    "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError", "VerificationError",
-    "algorithms", "verify",
+    "ArgumentError", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
+    "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError",
+    "VerificationError", "Work", "algorithms", "init", "verify",
 ]

@@ -569,9 +569,11 @@ class Communicator:
                 raise
             except BaseException as exc:
                 msg = f"rank {self.rank} failed in {self._current}: {exc}"
+                if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
+                    msg = str(exc)  # already names the rank it started on
                 self._broken = msg
                 self._t.discard_pending()
-                self._t.abort(msg)
+                self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
                 if isinstance(exc, RingletError):
                     raise
                 raise PeerError(msg) from exc
@@ -614,9 +616,9 @@ class Communicator:
             if len(values) > 1:
                 detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
                                    f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
-                what_ = "collective" if field == "collective" else f"{field} of {self._current}"
-                raise MismatchError(
-                    f"ranks disagree about the {what_} at sequence number {seq}: {detail}")
+                what_ = (f"collective #{seq}" if field == "collective"
+                         else f"{field} of {self._current}")
+                raise MismatchError(f"ranks disagree about the {what_}: {detail}")
 
     def _field(self, field: str, v: int, full: tuple[int, ...]) -> str:
         if field == "collective":

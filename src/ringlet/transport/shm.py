@@ -341,8 +341,10 @@ class ShmTransport:
 
     # --- failure ------------------------------------------------------------------
 
-    def abort(self, message: str) -> None:
-        """Tell every rank of this communicator to fail with ``message``."""
+    def abort(self, message: str, timeout: bool = False) -> None:
+        """Tell every rank of this communicator to fail with ``message``.
+
+        They raise CommTimeoutError if ``timeout``, else PeerError."""
         data = message.encode()[:ABORT_BYTES]
         for q in range(self.size):
             mm = self.maps[q]
@@ -353,20 +355,23 @@ class ShmTransport:
                 continue
             mm[a + 16:a + 16 + len(data)] = data
             self._abort[q][1] = len(data)
-            self._abort[q][0] = 1
+            self._abort[q][0] = 2 if timeout else 1
 
-    def aborted(self) -> str | None:
+    def aborted(self) -> RingletError | None:
+        """The error a peer's abort asks this rank to raise, if any."""
         a = self._abort[self.rank]
         if not a[0]:
             return None
         off = self.lay.abort + 16
-        return bytes(self.maps[self.rank][off:off + a[1]]).decode(errors="replace")  # type: ignore[index]
+        mm = self.maps[self.rank]
+        msg = bytes(mm[off:off + a[1]]).decode(errors="replace") if mm is not None else ""
+        return CommTimeoutError(msg) if a[0] == 2 else PeerError(msg)
 
     def check(self, watch: Sequence[int] | None = None) -> None:
-        """Raise PeerError if a peer aborted the communicator or died."""
-        msg = self.aborted()
-        if msg is not None:
-            raise PeerError(msg)
+        """Raise if a peer aborted the communicator, or a watched peer died."""
+        err = self.aborted()
+        if err is not None:
+            raise err
         for q in range(self.size) if watch is None else watch:
             if q != self.rank and not _pid_alive(self.pids[q]):
                 raise PeerError(
