@@ -103,6 +103,29 @@ class Work:
         return f"<ringlet.Work {self._what} {state}>"
 
 
+def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Tell the peers when this rank rejects a collective call's arguments.
+
+    The ArgumentError is raised here at once, without waiting; the rank also
+    publishes an error descriptor under the call's sequence number, so that
+    the ranks whose arguments were fine raise a MismatchError naming this one
+    instead of waiting for it until their deadline.
+    """
+
+    def wrapper(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+        seq = self._seq
+        try:
+            return fn(self, *args, **kwargs)
+        except ArgumentError as exc:
+            if self._seq == seq and not self._closed and self._broken is None:
+                self._reject(fn.__name__, exc)
+            raise
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
 class Communicator:
     """A group of ranks that run collectives together.  Create with :func:`ringlet.init`.
 
@@ -141,6 +164,7 @@ class Communicator:
 
     # --- collectives -----------------------------------------------------------------
 
+    @_collective
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,
                    algorithm: str | None = None, async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result, bit-identical.
@@ -169,6 +193,7 @@ class Communicator:
         return self._submit("all_reduce", (rop, xb.dt.code, xb.count, 0, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   async_op: bool = False) -> Any:
         """Copy the root's ``x`` into every rank's ``x`` (in place); returns ``x``."""
@@ -183,6 +208,7 @@ class Communicator:
         return self._submit("broadcast", (0, xb.dt.code, xb.count, root, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", out: Any = None,
                algorithm: str | None = None, async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks into the root's ``x`` (or ``out``).
@@ -214,6 +240,7 @@ class Communicator:
         return self._submit("reduce", (rop, xb.dt.code, xb.count, root, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
                    async_op: bool = False) -> Any:
         """Every rank gets every rank's ``x``: returns shape ``(size, *x.shape)``."""
@@ -230,6 +257,7 @@ class Communicator:
         return self._submit("all_gather", (0, xb.dt.code, xb.count, 0, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,
                        algorithm: str | None = None, async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks; rank i gets block i (``x.shape[0]`` split in size)."""
@@ -251,6 +279,7 @@ class Communicator:
         return self._submit("reduce_scatter", (rop, xb.dt.code, xb.count, 0, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def all_to_all(self, x: Any, out: Any = None, algorithm: str | None = None,
                    async_op: bool = False) -> Any:
         """Block i of ``x`` goes to rank i; block j of the result came from rank j."""
@@ -268,6 +297,7 @@ class Communicator:
         return self._submit("all_to_all", (0, xb.dt.code, xb.count, 0, _algo_code(name)),
                             run, async_op, name, xb)
 
+    @_collective
     def scatter(self, x: Any = None, root: int = 0, out: Any = None,
                 algorithm: str | None = None, async_op: bool = False) -> Any:
         """Block i of the root's ``x`` goes to rank i.
@@ -303,6 +333,7 @@ class Communicator:
         return self._submit("scatter", (0, ob.dt.code, ob.count, root, _algo_code(name)),
                             run, async_op, name, ob)
 
+    @_collective
     def gather(self, x: Any, root: int = 0, out: Any = None, algorithm: str | None = None,
                async_op: bool = False) -> Any:
         """The root gets every rank's ``x``: shape ``(size, *x.shape)``; None elsewhere."""
@@ -335,17 +366,33 @@ class Communicator:
         """The root's ``obj``, pickled and sent to every rank.  Trusted peers only:
         unpickling runs code chosen by the sender."""
         root = self._root(root)
-        data = np.frombuffer(pickle.dumps(obj), np.uint8) if self.rank == root else None
-        n = np.array([0 if data is None else data.size], np.int64)
+        data, why = None, ""
+        if self.rank == root:
+            try:
+                data = np.frombuffer(pickle.dumps(obj), np.uint8)
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                why = f"{type(exc).__name__}: {exc}"
+        n = np.array([-1 if data is None else data.size], np.int64)
         self.broadcast(n, root)
+        if n[0] < 0:
+            raise ArgumentError(
+                f"broadcast_object: rank {root} could not pickle its object"
+                + (f" ({why})" if why else ""))
         buf = data.copy() if data is not None else np.empty(int(n[0]), np.uint8)
         self.broadcast(buf, root)
         return obj if self.rank == root else pickle.loads(buf.tobytes())
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank (pickled; trusted peers only)."""
-        data = np.frombuffer(pickle.dumps(obj), np.uint8)
-        sizes = self.all_gather(np.array([data.size], np.int64)).reshape(-1)
+        try:
+            data, why = np.frombuffer(pickle.dumps(obj), np.uint8), ""
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+            data, why = np.empty(0, np.uint8), f"{type(exc).__name__}: {exc}"
+        sizes = self.all_gather(np.array([-1 if why else data.size], np.int64)).reshape(-1)
+        if (sizes < 0).any():
+            bad = [int(q) for q in np.flatnonzero(sizes < 0)]
+            raise ArgumentError(f"all_gather_object: rank(s) {bad} could not pickle their "
+                                f"object" + (f" ({why})" if why else ""))
         padded = np.zeros(int(sizes.max()), np.uint8)
         padded[:data.size] = data
         allb = self.all_gather(padded)
@@ -377,6 +424,7 @@ class Communicator:
 
     # --- groups -------------------------------------------------------------------------
 
+    @_collective
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """Split into sub-communicators, one per ``color`` (like ``MPI_Comm_split``).
 
@@ -502,7 +550,7 @@ class Communicator:
                 async_op: bool, name: str, xb: Buffer | None) -> Any:
         """Number the call and run it inline, or queue it behind pending async work."""
         self._usable()
-        full = (_COLL_CODES[coll], *words)
+        full = (_COLL_CODES[coll], *words, 0)
         with self._submit_lock:
             self._seq += 1
             seq = self._seq
@@ -513,6 +561,23 @@ class Communicator:
             self._inflight += 1
             self._worker().put((seq, coll, full, run, work))
         return work if async_op else work.wait()
+
+    def _reject(self, coll: str, exc: ArgumentError) -> None:
+        """Publish an error descriptor for the next sequence number (see _collective)."""
+        code = _COLL_CODES.get(coll, 0)
+
+        def publish() -> None:
+            self._t.set_note(f"{exc}")
+            self._t.publish(seq, (code, 0, 0, 0, 0, 0, 1))
+
+        with self._submit_lock:
+            self._seq += 1
+            seq = self._seq
+            if not self._inflight:
+                publish()
+                return
+            self._inflight += 1
+            self._worker().put((seq, "reject", (), publish, Work(f"{coll} #{seq}")))
 
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
@@ -529,7 +594,10 @@ class Communicator:
                 return
             seq, coll, full, run, work = item
             try:
-                res = self._execute(seq, coll, full, run, "", None) if coll else None
+                if coll == "reject":
+                    res = run()
+                else:
+                    res = self._execute(seq, coll, full, run, "", None) if coll else None
                 work._finish(res)
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
@@ -606,6 +674,12 @@ class Communicator:
                     missing.remove(q)
             if missing:
                 waiter.pause()
+        rejected = [q for q in sorted(got) if got[q][6] == 1]
+        if rejected:
+            why = "; ".join(f"rank {q}: {t.note(q)}" for q in rejected)
+            raise MismatchError(
+                f"{self._current} cannot run: rank{'s' if len(rejected) > 1 else ''} "
+                f"{', '.join(map(str, rejected))} rejected the call's arguments ({why})")
         ref = got[self.rank]
         if all(d == ref for d in got.values()):
             return

@@ -51,7 +51,8 @@ class _Layout:
         self.desc = 64
         self.attached = self.desc + 2 * DESC_WORDS * 8
         self.abort = _align(self.attached + 8 * size, 64)
-        self.ctrl = _align(self.abort + 16 + ABORT_BYTES, 64)
+        self.note = _align(self.abort + 16 + ABORT_BYTES, 64)
+        self.ctrl = _align(self.note + 8 + ABORT_BYTES, 64)
         self.ctrl_bytes = 128 + _align(8 * slots, 64)
         self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096)
         self.total = self.data + 2 * size * slots * slot_bytes
@@ -356,6 +357,24 @@ class ShmTransport:
             mm[a + 16:a + 16 + len(data)] = data
             self._abort[q][1] = len(data)
             self._abort[q][0] = 2 if timeout else 1
+
+    def set_note(self, text: str) -> None:
+        """Leave a message (why this rank rejected a call) for the peers to read."""
+        data = text.encode()[:ABORT_BYTES]
+        mm = self.maps[self.rank]
+        if mm is None:
+            return
+        off = self.lay.note
+        mm[off + 8:off + 8 + len(data)] = data
+        mm[off:off + 8] = len(data).to_bytes(8, "little")
+
+    def note(self, q: int) -> str:
+        mm = self.maps[q]
+        if mm is None:
+            return ""
+        off = self.lay.note
+        n = int.from_bytes(mm[off:off + 8], "little")
+        return bytes(mm[off + 8:off + 8 + n]).decode(errors="replace")
 
     def aborted(self) -> RingletError | None:
         """The error a peer's abort asks this rank to raise, if any."""

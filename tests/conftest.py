@@ -1,0 +1,43 @@
+"""Shared fixtures: persistent worlds of N ranks, and a /dev/shm leak check."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from world import World
+
+#: the world sizes every multi-process test runs at: one, even, odd, oversubscribed
+SIZES = [1, 2, 3, 4, 5, 8]
+
+_worlds: dict[int, World] = {}
+
+
+def get_world(n: int) -> World:
+    w = _worlds.get(n)
+    if w is None:
+        w = _worlds[n] = World(n)
+    return w
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_worlds() -> Iterator[None]:
+    yield
+    for w in _worlds.values():
+        w.close()
+    _worlds.clear()
+    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("ringlet-")] \
+        if os.path.isdir("/dev/shm") else []
+    assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
+@pytest.fixture(params=SIZES, ids=lambda n: f"N{n}")
+def world(request: pytest.FixtureRequest) -> World:
+    return get_world(request.param)
+
+
+def shm_files() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("ringlet-")} \
+        if os.path.isdir("/dev/shm") else set()
