@@ -1,0 +1,700 @@
+"""Starting ranks: ``ringlet run`` (N copies of a script), :func:`spawn` (N calls of a function).
+
+Both start N local processes and hand them to one supervisor
+(:func:`_supervise`), so they share one failure policy:
+
+1. When a rank fails (a non-zero exit, or killed by a signal), the others get
+   a grace period (``--grace``, :attr:`Settings.grace`) to notice the dead
+   peer and exit on their own; a communicator does that quickly, raising
+   :class:`~ringlet.errors.PeerError`.
+2. After the grace period the survivors get SIGTERM, and SIGKILL one second
+   later.
+3. The report says which rank failed first and how each other rank ended:
+   it had already finished, it exited on its own, or it was stopped.
+
+At the end every file the job left in the shared-memory directory
+(``/dev/shm/ringlet-<job id>-*``) is removed.  The transport unlinks its
+segments as soon as every rank has mapped them, so this is only the
+backstop for ranks killed during start-up.
+
+Each job gets a fresh ``RINGLET_JOB_ID`` of 128 random bits, which names its
+segments (see :mod:`ringlet.env`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing import connection, get_context
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from types import FrameType
+from typing import IO, Any
+
+from .config import Settings
+from .errors import ArgumentError, RingletError, SpawnError
+
+#: Seconds between SIGTERM and SIGKILL when the supervisor stops a rank.
+KILL_AFTER = 1.0
+#: Seconds between exit checks of a child that has no pollable sentinel
+#: (``os.pidfd_open`` needs Linux 5.3); other waits block on sentinels.
+_POLL = 0.05
+#: Seconds the launcher waits for output still buffered in a finished rank's pipes.
+_DRAIN = 2.0
+
+_Report = tuple[Any, ...]  # ("ok", result) or ("error", type name, message, traceback)
+
+
+# --- the supervisor ---------------------------------------------------------------------------
+
+
+class _Child:
+    """One started rank as the supervisor sees it: a sentinel, an exit code, signals."""
+
+    def __init__(self, rank: int, sentinel: int | None) -> None:
+        self.rank = rank
+        self.sentinel = sentinel  # a descriptor that becomes readable when the process ends
+
+    def exitcode(self) -> int | None:
+        """The exit code, ``-N`` if killed by signal N, ``None`` while it runs."""
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` if the process still runs."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the handles (after the process has ended)."""
+
+
+class _PopenChild(_Child):
+    def __init__(self, rank: int, popen: subprocess.Popen[bytes]) -> None:
+        try:
+            fd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            fd = None
+        super().__init__(rank, fd)
+        self.popen = popen
+
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)  # a no-op once the process has been reaped
+
+    def close(self) -> None:
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+class _ProcessChild(_Child):
+    def __init__(self, rank: int, process: BaseProcess) -> None:
+        super().__init__(rank, process.sentinel)
+        self.process = process
+
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.exitcode is None:  # not reaped, so the pid is still this process's
+            os.kill(self.process.pid, sig)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.process.exitcode is not None:
+            self.process.close()
+
+
+@dataclass
+class _Ending:
+    """How one rank ended."""
+
+    code: int                  # exit code, or -N if killed by signal N
+    stopped_by: str = ""       # what the supervisor did to it, e.g. "stopped with SIGTERM ..."
+    signal_sent: int = 0       # the last signal the supervisor sent it
+
+
+@dataclass
+class _Outcome:
+    """What became of every rank of a job, and the event that ended it early, if any."""
+
+    nranks: int
+    endings: dict[int, _Ending] = field(default_factory=dict)
+    first_failed: int | None = None
+    interrupted: int = 0                 # the signal the launcher received and forwarded
+    timed_out: tuple[int, ...] = ()      # ranks still running at the timeout
+    timeout: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every rank exited 0 and nothing was interrupted or timed out."""
+        return (not self.interrupted and not self.timed_out
+                and all(e.code == 0 for e in self.endings.values()))
+
+    @property
+    def exit_code(self) -> int:
+        """0, the first failed rank's exit code, or 128 + signal (the shell's convention).
+
+        A failure that came before an interrupt or the timeout decides it.
+        """
+        if self.first_failed is not None:
+            return _exit_status(self.endings[self.first_failed].code)
+        if self.interrupted:
+            return 128 + self.interrupted
+        if self.timed_out:
+            return 124  # timeout(1)'s
+        return 0
+
+    def how(self, rank: int) -> str:
+        """How ``rank`` ended, as a phrase with ``{was}``/``{its}`` for the grammatical number."""
+        e = self.endings[rank]
+        if e.stopped_by:
+            code = "" if e.code == -e.signal_sent else f" ({_code_text(e.code)})"
+            return f"{e.stopped_by}{code}"
+        if rank == self.first_failed:
+            return f"failed first ({_code_text(e.code)})"
+        if e.code == 0:
+            return "finished (exit code 0)"
+        return f"then exited on {{its}} own ({_code_text(e.code)})"
+
+    def summary(self) -> str:
+        """One line: the events, then every other rank's ending, grouped."""
+        head = []
+        if self.first_failed is not None:
+            head.append(f"rank {self.first_failed} {self.how(self.first_failed)}")
+        if self.interrupted:
+            head.append(f"interrupted by {_signame(self.interrupted)}, forwarded to the ranks")
+        if self.timed_out:
+            head.append(f"timed out after {self.timeout:g} s with {_ranks(self.timed_out)} "
+                        f"not finished")
+        groups: dict[str, list[int]] = {}
+        for rank in sorted(self.endings):
+            if rank != self.first_failed:
+                groups.setdefault(self.how(rank), []).append(rank)
+        rest = []
+        for phrase, ranks in groups.items():
+            one = len(ranks) == 1
+            text = phrase.format(was="was" if one else "were", its="its" if one else "their")
+            rest.append(f"{_ranks(ranks)} {text}")
+        return "; ".join(head + rest)
+
+
+def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | None = None,
+               readers: Sequence[connection.Connection] = (),
+               on_ready: Callable[[connection.Connection], bool] | None = None,
+               interrupts: _Interrupts | None = None) -> _Outcome:
+    """Wait for every child to end, applying the failure policy; return what happened.
+
+    ``readers`` are connections to read whenever they are ready, with
+    ``on_ready(conn)``, which returns False once ``conn`` is exhausted.
+    ``interrupts`` are the signals the launcher received: the first is
+    forwarded to the children (they then get the grace period), a second
+    one kills them.  Waits block on the children's sentinels, the readers
+    and the interrupt pipe, with a deadline: nothing spins.
+    """
+    out = _Outcome(nranks=len(children), timeout=timeout)
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    live = {c.rank: c for c in children}
+    reading = list(readers)
+    stop_at: float | None = None    # when to SIGTERM the survivors
+    kill_at: float | None = None    # when to SIGKILL the ranks SIGTERM did not stop
+    event = False                   # a failure, an interrupt or the timeout has happened
+    stops: dict[int, tuple[str, int]] = {}  # rank -> what the supervisor last did, the signal
+
+    def signal_all(sig: int, why: str) -> None:
+        for c in live.values():
+            c.send_signal(sig)
+            stops[c.rank] = (why, sig)
+
+    while live:
+        now = time.monotonic()
+        for rank, child in list(live.items()):
+            code = child.exitcode()
+            if code is None:
+                continue
+            del live[rank]
+            out.endings[rank] = _Ending(code, *stops.get(rank, ("", 0)))
+            if code != 0 and not event:
+                out.first_failed, event = rank, True
+                stop_at = now + grace
+        for sig in interrupts.take() if interrupts is not None else ():
+            if not out.interrupted:
+                out.interrupted, event = sig, True
+                signal_all(sig, f"ended on the forwarded {_signame(sig)}")
+                stop_at = now + grace if stop_at is None else min(stop_at, now + grace)
+            else:
+                signal_all(signal.SIGKILL, f"{{was}} killed with SIGKILL after a second "
+                                           f"{_signame(sig)}")
+        if not live:
+            break
+        if deadline is not None and now >= deadline and not out.timed_out:
+            out.timed_out, event = tuple(sorted(live)), True
+            signal_all(signal.SIGTERM, f"{{was}} stopped with SIGTERM at the {timeout:g} s "
+                                       f"timeout")
+            stop_at, kill_at = None, now + KILL_AFTER
+        if stop_at is not None and now >= stop_at:
+            signal_all(signal.SIGTERM, f"{{was}} stopped with SIGTERM after the {grace:g} s "
+                                       f"grace period")
+            stop_at, kill_at = None, now + KILL_AFTER
+        if kill_at is not None and now >= kill_at:
+            signal_all(signal.SIGKILL, f"{{was}} killed with SIGKILL, {KILL_AFTER:g} s after "
+                                       f"SIGTERM did not stop {{its}} process")
+            kill_at = None
+        wake = [t for t in (stop_at, kill_at, deadline if not out.timed_out else None)
+                if t is not None]
+        wait_s = max(0.0, min(wake) - now) if wake else None
+        if any(c.sentinel is None for c in live.values()):
+            wait_s = _POLL if wait_s is None else min(wait_s, _POLL)
+        handles: list[Any] = [c.sentinel for c in live.values() if c.sentinel is not None]
+        handles += reading
+        if interrupts is not None:
+            handles.append(interrupts.fd)
+        for ready in connection.wait(handles, wait_s):
+            if ready in reading and on_ready is not None and not on_ready(ready):
+                reading.remove(ready)
+    return out
+
+
+def _stop(children: Sequence[_Child]) -> None:
+    """End whatever still runs: SIGTERM, then SIGKILL after :data:`KILL_AFTER` s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [c for c in children if c.exitcode() is None]
+        for c in live:
+            c.send_signal(sig)
+        deadline = time.monotonic() + KILL_AFTER
+        while live and time.monotonic() < deadline:
+            sentinels = [c.sentinel for c in live if c.sentinel is not None]
+            connection.wait(sentinels, _POLL if len(sentinels) < len(live) else
+                            max(0.0, deadline - time.monotonic()))
+            live = [c for c in live if c.exitcode() is None]
+        if not live:
+            return
+
+
+@contextmanager
+def _job(job_id: str) -> Iterator[list[_Child]]:
+    """The children of one job: on the way out, stop any still running, free, clean /dev/shm."""
+    children: list[_Child] = []
+    try:
+        yield children
+    finally:
+        try:
+            _stop(children)
+        finally:
+            for c in children:
+                c.close()
+            _remove_segments(job_id)
+
+
+def _remove_segments(job_id: str) -> None:
+    """Remove the job's leftover shared-memory files (the transport's naming, its backstop)."""
+    from .transport.shm import cleanup
+
+    cleanup(job_id)
+
+
+class _Interrupts:
+    """SIGINT, SIGTERM and SIGHUP received by the launcher, kept for the supervisor to forward.
+
+    The handlers only record the signal and write a byte to a pipe whose
+    read end the supervisor waits on, so it wakes at once.  Installed only in
+    the main thread (Python's rule); elsewhere nothing is intercepted.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._pending: list[int] = []
+        self._saved: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self._pending.append(signum)
+        try:
+            os.write(self._w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def take(self) -> list[int]:
+        """The signals received since the last call."""
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass  # drained
+        taken, self._pending = self._pending, []
+        return taken
+
+    def __enter__(self) -> _Interrupts:
+        os.set_blocking(self.fd, False)
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        os.close(self.fd)
+        os.close(self._w)
+
+
+# --- ringlet run ---------------------------------------------------------------------------
+
+
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    """Options of ``ringlet run -n N [--grace S] [--no-prefix] [-m] PROGRAM [ARGS...]``."""
+    parser.add_argument("-n", "--nranks", type=int, required=True, metavar="N",
+                        help="number of ranks to start on this host")
+    parser.add_argument("--grace", type=float, default=None, metavar="S",
+                        help="seconds the other ranks get to exit on their own after one "
+                             "failed, before they are stopped (default: RINGLET_GRACE, 3)")
+    parser.add_argument("--no-prefix", action="store_true",
+                        help="pass the ranks' output through untouched: no [rank] prefix, "
+                             "and lines of different ranks may mix")
+    parser.add_argument("-m", dest="module", action="store_true",
+                        help="PROGRAM is a module to run, as with python -m")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS...]",
+                        help="the script (or with -m, the module) and its arguments")
+    parser.epilog = (
+        "Each rank runs `python PROGRAM ARGS` with RANK, WORLD_SIZE, LOCAL_RANK, "
+        "LOCAL_WORLD_SIZE and RINGLET_JOB_ID set. Exit status: 0, the first failed rank's "
+        "exit code, or 128 + signal.")
+
+
+def main_run(args: argparse.Namespace) -> int:
+    """Run ``args.program`` on ``args.nranks`` local ranks; return the job's exit status."""
+    settings = Settings.from_env()  # rejects unknown RINGLET_* once, here, not in every rank
+    nranks = _check_nranks(args.nranks, "-n")
+    grace = settings.grace if args.grace is None else args.grace
+    if grace < 0:
+        raise ArgumentError(f"--grace must be >= 0 seconds, got {grace:g}")
+    command = _command(args.program, module=args.module)
+    job_id = secrets.token_hex(16)
+    width = len(str(nranks - 1))
+    lock = threading.Lock()
+    pumps: list[_Pump] = []
+    with _Interrupts() as interrupts, _job(job_id) as children:
+        for rank in range(nranks):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nranks),
+                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nranks),
+                       RINGLET_JOB_ID=job_id, PYTHONUNBUFFERED="1")
+            pipe = None if args.no_prefix else subprocess.PIPE
+            try:
+                popen = subprocess.Popen(
+                    command, env=env, stdin=_stdin_for(rank), stdout=pipe, stderr=pipe,
+                    **_own_process_group())
+            except OSError as exc:
+                raise RingletError(f"could not start rank {rank} ({command[0]}): {exc}") from exc
+            children.append(_PopenChild(rank, popen))
+            if popen.stdout is not None and popen.stderr is not None:
+                prefix = f"[{rank:>{width}}] ".encode()
+                pumps += [_Pump(popen.stdout, _binary(sys.stdout), prefix, lock),
+                          _Pump(popen.stderr, _binary(sys.stderr), prefix, lock)]
+                pumps[-2].start()
+                pumps[-1].start()
+        outcome = _supervise(children, grace=grace, interrupts=interrupts)
+    deadline = time.monotonic() + _DRAIN
+    for pump in pumps:  # a rank's grandchildren may hold its pipes open: do not wait for them
+        pump.join(max(0.0, deadline - time.monotonic()))
+    if not outcome.ok:
+        print(f"ringlet run: {outcome.summary()}", file=sys.stderr, flush=True)
+    return outcome.exit_code
+
+
+class _Pump(threading.Thread):
+    """Copy a rank's output to the launcher's, each line whole and prefixed with ``[rank] ``."""
+
+    def __init__(self, src: IO[bytes], dst: IO[bytes], prefix: bytes,
+                 lock: threading.Lock) -> None:
+        super().__init__(daemon=True, name=f"ringlet-pump-{prefix.decode().strip()}")
+        self.src, self.dst, self.prefix, self.lock = src, dst, prefix, lock
+
+    def run(self) -> None:
+        broken = False  # the launcher's output is gone: keep draining so the rank never blocks
+        with self.src:
+            for line in iter(self.src.readline, b""):
+                if broken:
+                    continue
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                try:
+                    with self.lock:
+                        self.dst.write(self.prefix + line)
+                        self.dst.flush()
+                except (OSError, ValueError):
+                    broken = True
+
+
+def _command(program: Sequence[str], *, module: bool) -> list[str]:
+    """``python script.py args`` or ``python -m module args``, checked before any rank starts."""
+    program = list(program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    what = "a module name after -m" if module else "a script to run"
+    if not program:
+        raise ArgumentError(f"give {what}: ringlet run -n 4 script.py [args...] "
+                            f"or ringlet run -n 4 -m package.module [args...]")
+    if module:
+        return [sys.executable, "-m", *program]
+    if not os.path.exists(program[0]):
+        raise ArgumentError(f"no such script: {program[0]!r} (to run a module, use -m)")
+    return [sys.executable, *program]
+
+
+def _stdin_for(rank: int) -> int | None:
+    """Rank 0 reads the launcher's stdin when it is a file or pipe; the others read nothing.
+
+    A terminal is not passed on: the ranks run in their own process group
+    (so that Ctrl-C reaches them once, forwarded), and reading a terminal
+    from a background group stops the process.
+    """
+    if rank == 0:
+        try:
+            if not os.isatty(sys.stdin.fileno()):
+                return None
+        except (AttributeError, ValueError, OSError):
+            pass
+    return subprocess.DEVNULL
+
+
+def _own_process_group() -> dict[str, Any]:
+    """Popen arguments that put a rank in a new process group."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"start_new_session": True}  # pragma: no cover - Python 3.10
+
+
+def _binary(stream: IO[str]) -> IO[bytes]:
+    """The byte stream under a text stream (``sys.stdout.buffer``)."""
+    stream.flush()
+    return stream.buffer  # type: ignore[attr-defined]
+
+
+# --- ringlet.spawn ------------------------------------------------------------------------------
+
+
+def spawn(fn: Callable[..., Any], nranks: int, *args: Any, settings: Settings | None = None,
+          timeout: float | None = None) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``nranks`` local processes; return the results in rank order.
+
+    Each process joins a fresh job with :func:`ringlet.init` and gets its
+    world communicator.  ``fn``, ``args`` and the results travel by pickle,
+    so with the ``spawn`` and ``forkserver`` start methods
+    (``settings.start_method``) ``fn`` must be defined at module level.
+
+    If a rank fails, the others get the grace period (``settings.grace``)
+    to fail on their own, then are stopped, and :class:`SpawnError` is
+    raised listing every failed rank with its exception type and message
+    (``.failures``; remote tracebacks in ``.details``).  ``timeout`` bounds
+    the whole job; by default the ranks' own deadlines
+    (``settings.timeout``) bound every wait.
+
+    Example::
+
+        def total(comm, n):
+            x = np.full(n, comm.rank + 1.0)
+            comm.all_reduce(x)              # rank 0: [3., 3.]   rank 1: [3., 3.]
+            return float(x[0])
+
+        ringlet.spawn(total, 2, 2)          # -> [3.0, 3.0]
+    """
+    from .comm import init
+
+    return _spawn(fn, nranks, args, settings=settings, timeout=timeout, init=init)
+
+
+def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
+           settings: Settings | None, timeout: float | None,
+           init: Callable[..., Any]) -> list[Any]:
+    """:func:`spawn` with the per-rank start-up function ``init`` (``ringlet.comm.init``)."""
+    settings = Settings.from_env() if settings is None else settings
+    nranks = _check_nranks(nranks, "nranks")
+    if timeout is not None and not timeout > 0:
+        raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+    method = settings.start_method
+    if method != "fork":
+        try:
+            ForkingPickler.dumps((init, fn, args))
+        except Exception as exc:
+            raise ArgumentError(
+                f"spawn: fn and its arguments must be picklable to reach processes started "
+                f"with start method {method!r} ({type(exc).__name__}: {exc}); define fn at "
+                f"module level (not a lambda or a nested function)") from None
+    ctx = get_context(method)
+    job_id = secrets.token_hex(16)
+    reports: dict[int, _Report] = {}
+    rank_of: dict[connection.Connection, int] = {}
+
+    def on_ready(conn: connection.Connection) -> bool:
+        rank = rank_of[conn]
+        try:
+            report = conn.recv()
+        except (EOFError, OSError):
+            return False
+        except Exception as exc:  # the result does not unpickle here
+            report = _failure(exc, "its result could not be unpickled by the parent: ")
+        if report[0] == "error" or rank not in reports:  # an error outranks an earlier result
+            reports[rank] = report
+        return True
+
+    with _job(job_id) as children:
+        try:
+            for rank in range(nranks):
+                reader, writer = ctx.Pipe(duplex=False)
+                rank_of[reader] = rank
+                process = ctx.Process(  # type: ignore[attr-defined]
+                    target=_rank_main, name=f"ringlet-rank-{rank}",
+                    args=(init, fn, rank, nranks, job_id, settings, writer, args))
+                process.start()
+                writer.close()
+                children.append(_ProcessChild(rank, process))
+            outcome = _supervise(children, grace=settings.grace, timeout=timeout,
+                                 readers=list(rank_of), on_ready=on_ready)
+            for conn in rank_of:  # what the ranks sent just before they ended
+                while conn.poll() and on_ready(conn):
+                    pass
+        finally:
+            for conn in rank_of:
+                conn.close()
+    return _results(outcome, reports)
+
+
+def _results(outcome: _Outcome, reports: dict[int, _Report]) -> list[Any]:
+    """The ranks' results in order, or the SpawnError that describes every failed rank."""
+    failures: dict[int, str] = {}
+    details: dict[int, str] = {}
+    for rank in range(outcome.nranks):
+        report = reports.get(rank)
+        ending = outcome.endings[rank]
+        how = (outcome.how(rank).format(was="was", its="its") if ending.stopped_by
+               else _code_text(ending.code))
+        if report is not None and report[0] == "error":
+            failures[rank] = f"{report[1]}: {report[2]}"
+            details[rank] = report[3]
+        elif report is None:
+            failures[rank] = f"{how}, without reporting a result"
+        elif ending.code != 0 or rank in outcome.timed_out:
+            failures[rank] = f"returned its result, then {how}"
+    if not failures:
+        return [reports[rank][1] for rank in range(outcome.nranks)]
+    first = outcome.first_failed
+    head = []
+    if first is not None:
+        head.append(f"{len(failures)} of {outcome.nranks} ranks failed, rank {first} first")
+    if outcome.timed_out:
+        head.append(f"timed out after {outcome.timeout:g} s; {_ranks(outcome.timed_out)} had "
+                    f"not finished")
+    if not head:
+        head.append(f"{len(failures)} of {outcome.nranks} ranks failed")
+    order = sorted(failures, key=lambda r: (r != first, r))
+    lines = [f"ringlet.spawn: {'; '.join(head)}:"] + [f"  rank {r}: {failures[r]}" for r in order]
+    shown = next((r for r in order if r in details), None)
+    if shown is not None:
+        lines.append(f"traceback of rank {shown} (all of them in SpawnError.details):")
+        lines.append(details[shown].rstrip())
+    raise SpawnError("\n".join(lines), failures, details)
+
+
+def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size: int,
+               job_id: str, settings: Settings, conn: connection.Connection,
+               args: tuple[Any, ...]) -> None:
+    """One spawned rank: init, ``fn(comm, *args)``, report, close.
+
+    The report is sent before ``comm.close()``, so the parent has it even if
+    the rank is stopped while closing.  This is the process's entry point:
+    it exits with status 1 (``SystemExit``) after reporting a failure, so
+    the supervisor sees the failure as soon as the process ends.
+    """
+    try:
+        comm = init(settings=settings, rank=rank, size=size, job_id=job_id)
+    except BaseException as exc:
+        _send(conn, _failure(exc, "ringlet.init failed: "))
+        raise SystemExit(1) from None
+    failed = False
+    try:
+        try:
+            report: _Report = ("ok", fn(comm, *args))
+        except BaseException as exc:
+            report, failed = _failure(exc), True
+        if not _send(conn, report):
+            failed = True
+    finally:
+        try:
+            comm.close()
+        except BaseException as exc:
+            _send(conn, _failure(exc, "comm.close() failed: "))
+            failed = True
+    conn.close()
+    if failed:
+        raise SystemExit(1)
+
+
+def _send(conn: connection.Connection, report: _Report) -> bool:
+    """Send ``report`` to the parent; if it does not pickle, send that failure instead."""
+    try:
+        conn.send(report)
+        return report[0] == "ok"
+    except OSError:
+        return False  # the parent is gone; nobody is listening
+    except Exception as exc:
+        try:
+            conn.send(_failure(exc, "its result could not be pickled: "))
+        except OSError:
+            pass
+        return False
+
+
+def _failure(exc: BaseException, context: str = "") -> _Report:
+    """``("error", type name, message, traceback)`` for a report."""
+    return ("error", type(exc).__name__, f"{context}{exc}",
+            "".join(traceback.format_exception(exc)))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _check_nranks(n: object, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ArgumentError(f"{name} must be a whole number of ranks >= 1, got {n!r}")
+    return n
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _code_text(code: int) -> str:
+    return f"exit code {code}" if code >= 0 else f"killed by {_signame(-code)}"
+
+
+def _exit_status(code: int) -> int:
+    return code if code >= 0 else 128 - code
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0, 1, 5`` or ``ranks 0-3, 5`` (runs of three or more compressed)."""
+    parts: list[str] = []
+    run: list[int] = []
+    for r in [*sorted(ranks), None]:
+        if run and (r is None or r != run[-1] + 1):
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
+            run = []
+        if r is not None:
+            run.append(r)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)

@@ -1,0 +1,359 @@
+"""The launcher: ``ringlet run`` end to end, ``ringlet.spawn``, and the shared failure policy.
+
+``ringlet run`` is driven as a user would, in a subprocess, with the scripts
+in ``tests/scripts`` (they need no communicator).  ``spawn``'s process
+management is tested with a stand-in for ``ringlet.init``
+(``spawnfns.fake_init``), and once with the real communicator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringlet.config import Settings
+from ringlet.errors import ArgumentError, SpawnError
+from ringlet.launch import _Ending, _Outcome, _ranks, _spawn, spawn
+
+SCRIPTS = Path(__file__).parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # spawned ranks inherit sys.path and import spawnfns by name
+
+import spawnfns  # noqa: E402
+
+CLI = [sys.executable, str(SCRIPTS / "ringlet_cli.py")]
+HEX32 = re.compile(r"[0-9a-f]{32}\Z")
+
+
+def ringlet_run(*argv: str, env: dict[str, str] | None = None,
+                timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "run", *argv], capture_output=True, text=True, cwd=SCRIPTS,
+                          timeout=timeout, env=env)
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("ringlet run:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+# -- ringlet run: output, arguments, environment ----------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_ranks_see_their_variables_and_arguments(n: int) -> None:
+    proc = ringlet_run("-n", str(n), "rank_env.py", "--foo", "1", "-n", "9")
+    assert proc.returncode == 0, proc.stderr
+    seen = {}
+    for line in proc.stdout.splitlines():
+        prefix, _, payload = line.partition(" ")
+        rank = int(prefix.strip("[]"))
+        seen[rank] = json.loads(payload)
+        assert seen[rank]["env"]["RANK"] == str(rank)
+    assert sorted(seen) == list(range(n))
+    job_ids = {r["env"]["RINGLET_JOB_ID"] for r in seen.values()}
+    assert len(job_ids) == 1 and HEX32.match(job_ids.pop())
+    for r in seen.values():
+        assert r["argv"] == ["--foo", "1", "-n", "9"]
+        assert r["main"] == "__main__"
+        assert r["env"]["WORLD_SIZE"] == r["env"]["LOCAL_WORLD_SIZE"] == str(n)
+        assert r["env"]["LOCAL_RANK"] == r["env"]["RANK"]
+        assert r["env"]["PYTHONUNBUFFERED"] == "1"
+    # stderr: each rank's line, prefixed, and no summary when every rank succeeded
+    assert sorted(proc.stderr.splitlines()) == [f"[{r}] to stderr from {r}" for r in range(n)]
+
+
+def test_every_job_gets_a_fresh_job_id() -> None:
+    ids = set()
+    for _ in range(2):
+        proc = ringlet_run("-n", "1", "rank_env.py")
+        ids.add(json.loads(proc.stdout.partition(" ")[2])["env"]["RINGLET_JOB_ID"])
+    assert len(ids) == 2
+
+
+def test_prefixes_are_padded_to_one_width() -> None:
+    proc = ringlet_run("-n", "11", "-m", "pkg_demo.hello", "a", "-b")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted(
+        f"[{r:>2}] hello from {r} of 11 args=['a', '-b']" for r in range(11))
+
+
+def test_module_without_prefix() -> None:
+    proc = ringlet_run("-n", "2", "--no-prefix", "-m", "pkg_demo.hello", "--", "x")
+    assert proc.returncode == 0 and "[" not in proc.stdout.replace("['--', 'x']", "")
+    # the output is passed through untouched: unbuffered prints of two ranks may mix
+    assert sorted(re.findall(r"hello from \d of 2 args=\['--', 'x'\]", proc.stdout)) == [
+        f"hello from {r} of 2 args=['--', 'x']" for r in range(2)]
+
+
+def test_lines_stay_whole() -> None:
+    proc = ringlet_run("-n", "4", "chatty.py", "100")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert len(out) == 4 * 101
+    for line in out:
+        m = re.fullmatch(r"\[(\d)\] out (\d) \d+ (\d+) end", line) or re.fullmatch(
+            r"\[(\d)\] no newline at the end from (\d)()", line)
+        assert m and m[1] == m[2] and set(m[3]) <= {m[1]}, line[:80]
+    err = proc.stderr.splitlines()
+    assert len(err) == 4 * 100
+    assert all(re.fullmatch(r"\[(\d)\] err \1 \d+ \1{3000} end", line) for line in err)
+
+
+# -- ringlet run: failures ---------------------------------------------------------------------
+
+
+def test_hanging_survivors_are_stopped_after_the_grace_period() -> None:
+    start = time.monotonic()
+    proc = ringlet_run("-n", "4", "--grace", "0.3", "behave.py", "--fail", "2",
+                       "--others", "hang")
+    assert time.monotonic() - start < 10  # not the survivors' 60 s
+    assert proc.returncode == 1
+    assert summary(proc) == ("ringlet run: rank 2 failed first (exit code 1); ranks 0, 1, 3 "
+                             "were stopped with SIGTERM after the 0.3 s grace period")
+    assert "[2] rank 2 fails" in proc.stderr
+
+
+def test_survivors_that_exit_on_their_own_are_reported_as_such() -> None:
+    proc = ringlet_run("-n", "4", "behave.py", "--fail", "1", "--code", "6",
+                       "--others", "notice")
+    assert proc.returncode == 6
+    assert summary(proc) == ("ringlet run: rank 1 failed first (exit code 6); "
+                             "ranks 0, 2, 3 then exited on their own (exit code 3)")
+
+
+def test_mixed_endings_are_grouped() -> None:
+    proc = ringlet_run("-n", "5", "--grace", "1", "behave.py", "--fail", "4",
+                       "--after", "0.2", "--others", "finish-or-hang")
+    assert proc.returncode == 1
+    assert summary(proc) == (
+        "ringlet run: rank 4 failed first (exit code 1); ranks 0, 2 finished (exit code 0); "
+        "ranks 1, 3 were stopped with SIGTERM after the 1 s grace period")
+
+
+def test_a_rank_killed_by_a_signal() -> None:
+    proc = ringlet_run("-n", "3", "behave.py", "--fail", "1", "--kill-self",
+                       "--others", "notice")
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert summary(proc) == ("ringlet run: rank 1 failed first (killed by SIGKILL); "
+                             "ranks 0, 2 then exited on their own (exit code 3)")
+
+
+def test_survivors_that_ignore_sigterm_are_killed() -> None:
+    # the stubborn rank 0 starts first, and rank 1 fails only after 0.3 s, so that rank 0
+    # ignores SIGTERM by the time it comes
+    proc = ringlet_run("-n", "2", "--grace", "0.2", "behave.py", "--fail", "1",
+                       "--after", "0.3", "--others", "stubborn")
+    assert proc.returncode == 1
+    assert summary(proc) == ("ringlet run: rank 1 failed first (exit code 1); rank 0 was killed "
+                             "with SIGKILL, 1 s after SIGTERM did not stop its process")
+
+
+def test_leftover_shared_memory_of_the_job_is_removed() -> None:
+    proc = ringlet_run("-n", "2", "behave.py", "--fail", "1", "--shm", "--code", "9")
+    assert proc.returncode == 9
+    paths = [line.split()[1] for line in proc.stdout.splitlines() if "/dev/shm/" in line]
+    assert len(paths) == 1 and paths[0].startswith("/dev/shm/ringlet-")
+    assert not os.path.exists(paths[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_to_the_launcher_are_forwarded(sig: signal.Signals) -> None:
+    launcher = subprocess.Popen([*CLI, "run", "-n", "3", "wait_signal.py"], cwd=SCRIPTS,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    ready = [launcher.stdout.readline() for _ in range(3)]
+    assert all(line.endswith("ready\n") for line in ready), ready
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=10)
+    assert launcher.returncode == 128 + sig
+    assert sorted(out.splitlines()) == [f"[{r}] rank {r} got {sig.name}" for r in range(3)]
+    assert f"ringlet run: interrupted by {sig.name}, forwarded to the ranks; " in err
+    assert f"ranks 1, 2 ended on the forwarded {sig.name} (exit code 5)" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-n", "0", "rank_env.py"], r"-n must be a whole number of ranks >= 1, got 0"),
+    (["-n", "2", "missing.py"], r"no such script: 'missing.py' \(to run a module, use -m\)"),
+    (["-n", "2"], r"give a script to run: ringlet run -n 4 script.py"),
+    (["-n", "2", "-m"], r"give a module name after -m"),
+    (["-n", "2", "--grace", "-1", "rank_env.py"], r"--grace must be >= 0 seconds, got -1"),
+])
+def test_bad_usage(argv: list[str], message: str) -> None:
+    proc = ringlet_run(*argv)
+    assert proc.returncode == 2
+    assert re.search(f"^ringlet run: {message}", proc.stderr), proc.stderr
+    assert proc.stdout == ""
+
+
+def test_unknown_ringlet_variable_is_rejected_at_launch() -> None:
+    proc = ringlet_run("-n", "2", "rank_env.py", env={**os.environ, "RINGLET_TIMOUT": "5"})
+    assert proc.returncode == 2
+    assert "ringlet run: unknown setting RINGLET_TIMOUT='5'; known: " in proc.stderr
+    assert "RINGLET_TIMEOUT" in proc.stderr and proc.stdout == ""
+
+
+# -- the report, without processes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ranks, text", [
+    ([3], "rank 3"), ([0, 1], "ranks 0, 1"), ([0, 1, 2, 3, 5], "ranks 0-3, 5"),
+    ([7, 1, 2, 3, 9, 10], "ranks 1-3, 7, 9, 10"),
+])
+def test_rank_lists(ranks: list[int], text: str) -> None:
+    assert _ranks(ranks) == text
+
+
+def test_outcome_exit_codes_and_summary() -> None:
+    ok = _Outcome(2, {0: _Ending(0), 1: _Ending(0)})
+    assert ok.ok and ok.exit_code == 0
+    assert ok.summary() == "ranks 0, 1 finished (exit code 0)"
+    failed = _Outcome(3, {0: _Ending(-signal.SIGSEGV), 1: _Ending(2), 2: _Ending(0)},
+                      first_failed=0)
+    assert not failed.ok and failed.exit_code == 128 + signal.SIGSEGV
+    assert failed.summary() == ("rank 0 failed first (killed by SIGSEGV); rank 1 then exited "
+                                "on its own (exit code 2); rank 2 finished (exit code 0)")
+    both = _Outcome(2, {0: _Ending(1), 1: _Ending(-2, "ended on the forwarded SIGINT", 2)},
+                    first_failed=0, interrupted=signal.SIGINT)
+    assert both.exit_code == 1  # the failure came first
+    assert both.summary() == ("rank 0 failed first (exit code 1); interrupted by SIGINT, "
+                              "forwarded to the ranks; rank 1 ended on the forwarded SIGINT")
+    timed = _Outcome(1, {0: _Ending(-15, "{was} stopped at the timeout", 15)}, timed_out=(0,),
+                     timeout=2.5)
+    assert timed.exit_code == 124
+    assert timed.summary() == ("timed out after 2.5 s with rank 0 not finished; "
+                               "rank 0 was stopped at the timeout")
+
+
+# -- spawn ---------------------------------------------------------------------------------------
+
+FORK = Settings(start_method="fork")
+
+
+def fake_spawn(fn: Any, nranks: int, *args: Any, settings: Settings = FORK,
+               timeout: float | None = None) -> list[Any]:
+    return _spawn(fn, nranks, args, settings=settings, timeout=timeout,
+                  init=spawnfns.fake_init)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_spawn_returns_results_in_rank_order(method: str) -> None:
+    results = fake_spawn(spawnfns.whoami, 3, 10, settings=Settings(start_method=method))
+    assert [r[:3] for r in results] == [(0, 3, 0), (1, 3, 10), (2, 3, 20)]
+    assert len({r[3] for r in results}) == 1 and HEX32.match(results[0][3])
+
+
+def test_spawn_at_eight_ranks() -> None:
+    assert [r[2] for r in fake_spawn(spawnfns.whoami, 8, 1)] == list(range(8))
+
+
+def test_spawn_propagates_exceptions() -> None:
+    with pytest.raises(SpawnError, match=r"rank 1: ArgumentError: root 7 is out of range "
+                                         r"for a communicator of size 3") as info:
+        fake_spawn(spawnfns.bad_root_on_rank_1, 3, 0.2,
+                   settings=Settings(start_method="spawn", grace=3))
+    err = info.value
+    assert str(err).startswith("ringlet.spawn: 3 of 3 ranks failed, rank 1 first:\n"
+                               "  rank 1: ArgumentError: root 7")
+    assert err.failures == {
+        0: "TimeoutError: rank 0: peer 1 did not arrive",
+        1: "ArgumentError: root 7 is out of range for a communicator of size 3",
+        2: "TimeoutError: rank 2: peer 1 did not arrive"}
+    assert set(err.details) == {0, 1, 2}
+    assert "Traceback (most recent call last)" in err.details[1]
+    assert "in bad_root_on_rank_1" in err.details[1]
+    assert "traceback of rank 1" in str(err) and "in bad_root_on_rank_1" in str(err)
+
+
+def test_spawn_stops_hanging_ranks_after_the_grace_period() -> None:
+    start = time.monotonic()
+    with pytest.raises(SpawnError, match=r"rank 2: ValueError: boom") as info:
+        fake_spawn(spawnfns.fail_one_hang_others, 3, settings=FORK.replace(grace=0.3))
+    assert time.monotonic() - start < 10
+    stopped = "was stopped with SIGTERM after the 0.3 s grace period, without reporting a result"
+    assert info.value.failures == {0: stopped, 1: stopped, 2: "ValueError: boom"}
+
+
+def test_spawn_reports_ranks_that_die_without_reporting() -> None:
+    with pytest.raises(SpawnError, match=r"rank 1: exit code 7, without reporting a result") \
+            as info:
+        fake_spawn(spawnfns.exit_without_reporting, 4)
+    assert info.value.failures == {1: "exit code 7, without reporting a result",
+                                   2: "killed by SIGKILL, without reporting a result",
+                                   3: "exit code 0, without reporting a result"}
+    assert info.value.details == {}
+
+
+def test_spawn_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(SpawnError, match=r"timed out after 1.5 s; ranks 1, 3 had not finished"
+                       ) as info:
+        fake_spawn(spawnfns.sleep_on_odd_ranks, 4, 60.0, timeout=1.5)
+    assert time.monotonic() - start < 10
+    assert sorted(info.value.failures) == [1, 3]
+    assert info.value.failures[1] == ("was stopped with SIGTERM at the 1.5 s timeout, "
+                                      "without reporting a result")
+
+
+def test_spawn_within_its_timeout() -> None:
+    assert fake_spawn(spawnfns.sleep_on_odd_ranks, 2, 0.1, timeout=30) == [0, 1]
+
+
+def test_spawn_results_that_do_not_pickle() -> None:
+    with pytest.raises(SpawnError, match=r"rank 0: \w+Error: its result could not be pickled"):
+        fake_spawn(spawnfns.unpicklable_result, 2)
+
+
+def test_spawn_large_results() -> None:
+    n = 4 << 20  # far beyond a pipe's buffer: the parent reads while the ranks write
+    assert fake_spawn(spawnfns.big_result, 3, n) == [bytes([r]) * n for r in range(3)]
+
+
+def test_spawn_removes_the_jobs_shared_memory() -> None:
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(SpawnError, match=r"rank 0: RuntimeError: rank 0 crashed"):
+        fake_spawn(spawnfns.leave_a_segment, 2)
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_spawn_reports_a_failed_init_and_a_failed_close() -> None:
+    with pytest.raises(SpawnError, match=r"rank 0: OSError: ringlet.init failed: no shared "
+                                         r"memory for rank 0"):
+        _spawn(spawnfns.whoami, 2, (1,), settings=FORK, timeout=None,
+               init=spawnfns.broken_init)
+    with pytest.raises(SpawnError) as info:
+        fake_spawn(spawnfns.fail_in_close, 2)
+    assert info.value.failures == {0: "RuntimeError: comm.close() failed: close went wrong"}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fake_spawn(spawnfns.whoami, 0, 1), r"nranks must be a whole number of ranks "
+                                                r">= 1, got 0"),
+    (lambda: fake_spawn(spawnfns.whoami, True, 1), r"got True"),
+    (lambda: fake_spawn(spawnfns.whoami, 2, 1, timeout=0), r"timeout must be > 0 seconds"),
+    (lambda: fake_spawn(lambda comm: 1, 2, settings=Settings()),
+     r"fn and its arguments must be picklable .* start method 'spawn'.*module level"),
+])
+def test_spawn_argument_errors(call: Any, message: str) -> None:
+    with pytest.raises(ArgumentError, match=message):
+        call()
+
+
+# -- spawn with the real communicator ------------------------------------------------------------
+
+
+def test_spawn_with_the_communicator() -> None:
+    assert spawn(spawnfns.pass_around, 3) == [3.0, 1.0, 2.0]
+
+
+def test_spawn_propagates_a_communicator_error() -> None:
+    with pytest.raises(SpawnError, match=r"rank 0: ArgumentError: dst 7 "):
+        spawn(spawnfns.send_to_a_missing_rank, 2, settings=Settings(timeout=20, grace=1))
