@@ -108,7 +108,23 @@ def test_lines_stay_whole() -> None:
     assert all(re.fullmatch(r"\[(\d)\] err \1 \d+ \1{3000} end", line) for line in err)
 
 
+def test_ranks_find_each_other_with_the_communicator() -> None:
+    proc = ringlet_run("-n", "3", "comm_ring.py")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [
+        "[0] rank 0 of 3 got 3", "[1] rank 1 of 3 got 1", "[2] rank 2 of 3 got 2"]
+
+
 # -- ringlet run: failures ---------------------------------------------------------------------
+
+
+def test_survivors_detect_a_dead_peer_with_the_communicator() -> None:
+    proc = ringlet_run("-n", "3", "comm_ring.py", "--crash")
+    assert proc.returncode == 4
+    assert summary(proc) == ("ringlet run: rank 1 failed first (exit code 4); "
+                             "ranks 0, 2 then exited on their own (exit code 1)")
+    assert len(re.findall(r"^\[[02]\] ringlet.errors.PeerError: rank 1 ", proc.stderr,
+                          re.MULTILINE)) == 2
 
 
 def test_hanging_survivors_are_stopped_after_the_grace_period() -> None:
