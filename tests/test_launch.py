@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -357,6 +358,9 @@ def test_spawn_reports_a_failed_init_and_a_failed_close() -> None:
     (lambda: fake_spawn(spawnfns.whoami, 2, 1, timeout=0), r"timeout must be > 0 seconds"),
     (lambda: fake_spawn(lambda comm: 1, 2, settings=Settings()),
      r"fn and its arguments must be picklable .* start method 'spawn'.*module level"),
+    (lambda: fake_spawn(spawnfns.whoami, 2, threading.Lock(),
+                        settings=Settings(start_method="forkserver")),
+     r"must be picklable .* start method 'forkserver' \(TypeError: cannot pickle"),
 ])
 def test_spawn_argument_errors(call: Any, message: str) -> None:
     with pytest.raises(ArgumentError, match=message):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import secrets
 import signal
 import subprocess
@@ -37,7 +38,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import connection, get_context
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from types import FrameType
 from typing import IO, Any
 
@@ -524,16 +524,7 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    method = settings.start_method
-    if method != "fork":
-        try:
-            ForkingPickler.dumps((init, fn, args))
-        except Exception as exc:
-            raise ArgumentError(
-                f"spawn: fn and its arguments must be picklable to reach processes started "
-                f"with start method {method!r} ({type(exc).__name__}: {exc}); define fn at "
-                f"module level (not a lambda or a nested function)") from None
-    ctx = get_context(method)
+    ctx = get_context(settings.start_method)
     job_id = secrets.token_hex(16)
     reports: dict[int, _Report] = {}
     rank_of: dict[connection.Connection, int] = {}
@@ -558,8 +549,18 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
                 process = ctx.Process(  # type: ignore[attr-defined]
                     target=_rank_main, name=f"ringlet-rank-{rank}",
                     args=(init, fn, rank, nranks, job_id, settings, writer, args))
-                process.start()
-                writer.close()
+                try:
+                    process.start()  # spawn and forkserver pickle fn and args here
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    if rank:
+                        raise
+                    raise ArgumentError(
+                        f"spawn: fn and its arguments must be picklable to reach processes "
+                        f"started with start method {settings.start_method!r} "
+                        f"({type(exc).__name__}: {exc}); define fn at module level (not a "
+                        f"lambda or a nested function)") from None
+                finally:
+                    writer.close()
                 children.append(_ProcessChild(rank, process))
             outcome = _supervise(children, grace=settings.grace, timeout=timeout,
                                  readers=list(rank_of), on_ready=on_ready)
