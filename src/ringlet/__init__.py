@@ -10,6 +10,7 @@ from __future__ import annotations
 from .algorithms import algorithms
 from .comm import Communicator, Work, init
 from .config import Settings
+from .launch import spawn
 from .errors import (
     ArgumentError,
     CommTimeoutError,
@@ -41,5 +42,5 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params
 __all__ = [
     "ArgumentError", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
     "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError",
-    "VerificationError", "Work", "algorithms", "init", "verify",
+    "VerificationError", "Work", "algorithms", "init", "spawn", "verify",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -28,23 +29,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``ringlet`` parser.  Only ``command``'s module is imported and configured
+    (all of them if None), so ``ringlet --help`` and each subcommand start fast."""
     parser = argparse.ArgumentParser(
         prog="ringlet", description="ringlet: collective communication for Python.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (modname, help_) in COMMANDS.items():
-        mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=help_, description=help_)
+        if command is not None and name != command:
+            continue
+        mod = importlib.import_module(modname)
         configure = getattr(mod, f"configure_{name}", None) or mod.configure
         configure(p)
-        p.set_defaults(_module=modname, _entry=f"main_{name}" if hasattr(
-            mod, f"main_{name}") else "main")
+        entry = f"main_{name}" if hasattr(mod, f"main_{name}") else "main"
+        p.set_defaults(_module=modname, _entry=entry)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else "")
     args = parser.parse_args(argv)
     mod = importlib.import_module(args._module)
     try:
@@ -54,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `ringlet config | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

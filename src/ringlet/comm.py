@@ -18,6 +18,7 @@ deadline.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -838,10 +839,10 @@ class _P2P:
             self._progress()
             if w._done.is_set() or timeout == 0.0:
                 return
-            peers = list(range(self.c.size))
+            watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
             waiter = Waiter(self.c.settings, lambda: w._what,
                             lambda: [] if w._peer is None else [w._peer],
-                            lambda: t.check([q for q in peers if q != self.c.rank]),
+                            lambda: t.check(watch, w._what),
                             timeout=timeout)
             while not w._done.is_set():
                 if not self._progress():
@@ -875,6 +876,7 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     srun.  With no launcher at all, a single-rank communicator.
     """
     settings = Settings.from_env() if settings is None else settings
+    rdv_file = None
     if rank is None or size is None:
         from .env import detect
 
@@ -884,7 +886,7 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
         if job_id is None:
             job_id = info.job_id
             if job_id is None and size > 1:
-                job_id = _rendezvous(info.rendezvous_key, rank, size, settings)
+                job_id, rdv_file = _rendezvous(info.rendezvous_key, rank, size, settings)
     if not 0 <= rank < size:
         raise ArgumentError(f"rank {rank} is out of range for size {size}")
     if job_id is None:
@@ -894,10 +896,14 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
         job_id = secrets.token_hex(16)
     t = ShmTransport(rank, size, f"ringlet-{job_id}-w", settings)
     t.connect()
+    if rdv_file is not None and rank == 0:
+        # every rank has connected, so every rank has read the rendezvous file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(rdv_file)
     return Communicator(rank, size, t, settings, job_id)
 
 
-def _rendezvous(key: str, rank: int, size: int, settings: Settings) -> str:
+def _rendezvous(key: str, rank: int, size: int, settings: Settings) -> tuple[str, str]:
     """Agree on a random job id through a file named after the launcher's ids.
 
     Rank 0 writes a fresh random id; the others read it.  The file is only a
@@ -917,7 +923,7 @@ def _rendezvous(key: str, rank: int, size: int, settings: Settings) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(f"{key}\n{job}\n")
         os.replace(tmp, path)
-        return job
+        return job, path
     start = time.time() - 5.0
     delay = 1e-3
     while True:
@@ -927,7 +933,7 @@ def _rendezvous(key: str, rank: int, size: int, settings: Settings) -> str:
                 with open(path) as f:
                     k, job = f.read().split("\n")[:2]
                 if k == key and job:
-                    return job
+                    return job, path
         except (FileNotFoundError, ValueError):
             pass
         if time.monotonic() > deadline:

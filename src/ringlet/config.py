@@ -82,6 +82,7 @@ class Settings:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
             raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
+        object.__setattr__(self, "debug", self.debug.upper())
         if self.transport not in ("auto", "shm"):
             raise ConfigError(f"transport must be 'auto' or 'shm', got {self.transport!r}")
         if self.shm_slot_bytes < 4096 or self.shm_slot_bytes % 64:

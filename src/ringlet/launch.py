@@ -23,6 +23,7 @@ segments (see :mod:`ringlet.env`).
 
 from __future__ import annotations
 
+import abc
 import argparse
 import os
 import pickle
@@ -58,20 +59,20 @@ _Report = tuple[Any, ...]  # ("ok", result) or ("error", type name, message, tra
 # --- the supervisor ---------------------------------------------------------------------------
 
 
-class _Child:
+class _Child(abc.ABC):
     """One started rank as the supervisor sees it: a sentinel, an exit code, signals."""
 
     def __init__(self, rank: int, sentinel: int | None) -> None:
         self.rank = rank
         self.sentinel = sentinel  # a descriptor that becomes readable when the process ends
 
+    @abc.abstractmethod
     def exitcode(self) -> int | None:
         """The exit code, ``-N`` if killed by signal N, ``None`` while it runs."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` if the process still runs."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Release the handles (after the process has ended)."""

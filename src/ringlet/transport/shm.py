@@ -386,7 +386,7 @@ class ShmTransport:
         msg = bytes(mm[off:off + a[1]]).decode(errors="replace") if mm is not None else ""
         return CommTimeoutError(msg) if a[0] == 2 else PeerError(msg)
 
-    def check(self, watch: Sequence[int] | None = None) -> None:
+    def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
         """Raise if a peer aborted the communicator, or a watched peer died."""
         err = self.aborted()
         if err is not None:
@@ -394,7 +394,8 @@ class ShmTransport:
         for q in range(self.size) if watch is None else watch:
             if q != self.rank and not _pid_alive(self.pids[q]):
                 raise PeerError(
-                    f"rank {q} (pid {self.pids[q]}) died; {self.describe()} cannot complete")
+                    f"rank {q} (pid {self.pids[q]}) died; {what or self.describe()} "
+                    f"cannot complete")
 
     # --- requests -------------------------------------------------------------------
 
