@@ -1,0 +1,995 @@
+"""The alpha-beta-gamma cost model, counted from the schedules themselves.
+
+A collective's time is the sum, over the rounds of its :class:`~ringlet.schedule.Schedule`
+that carry messages, of the slowest rank's time in that round::
+
+    T = sum over rounds of ( alpha + beta * round_bytes + gamma * round_reduced_bytes )
+
+where ``round_bytes`` is the most bytes any rank sends or receives in the round
+(links are full duplex, so a rank sending and receiving the same amount is
+busy for one message time, not two) and ``round_reduced_bytes`` the most bytes
+any rank reduces.  Those per-round maxima come from
+:meth:`Schedule.counts` (or, for two-level topologies and very large jobs, from
+the same walk over the same steps, split by link), so the formulas of the
+textbooks are *outputs* of the model, checked by the tests, never a second
+copy of the algorithm that could drift from the code that runs.
+
+Two-level topologies
+--------------------
+A :class:`Profile` may have an ``inter`` link and ``gpus_per_node``: rank ``r``
+is on node ``r // gpus_per_node``, a message between two ranks of one node
+uses the ``intra`` link and any other message the ``inter`` link.  A rank's
+intra and inter traffic run in parallel (NVLink and the NIC are separate
+hardware), so a round costs ``max(alpha_intra + beta_intra * intra_bytes,
+alpha_inter + beta_inter * inter_bytes)`` (each term only if that link carries
+a message in the round), plus the reduction term.  ``gamma`` is the rank's own
+compute, taken from the intra link.
+
+Sizes and scaling
+-----------------
+Counts are taken once per schedule at a reference unit count ``m_ref`` that
+divides evenly into every chunk, and kept as bytes per element of ``m``;
+a prediction at any ``m`` scales them linearly.  At sizes that do not divide
+evenly a real chunk differs from its share by less than one element, so the
+scaled figure is off by at most ``itemsize`` bytes per chunk per round.
+
+Large jobs
+----------
+Counting walks every rank's steps, which is quick up to about a thousand
+ranks.  Beyond a step budget the walk visits a fixed, deterministic sample of
+ranks (0, the last, the root and its neighbours, powers of two and their
+neighbours, node boundaries) and takes the per-round maxima over those.  For
+the rank-symmetric families (ring, recursive doubling/halving, Bruck, direct)
+every rank moves the same bytes in every round, so the sample is exact; the
+prediction says which way it was counted.
+
+Pipelining
+----------
+For an algorithm with a ``pieces`` parameter the model picks the piece count.
+It counts the schedule at 1 and 2 pieces and fits ``rounds(k) = r0 + r1*k``
+and ``bytes(k) = b0 + b1/k``; while the fit reproduces every other count taken
+(4 pieces when that is cheap, and the piece count finally predicted), the
+optimum has a closed form, ``k* = sqrt(beta * b1 * n / (alpha * r1))``
+(for a chain broadcast ``r1 = 1`` and ``b1 = (p-2)``, giving the classic
+``sqrt((p-2) * n * beta / alpha)``).  Otherwise it searches 1, 2, 4, ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..algorithms import algorithms as registered_algorithms
+from ..algorithms import build, entry
+from ..errors import ArgumentError
+from ..ops import DTYPES, DType
+from ..schedule import COLLECTIVES, Kind, Schedule
+
+#: Where a calibration stores this machine's profile (``Profile.save()``/``Profile.load()``).
+DEFAULT_PROFILE_PATH = Path("~/.cache/ringlet/profile.json")
+
+#: nccl-tests' bus-bandwidth factors, busbw = algbw * factor (nccl-tests doc/PERFORMANCE.md;
+#: gather and scatter as in its gather.cu and scatter.cu).
+BUS_FACTORS: dict[str, str] = {
+    "all_reduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "all_gather": "(n-1)/n",
+    "all_to_all": "(n-1)/n", "gather": "(n-1)/n", "scatter": "(n-1)/n",
+    "broadcast": "1", "reduce": "1",
+}
+
+#: The seeds' textbook volume per rank, in units of the collective's size S: an all-reduce
+#: sends "about 2S", each of its phases (reduce-scatter, all-gather) "about S".
+TEXTBOOK_VOLUME: dict[str, float] = {
+    "all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0,
+    "broadcast": 1.0, "reduce": 1.0, "scatter": 1.0, "gather": 1.0,
+}
+
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+                  "float": "float32", "single": "float32", "fp64": "float64",
+                  "double": "float64", "fp8": "uint8", "int": "int32"}
+
+#: Steps a single count may walk before it switches to a sample of ranks.
+EXACT_STEP_BUDGET = 20_000
+#: Steps a sampled count walks (at least three ranks are always walked).
+SAMPLE_STEP_BUDGET = 10_000
+#: A piece count is counted only if rounds x min(ranks, 32) stays within this; beyond
+#: it the fitted closed form answers (or, without one, the search stops).
+COUNT_BUDGET = 20_000
+#: The largest piece count considered.
+PIECES_CAP = 1 << 16
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw for ``collective`` on ``nranks`` ranks."""
+    _check_collective(collective)
+    n = nranks
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+def _check_collective(collective: str) -> None:
+    if collective not in COLLECTIVES:
+        raise ArgumentError(
+            f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+
+
+def dtype_of(dtype: str | DType) -> DType:
+    """A :class:`~ringlet.ops.DType` from a name such as ``float32``, ``fp16`` or ``bf16``."""
+    if isinstance(dtype, DType):
+        return dtype
+    name = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    d = DTYPES.get(name)
+    if d is None:
+        raise ArgumentError(
+            f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} "
+            f"(or fp16, bf16, fp32, fp64)")
+    return d
+
+
+# --- links and profiles ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: ``alpha`` seconds per message, ``beta`` seconds per byte per
+    direction, ``gamma`` seconds per byte reduced, and where the numbers came from."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "gamma"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ArgumentError(f"Link.{name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def from_bandwidth(cls, bandwidth: float, latency: float = 0.0, gamma: float = 0.0,
+                       source: str = "") -> Link:
+        """A link of ``bandwidth`` bytes/s per direction and ``latency`` seconds per message."""
+        if not bandwidth > 0:
+            raise ArgumentError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+        return cls(float(latency), 1.0 / float(bandwidth), float(gamma), source)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second per direction (``1 / beta``)."""
+        return math.inf if self.beta == 0 else 1.0 / self.beta
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The links a job runs on: one level (``intra`` only) or two (``intra``, ``inter``
+    and ``gpus_per_node``; rank ``r`` is on node ``r // gpus_per_node``).
+
+    A calibration produces one and stores it as JSON::
+
+        profile = Profile(Link(alpha=4e-6, beta=1 / 6e9, gamma=1 / 8e9, source="calibrated"))
+        profile.save()                     # ~/.cache/ringlet/profile.json
+        Profile.load()                     # the same profile back
+    """
+
+    intra: Link
+    inter: Link | None = None
+    gpus_per_node: int = 0
+    name: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.inter is not None and self.gpus_per_node < 1:
+            raise ArgumentError(
+                "a two-level profile needs gpus_per_node >= 1 (ranks per node), "
+                f"got {self.gpus_per_node}")
+        if self.gpus_per_node < 0:
+            raise ArgumentError(f"gpus_per_node must be >= 0, got {self.gpus_per_node}")
+
+    def levels_for(self, nranks: int) -> int:
+        """1 if every one of ``nranks`` ranks is on one node (or there is one level), else 2."""
+        if self.inter is None or self.gpus_per_node >= nranks:
+            return 1
+        return 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "gpus_per_node": self.gpus_per_node,
+                "intra": asdict(self.intra),
+                "inter": None if self.inter is None else asdict(self.inter)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        try:
+            inter = data.get("inter")
+            return cls(intra=Link(**data["intra"]),
+                       inter=None if inter is None else Link(**inter),
+                       gpus_per_node=int(data.get("gpus_per_node", 0)),
+                       name=str(data.get("name", "")), source=str(data.get("source", "")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ArgumentError(
+                f"not a ringlet profile ({exc}); expected keys intra{{alpha, beta, gamma, "
+                f"source}}, inter (or null), gpus_per_node, name, source") from None
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the profile as JSON to ``path`` (default :data:`DEFAULT_PROFILE_PATH`)."""
+        p = Path(path if path is not None else DEFAULT_PROFILE_PATH).expanduser()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Profile:
+        """Read a profile written by :meth:`save` (default :data:`DEFAULT_PROFILE_PATH`)."""
+        p = Path(path if path is not None else DEFAULT_PROFILE_PATH).expanduser()
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ArgumentError(
+                f"no profile at {p}; calibrate this machine first, or give links "
+                f"explicitly (--link, --bandwidth/--latency)") from None
+        except (OSError, ValueError) as exc:
+            raise ArgumentError(f"cannot read the profile {p}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ArgumentError(f"{p} is not a ringlet profile (a JSON object expected)")
+        return cls.from_dict(data)
+
+
+# --- counting ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tally:
+    """One schedule's per-round maxima, in bytes per element of the unit count ``m``.
+
+    ``intra[i]``/``inter[i]``: the most bytes any rank sends or receives over that
+    link in round ``i``; ``*_msgs[i]``: whether the link carries a message in it;
+    ``reduced[i]``: the most bytes any rank reduces.  Multiply by ``m * itemsize``.
+    """
+
+    intra: np.ndarray
+    inter: np.ndarray
+    intra_msgs: np.ndarray
+    inter_msgs: np.ndarray
+    reduced: np.ndarray
+    sent_max: float        # most bytes any rank sends in total (per element of m)
+    rounds: int            # rounds with at least one message
+    counted: str           # how: "all 8 ranks" / "12 of 4096 ranks (rank-symmetric sample)"
+
+    @property
+    def critical(self) -> float:
+        """Bytes per element of m on the critical path (both links together)."""
+        return float(np.maximum(self.intra, self.inter).sum())
+
+
+def _m_ref(schedule: Schedule) -> int:
+    """The smallest unit count that cuts every chunk of every buffer evenly."""
+    m = 1
+    for lay in schedule.layouts.values():
+        need = lay.nchunks // math.gcd(lay.nchunks, lay.scale)
+        m = m * need // math.gcd(m, need)
+    if m > 1 << 40:  # absurd lcm: any large m is within one element per chunk
+        m = 1 << 40
+    return m
+
+
+def _sample(n: int, root: int, gpus_per_node: int) -> list[int]:
+    """A deterministic sample of ranks likely to include every distinct role.
+
+    The ends, the root and its neighbours, the middle, and every power of two
+    with its neighbours, counted from rank 0, from the root and from the end
+    (tree levels, recursive-doubling partners and their mirror images), and the
+    ranks at node boundaries.
+    """
+    cand = [0, n - 1, root, (root + 1) % n, (root - 1) % n, 1, n - 2, n // 2, n // 2 - 1,
+            n // 2 + 1, 2, 3]
+    k = 2
+    while k < n:
+        for x in (k - 1, k, k + 1):
+            cand += [x, n - 1 - x, (root + x) % n]
+        k *= 2
+    g = gpus_per_node
+    if 0 < g < n:
+        cand += [g - 1, g, g + 1, 2 * g - 1, n - g, n - g - 1]
+    seen: dict[int, None] = {}
+    for r in cand:
+        if 0 <= r < n:
+            seen.setdefault(r, None)
+    return list(seen)
+
+
+def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Tally:
+    """The :class:`Tally` of ``schedule``, split by link if ``0 < gpus_per_node < nranks``.
+
+    One level: straight from :meth:`Schedule.counts` when every rank can be
+    walked within :data:`EXACT_STEP_BUDGET`.  Otherwise the same walk over the
+    same steps, split by link, over every rank or over :func:`_sample`: the
+    sample stops after three ranks (and :data:`SAMPLE_STEP_BUDGET` steps) if
+    every rank walked so far moved exactly the same bytes in every round (a
+    rank-symmetric algorithm), and walks the whole sample otherwise.
+
+    ``rails`` (two levels only) counts the schedule as NCCL runs its rings across
+    nodes: ``gpus_per_node`` channels, each a copy of the schedule on
+    ``1/gpus_per_node`` of the data with the ranks of every node rotated by the
+    channel number, so that each channel leaves a node through a different
+    GPU's NIC.  A rotation inside a node keeps every message's link (intra or
+    inter), so in every round a rank carries the average of its node's loads;
+    that is what is counted (sends and receives averaged separately: a NIC
+    sends for one channel while it receives for another).
+    """
+    n = schedule.nranks
+    two_level = 0 < gpus_per_node < n
+    m = _m_ref(schedule)
+    first = sum(len(rnd) for rnd in schedule.steps(0))
+    exact = first * n <= EXACT_STEP_BUDGET
+    if exact and not two_level:
+        c = schedule.counts(m, 1)
+        moved = np.maximum(c.round_sent, c.round_received).astype(float) / m
+        zeros = np.zeros_like(moved)
+        return Tally(moved, zeros, moved > 0, zeros > 0, c.round_reduced.astype(float) / m,
+                     float(c.sent.max()) / m if n else 0.0, int(c.rounds), f"all {n} ranks")
+    g = gpus_per_node if two_level else 0
+    rails = rails and g > 0
+    if exact or len(_sample(n, schedule.root, g)) * (g if rails else 1) >= n:
+        exact, ranks = True, list(range(n))
+    elif rails:   # whole nodes: the nodes of the sampled ranks
+        nodes = dict.fromkeys(r // g for r in _sample(n, schedule.root, g))
+        ranks = [x * g + i for x in nodes for i in range(g) if x * g + i < n]
+    else:
+        ranks = _sample(n, schedule.root, g)
+    return _walk(schedule, m, ranks, g, exact, rails)
+
+
+def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
+          rails: bool = False) -> Tally:
+    R, n = schedule.nrounds, schedule.nranks
+    bounds = {b: lay.bounds(m).tolist() for b, lay in schedule.layouts.items()}
+
+    def nbytes(refs: tuple[tuple[Any, int, int], ...]) -> int:
+        return sum(bounds[b][e] - bounds[b][s] for b, s, e in refs)
+
+    intra = [0.0] * R
+    inter = [0.0] * R
+    reduced = [0.0] * R
+    sent_max = 0.0
+    walked = steps_seen = units = 0
+    signature: tuple[tuple[float, ...], ...] | None = None
+    symmetric = True
+    # With rails a unit is a node (its ranks' sends and receives averaged, separately:
+    # a NIC sends for one channel while it receives for another), otherwise a rank.
+    zero = [0] * R
+    g_sin, g_rin, g_sout, g_rout, g_red = (list(zero) for _ in range(5))
+    group_sent = 0.0
+    group_size = 0
+
+    def fold() -> None:
+        nonlocal intra, inter, reduced, sent_max, signature, symmetric, units
+        nonlocal g_sin, g_rin, g_sout, g_rout, g_red, group_sent, group_size
+        d = float(group_size) if rails else 1.0
+        mine_in = [max(a, b) / d for a, b in zip(g_sin, g_rin, strict=True)]
+        mine_out = [max(a, b) / d for a, b in zip(g_sout, g_rout, strict=True)]
+        mine_red = [v / d for v in g_red]
+        if not exact:
+            sig = (tuple(mine_in), tuple(mine_out), tuple(mine_red), (group_sent / d,))
+            if signature is None:
+                signature = sig
+            elif sig != signature:
+                symmetric = False
+        intra = [max(a, b) for a, b in zip(intra, mine_in, strict=True)]
+        inter = [max(a, b) for a, b in zip(inter, mine_out, strict=True)]
+        reduced = [max(a, b) for a, b in zip(reduced, mine_red, strict=True)]
+        sent_max = max(sent_max, group_sent / d)
+        units += 1
+        g_sin, g_rin, g_sout, g_rout, g_red = (list(zero) for _ in range(5))
+        group_sent, group_size = 0.0, 0
+
+    current = None
+    for r in ranks:
+        unit = r // g if rails else r
+        if current is not None and unit != current:
+            fold()
+            if not exact and symmetric and units >= 3 and steps_seen >= SAMPLE_STEP_BUDGET:
+                current = None
+                break
+        current = unit
+        node = r // g if g else 0
+        for i, rnd in enumerate(schedule.steps(r)):
+            steps_seen += len(rnd)
+            s_in = s_out = r_in = r_out = red = 0
+            for st in rnd:
+                kind = st.kind
+                if kind is Kind.SEND:
+                    b = nbytes(st.src)
+                    group_sent += b
+                    if g and st.peer // g != node:
+                        s_out += b
+                    else:
+                        s_in += b
+                elif kind is Kind.RECV or kind is Kind.RRED:
+                    b = nbytes(st.dst)
+                    if g and st.peer // g != node:
+                        r_out += b
+                    else:
+                        r_in += b
+                    if kind is Kind.RRED:
+                        red += b
+                elif kind is Kind.LRED:
+                    red += nbytes(st.dst)
+            if s_in or r_in or s_out or r_out or red:
+                g_sin[i] += s_in
+                g_rin[i] += r_in
+                g_sout[i] += s_out
+                g_rout[i] += r_out
+                g_red[i] += red
+        group_size += 1
+        walked += 1
+    if current is not None:
+        fold()
+    a_in, a_out, a_red = (np.array(x, float) for x in (intra, inter, reduced))
+    rounds = int(((a_in > 0) | (a_out > 0)).sum())
+    what = "nodes" if rails else "ranks"
+    total = -(-n // g) if rails else n
+    if exact:
+        how = f"all {n} ranks"
+    elif symmetric:
+        how = f"{units} of {total} {what} (each moved the same bytes every round: symmetric)"
+    else:
+        how = f"{units} of {total} {what} (a sample of distinct roles; they differ)"
+    if rails:
+        how += f", as {g} rail channels (loads averaged within each node)"
+    return Tally(a_in / m, a_out / m, a_in > 0, a_out > 0, a_red / m, sent_max / m, rounds, how)
+
+
+# --- predictions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted cost of one collective call with one algorithm."""
+
+    collective: str
+    algorithm: str
+    nranks: int
+    nbytes: int              # the collective's size S (nccl-tests convention)
+    dtype: str
+    pieces: int              # the piece count used (1 for algorithms without pieces)
+    seconds: float
+    rounds: int              # rounds with messages: the alpha term's count
+    bytes_per_rank: int      # the most bytes any rank sends
+    critical_bytes: int      # bytes on the critical path (sum of the per-round maxima)
+    alpha_seconds: float
+    beta_seconds: float
+    gamma_seconds: float
+    algbw: float             # nbytes / seconds
+    busbw: float             # algbw * bus factor
+    counted: str
+    pieces_rule: str = ""    # how the piece count was chosen
+    params: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Inapplicable:
+    """An algorithm that cannot run this call (its builder raised ArgumentError)."""
+
+    collective: str
+    algorithm: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collective": self.collective, "algorithm": self.algorithm,
+                "applicable": False, "reason": self.reason}
+
+
+def unit_count(collective: str, nbytes: int, nranks: int, itemsize: int) -> int:
+    """The schedule's unit count m for a collective of ``nbytes`` (nccl-tests' size).
+
+    nccl-tests quotes all_gather and gather by their output, reduce_scatter and
+    scatter by their input and all_to_all by a rank's whole buffer, all ``nranks``
+    times the unit; the others by the vector itself.
+    """
+    _check_collective(collective)
+    per = itemsize * (nranks if _scaled(collective) else 1)
+    return max(1, -(-int(nbytes) // per))
+
+
+def _scaled(collective: str) -> bool:
+    return any(v == "N" for v in COLLECTIVES[collective].values())
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """``rounds = r0 + r1*k``, ``bytes = m*(b0 + b1/k)``, ``reduced = m*(g0 + g1/k)`` for
+    every piece count ``k >= k_from`` (counted at ``k_from``, 2x and 4x that)."""
+
+    r0: float
+    r1: float
+    b0: float
+    b1: float
+    g0: float
+    g1: float
+    sent: float
+    k_from: int
+
+    def rounds(self, k: int) -> int:
+        return int(round(self.r0 + self.r1 * k))
+
+    def critical(self, k: int) -> float:
+        return self.b0 + self.b1 / k
+
+    def reduced(self, k: int) -> float:
+        return self.g0 + self.g1 / k
+
+    def seconds(self, k: int, size: float, link: Link) -> tuple[float, float, float, float]:
+        a = link.alpha * (self.r0 + self.r1 * k)
+        b = size * link.beta * self.critical(k)
+        g = size * link.gamma * self.reduced(k)
+        return a + b + g, a, b, g
+
+    def agrees(self, k: int, t: Tally) -> bool:
+        tol = 1e-9 * max(1.0, self.b0 + abs(self.b1))
+        return (t.rounds == self.rounds(k) and abs(t.critical - self.critical(k)) <= tol
+                and abs(float(t.reduced.sum()) - self.reduced(k)) <= tol)
+
+    @classmethod
+    def through(cls, k: int, a: Tally, b: Tally) -> _Fit:
+        """The fit through the counts ``a`` at ``k`` pieces and ``b`` at ``2k``."""
+        r1 = (b.rounds - a.rounds) / k
+        b1 = 2 * k * (a.critical - b.critical)
+        ga, gb = float(a.reduced.sum()), float(b.reduced.sum())
+        g1 = 2 * k * (ga - gb)
+        return cls(a.rounds - r1 * k, r1, a.critical - b1 / k, b1, ga - g1 / k, g1,
+                   a.sent_max, k)
+
+
+class Estimator:
+    """Times one algorithm of one collective on ``nranks`` ranks, at any size.
+
+    Counts are cached per piece count; predicting at another size or with another
+    profile costs a few vector operations, so a tuner can call it per call.
+    ``params`` fixes the algorithm's other parameters (e.g. ``group`` of the
+    hierarchical all-reduce).
+    """
+
+    def __init__(self, collective: str, algorithm: str, nranks: int, root: int = 0,
+                 gpus_per_node: int = 0, params: tuple[tuple[str, int], ...] = (),
+                 rails: bool = False) -> None:
+        _check_collective(collective)
+        e = entry(collective, algorithm)
+        self.collective, self.algorithm, self.nranks = collective, e.name, int(nranks)
+        self.root = root
+        self.gpus_per_node = gpus_per_node if 0 < gpus_per_node < nranks else 0
+        self.rails = bool(rails and self.gpus_per_node)
+        self.pipelined = "pieces" in e.params
+        self.params = dict(params)
+        self._tallies: dict[int, Tally] = {}
+        base = self.schedule(1)  # raises ArgumentError if the algorithm cannot run
+        self._blocks = [(lay.scale, lay.blocks) for lay in base.layouts.values()]
+        self._fit: _Fit | None | bool = False  # False: not computed yet
+
+    def schedule(self, pieces: int = 1) -> Schedule:
+        params = {**self.params, **({"pieces": pieces} if self.pipelined else {})}
+        return build(self.collective, self.algorithm, self.nranks, self.root, **params)
+
+    def tally(self, pieces: int = 1) -> Tally:
+        t = self._tallies.get(pieces)
+        if t is None:
+            t = self._tallies[pieces] = count(self.schedule(pieces), self.gpus_per_node,
+                                              self.rails)
+        return t
+
+    def affordable(self, pieces: int) -> bool:
+        """Whether counting at ``pieces`` stays within :data:`COUNT_BUDGET` rank-rounds."""
+        if pieces in self._tallies:
+            return True
+        return self.schedule(pieces).nrounds * min(self.nranks, 32) <= COUNT_BUDGET
+
+    def max_pieces(self, m: int) -> int:
+        """The most pieces that leave no chunk empty at unit count ``m``."""
+        if not self.pipelined:
+            return 1
+        k = min(scale * m // blocks for scale, blocks in self._blocks)
+        return int(max(1, min(k, PIECES_CAP)))
+
+    def fit(self) -> _Fit | None:
+        """The closed form in the piece count, or None (one level only).
+
+        Tries the counts at (1, 2, 4) pieces, then (2, 4, 8), ... (32, 64, 128):
+        the first triple where the fit through the first two reproduces the third
+        exactly holds from there on (a pipeline's fill and drain settle once
+        there are enough pieces).  Counts that would exceed the budget stop the
+        search.  Also checked against every count :meth:`predict` takes.
+        """
+        if self._fit is False:
+            self._fit = None
+            if self.pipelined and not self.gpus_per_node:
+                k = 1
+                while k <= 32 and self.affordable(4 * k):
+                    f = _Fit.through(k, self.tally(k), self.tally(2 * k))
+                    if f.agrees(4 * k, self.tally(4 * k)):
+                        self._fit = f
+                        break
+                    k *= 2
+        return self._fit if isinstance(self._fit, _Fit) else None
+
+    def _counted_seconds(self, k: int, size: float, profile: Profile) -> float:
+        return self._seconds(self.tally(k), size, profile)[0]
+
+    def choose_pieces(self, m: int, itemsize: int, profile: Profile) -> tuple[int, str]:
+        """The piece count with the least predicted time at unit count ``m``, and why."""
+        if not self.pipelined:
+            return 1, ""
+        kmax = self.max_pieces(m)
+        size = float(m) * itemsize
+        f = self.fit() if profile.levels_for(self.nranks) == 1 else None
+        if f is not None:
+            link = profile.intra
+            # below the fit's range, the counts themselves
+            cands: dict[int, float] = {}
+            k = 1
+            while k < f.k_from and k <= kmax:
+                cands[k] = self._counted_seconds(k, size, profile)
+                k *= 2
+            num = size * (link.beta * f.b1 + link.gamma * f.g1)
+            lo = min(f.k_from, kmax)
+            if num <= 0:
+                kstar = float(lo)
+                why = "more pieces add rounds and save no bytes"
+            elif f.r1 <= 0 or link.alpha == 0:
+                kstar = float(kmax)
+                why = "more pieces cost no latency here: as many as fit"
+            else:
+                kstar = math.sqrt(num / (link.alpha * f.r1))
+                why = (f"closed form k* = sqrt(n*(beta*{f.b1:g} + gamma*{f.g1:g})/"
+                       f"(alpha*{f.r1:g})) = {kstar:.4g}")
+            for c in {lo, kmax, min(kmax, max(lo, math.floor(kstar))),
+                      min(kmax, max(lo, math.ceil(kstar)))}:
+                cands[c] = f.seconds(c, size, link)[0]
+            best = min(sorted(cands), key=lambda c: cands[c])
+            rule = (f"{why}; rounds = {f.r0:g} + {f.r1:g}k and bytes = n*({f.b0:g} + "
+                    f"{f.b1:g}/k) for k >= {f.k_from}, fitted to the counts at {f.k_from}, "
+                    f"{2 * f.k_from} and {4 * f.k_from} pieces")
+            return best, rule
+        if profile.levels_for(self.nranks) == 2 and profile.inter is not None:
+            # Two levels have no closed form in k; take the one-level optimum on the slower
+            # link, and count that and its neighbours on both links.
+            flat = estimator(self.collective, self.algorithm, self.nranks, self.root, 0,
+                             tuple(sorted(self.params.items())))
+            slow = max((profile.intra, profile.inter), key=lambda ln: ln.beta)
+            k0, _ = flat.choose_pieces(m, itemsize, Profile(slow))
+            k = k0
+            while k > 1 and not self.affordable(k):
+                k //= 2
+            tried = sorted({1, k})
+            best = min(tried, key=lambda c: (self._counted_seconds(c, size, profile), c))
+            return best, (f"one-level optimum on the slower link: {k0} pieces"
+                          f"{'' if k == k0 else f' (counted at {k}: fewer rounds to count)'}; "
+                          f"counted on both links at {' and '.join(map(str, tried))}")
+        # No closed form: search 1, 2, 4, ...; time is convex in k in practice (alpha grows
+        # with k, the pipeline's fill shrinks with 1/k), so stop after two worse doublings.
+        best_k, best_t, worse, k = 1, math.inf, 0, 1
+        while k <= kmax and worse < 2 and self.affordable(k):
+            t = self._counted_seconds(k, size, profile)
+            if t < best_t:
+                best_k, best_t, worse = k, t, 0
+            else:
+                worse += 1
+            k *= 2
+        if k == 1:
+            return 1, "1 (more pieces would be too many rounds to count)"
+        return best_k, f"searched pieces 1, 2, 4, ... {k // 2} (counted)"
+
+    def _seconds(self, t: Tally, size: float, profile: Profile
+                 ) -> tuple[float, float, float, float]:
+        """(total, alpha, beta, gamma) seconds of tally ``t`` at ``size`` = m * itemsize."""
+        a_in, b_in = profile.intra.alpha, profile.intra.beta
+        lat_in = t.intra_msgs * a_in
+        bw_in = t.intra * (size * b_in)
+        red = t.reduced * (size * profile.intra.gamma)
+        if profile.inter is not None and self.gpus_per_node:
+            lat_out = t.inter_msgs * profile.inter.alpha
+            bw_out = t.inter * (size * profile.inter.beta)
+            out = (lat_out + bw_out) > (lat_in + bw_in)
+            lat = np.where(out, lat_out, lat_in)
+            bw = np.where(out, bw_out, bw_in)
+        else:
+            lat, bw = lat_in, bw_in
+        a, b, g = float(lat.sum()), float(bw.sum()), float(red.sum())
+        return a + b + g, a, b, g
+
+    def seconds(self, m: int, itemsize: int, profile: Profile) -> float:
+        """Predicted seconds at unit count ``m`` with the best piece count (no new counting
+        when the closed form covers the chosen piece count)."""
+        k, _ = self.choose_pieces(m, itemsize, profile)
+        size = float(m) * itemsize
+        f = self.fit() if profile.levels_for(self.nranks) == 1 else None
+        if f is not None and k >= f.k_from:
+            return f.seconds(k, size, profile.intra)[0]
+        return self._counted_seconds(k, size, profile)
+
+    def predict(self, m: int, itemsize: int, profile: Profile, dtype: str = "",
+                pieces: int | None = None) -> Prediction:
+        """The :class:`Prediction` at unit count ``m`` (``pieces=None``: the best count)."""
+        if pieces is None:
+            k, rule = self.choose_pieces(m, itemsize, profile)
+        else:
+            if pieces < 1 or (not self.pipelined and pieces != 1):
+                raise ArgumentError(
+                    f"{self.collective}/{self.algorithm}: pieces must be 1"
+                    f"{' or more' if self.pipelined else ' (it is not pipelined)'}, got {pieces}")
+            k, rule = int(pieces), "given"
+        size = float(m) * itemsize
+        f = self.fit() if profile.levels_for(self.nranks) == 1 else None
+        if f is not None and k >= f.k_from and not self.affordable(k):
+            # Too many rounds to count: the closed form, fitted to smaller counts, answers.
+            total, a, b, g = f.seconds(k, size, profile.intra)
+            rounds, sent, crit = f.rounds(k), f.sent * size, f.critical(k) * size
+            how = (f"closed form fitted to the counts at {f.k_from}, {2 * f.k_from} and "
+                   f"{4 * f.k_from} pieces ({k} pieces not counted)")
+        else:
+            t = self.tally(k)
+            if f is not None and k >= f.k_from and not f.agrees(k, t):
+                self._fit = None    # the closed form does not hold after all: search instead
+                if pieces is None:
+                    return self.predict(m, itemsize, profile, dtype)
+            total, a, b, g = self._seconds(t, size, profile)
+            rounds, sent, crit, how = t.rounds, t.sent_max * size, t.critical * size, t.counted
+        nbytes = m * itemsize * (self.nranks if _scaled(self.collective) else 1)
+        algbw = nbytes / total if total > 0 else math.inf
+        params = {**self.params, **({"pieces": k} if self.pipelined else {})}
+        return Prediction(
+            self.collective, self.algorithm, self.nranks, int(nbytes), dtype, k, total,
+            rounds, int(round(sent)), int(round(crit)), a, b, g, algbw,
+            algbw * bus_factor(self.collective, self.nranks), how, rule, params)
+
+
+@lru_cache(maxsize=256)
+def estimator(collective: str, algorithm: str, nranks: int, root: int = 0,
+              gpus_per_node: int = 0, params: tuple[tuple[str, int], ...] = (),
+              rails: bool = False) -> Estimator:
+    """The cached :class:`Estimator` (raises ArgumentError if the algorithm cannot run)."""
+    return Estimator(collective, algorithm, nranks, root, gpus_per_node, params, rails)
+
+
+#: Parameters that name the ranks per node: on a two-level profile they are set to the
+#: profile's gpus_per_node unless the caller fixes them.
+NODE_PARAMS = ("group",)
+
+
+def _estimator_for(collective: str, algorithm: str, nranks: int, root: int,
+                   profile: Profile, params: dict[str, int] | None = None,
+                   rails: bool = False) -> Estimator:
+    e = entry(collective, algorithm)
+    two = profile.levels_for(nranks) == 2
+    fixed = {k: int(v) for k, v in (params or {}).items() if k in e.params and k != "pieces"}
+    if two:
+        for name in NODE_PARAMS:
+            if name in e.params and name not in fixed:
+                fixed[name] = profile.gpus_per_node
+    return estimator(collective, e.name, nranks, root if collective in _ROOTED else 0,
+                     profile.gpus_per_node if two else 0, tuple(sorted(fixed.items())),
+                     rails and two)
+
+
+_ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})
+
+
+def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: Profile,
+            dtype: str | DType = "float32", root: int = 0, pieces: int | None = None,
+            params: dict[str, int] | None = None, rails: bool = False) -> Prediction:
+    """Predict one call: ``collective`` of ``nbytes`` (nccl-tests' size) with ``algorithm``.
+
+    ``pieces=None`` picks the best piece count for pipelined algorithms;
+    ``params`` fixes other parameters the algorithm takes (others are ignored).
+    On a two-level profile a ``group`` parameter defaults to the ranks per node,
+    and ``rails=True`` counts the schedule as NCCL's per-NIC channels (see
+    :func:`count`).  Raises ArgumentError if the algorithm cannot run on ``nranks`` ranks.
+
+    >>> p = predict("all_reduce", "ring", 8, 14 * 10**9,
+    ...             Profile(Link.from_bandwidth(450e9)), dtype="float16")
+    >>> p.rounds, p.bytes_per_rank
+    (14, 24500000000)
+    """
+    if nranks < 1:
+        raise ArgumentError(f"nranks must be >= 1, got {nranks}")
+    d = dtype_of(dtype)
+    est = _estimator_for(collective, algorithm, nranks, root, profile, params, rails)
+    m = unit_count(collective, nbytes, nranks, d.itemsize)
+    return est.predict(m, d.itemsize, profile, d.name, pieces)
+
+
+def predict_all(collective: str, nranks: int, nbytes: int, profile: Profile,
+                dtype: str | DType = "float32", root: int = 0,
+                names: Iterable[str] | None = None, params: dict[str, int] | None = None,
+                rails: bool = False) -> list[Prediction | Inapplicable]:
+    """:func:`predict` for every registered algorithm (or ``names``), fastest first;
+    algorithms that cannot run this call come last, as :class:`Inapplicable`."""
+    out: list[Prediction] = []
+    bad: list[Inapplicable] = []
+    for name in (registered_algorithms(collective) if names is None else names):
+        try:
+            out.append(predict(collective, name, nranks, nbytes, profile, dtype, root,
+                               params=params, rails=rails))
+        except ArgumentError as exc:
+            bad.append(Inapplicable(collective, name, str(exc)))
+    out.sort(key=lambda p: (p.seconds, p.algorithm))
+    return [*out, *bad]
+
+
+def fastest(collective: str, nranks: int, nbytes: int, profile: Profile,
+            dtype: str | DType = "float32", root: int = 0,
+            names: Iterable[str] | None = None, params: dict[str, int] | None = None,
+            rails: bool = False) -> Prediction:
+    """The fastest applicable algorithm's prediction (ArgumentError if none applies)."""
+    preds = predict_all(collective, nranks, nbytes, profile, dtype, root, names, params,
+                        rails)
+    if not preds or isinstance(preds[0], Inapplicable):
+        reasons = "; ".join(f"{p.algorithm}: {p.reason}" for p in preds
+                            if isinstance(p, Inapplicable))
+        raise ArgumentError(f"no algorithm can run {collective} on {nranks} ranks ({reasons})")
+    best = preds[0]
+    if not isinstance(best, Prediction):  # pragma: no cover - Inapplicable entries sort last
+        raise ArgumentError(f"no algorithm can run {collective} on {nranks} ranks")
+    return best
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """At ``nbytes`` the fastest algorithm changes from ``below`` to ``above``."""
+
+    nbytes: int
+    below: str
+    above: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def crossovers(collective: str, nranks: int, profile: Profile, dtype: str | DType = "float32",
+               root: int = 0, names: Iterable[str] | None = None, lo: int = 1,
+               hi: int = 1 << 40, params: dict[str, int] | None = None,
+               rails: bool = False) -> list[Crossover]:
+    """Sizes between ``lo`` and ``hi`` bytes where the fastest algorithm changes.
+
+    Scans powers of two, then bisects each change down to one unit count.
+    """
+    d = dtype_of(dtype)
+    ests: list[Estimator] = []
+    for name in (registered_algorithms(collective) if names is None else names):
+        try:
+            ests.append(_estimator_for(collective, name, nranks, root, profile, params, rails))
+        except ArgumentError:
+            continue
+    if len(ests) < 2:
+        return []
+    per = d.itemsize * (nranks if _scaled(collective) else 1)
+
+    def winner(m: int) -> str:
+        return min(ests, key=lambda e: (e.seconds(m, d.itemsize, profile), e.algorithm)).algorithm
+
+    m_lo = max(1, lo // per)
+    m_hi = max(m_lo + 1, hi // per)
+    grid = sorted({m_lo, m_hi, *(1 << k for k in range(0, 62) if m_lo < (1 << k) < m_hi)})
+    out: list[Crossover] = []
+    prev_m, prev_w = grid[0], winner(grid[0])
+    for m in grid[1:]:
+        w = winner(m)
+        if w != prev_w:
+            a, b = prev_m, m   # winner(a) == prev_w, winner(b) == w
+            while b - a > 1:
+                mid = (a + b) // 2
+                if winner(mid) == prev_w:
+                    a = mid
+                else:
+                    b = mid
+            out.append(Crossover(b * per, prev_w, winner(b)))
+        prev_m, prev_w = m, w
+    return out
+
+
+def textbook_seconds(collective: str, nbytes: float, bandwidth: float) -> float:
+    """The seeds' estimate: ``volume * S / B`` (all-reduce ``2S/B``), no latency term."""
+    _check_collective(collective)
+    if not bandwidth > 0:
+        raise ArgumentError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    return TEXTBOOK_VOLUME[collective] * nbytes / bandwidth
+
+
+def textbook_bytes(collective: str, nbytes: float) -> float:
+    """The seeds' bytes per rank: ``volume * S`` (all-reduce ``2S``)."""
+    _check_collective(collective)
+    return TEXTBOOK_VOLUME[collective] * nbytes
+
+
+@dataclass(frozen=True)
+class TextbookComparison:
+    """Where and by how much the seeds' textbook figure and the model differ.
+
+    ``factors`` multiply together to ``model_seconds / textbook_seconds``; each
+    is ``(reason, multiplier)``.
+    """
+
+    textbook_seconds: float
+    model_seconds: float
+    factors: tuple[tuple[str, float], ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.model_seconds / self.textbook_seconds if self.textbook_seconds else math.inf
+
+    def lines(self) -> list[str]:
+        from .units import format_seconds
+
+        out = [f"textbook {format_seconds(self.textbook_seconds)} vs model "
+               f"{format_seconds(self.model_seconds)}: {self.ratio:.3g}x"
+               + (" because:" if self.factors else "")]
+        out += [f"  x{mult:.4g}  {why}" for why, mult in self.factors]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"textbook_seconds": self.textbook_seconds, "model_seconds": self.model_seconds,
+                "ratio": self.ratio,
+                "factors": [{"reason": why, "factor": mult} for why, mult in self.factors]}
+
+
+def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook_bandwidth: float,
+                     model_seconds: float, beta_seconds: float, alpha_seconds: float,
+                     gamma_seconds: float, critical_bytes: float, rounds: int, nranks: int,
+                     line_rate: float | None, efficiency: float = 1.0,
+                     efficiency_source: str = "", link_name: str = "",
+                     headline_bidirectional: bool = False) -> TextbookComparison:
+    """Explain ``model_seconds / textbook_seconds`` as a product of named factors.
+
+    ``line_rate`` is the per-direction line rate of the (one-level) link, None
+    for two-level predictions (then only the total is given).  The factors:
+    direction (the textbook's bandwidth over the per-direction rate), efficiency,
+    volume (the schedule's critical-path bytes over the textbook's bytes) and
+    latency plus reduction (the whole time over its bandwidth term).
+    """
+    from .units import format_bandwidth, format_bytes, format_seconds
+
+    factors: list[tuple[str, float]] = []
+    if line_rate is None or beta_seconds <= 0 or textbook_bytes <= 0:
+        return TextbookComparison(textbook_seconds, model_seconds, ())
+    name = link_name or "the link"
+    direction = textbook_bandwidth / line_rate
+    if abs(direction - 1) > 1e-9:
+        if headline_bidirectional and abs(direction - 2) < 0.05:
+            why = (f"the textbook divides by {name}'s {format_bandwidth(textbook_bandwidth)}, "
+                   f"which counts both directions; per direction it is "
+                   f"{format_bandwidth(line_rate)}: {direction:.3g}x slower")
+        else:
+            why = (f"the textbook divides by {format_bandwidth(textbook_bandwidth)}; "
+                   f"{name} moves {format_bandwidth(line_rate)} per direction")
+        factors.append((why, direction))
+    if abs(efficiency - 1) > 1e-9:
+        factors.append((f"collectives reach {efficiency:.3g} of the line rate "
+                        f"({efficiency_source or 'preset'}): {1 / efficiency:.3g}x slower",
+                        1 / efficiency))
+    volume = critical_bytes / textbook_bytes
+    if abs(volume - 1) > 1e-9:
+        p = nranks
+        exact = ""
+        for num, den, text in ((p - 1, p, f"(p-1)/p = {p - 1}/{p}"),
+                               (2 * (p - 1), p, f"2(p-1)/p = {2 * (p - 1)}/{p}")):
+            if abs(volume - num / den) < 1e-6:
+                exact = f" = {text}"
+        factors.append((f"the schedule moves {format_bytes(critical_bytes)} per rank on its "
+                        f"critical path, not the textbook's {format_bytes(textbook_bytes)}"
+                        f"{exact}: {volume:.4g}x", volume))
+    rest = model_seconds / beta_seconds
+    if abs(rest - 1) > 1e-12:
+        parts = [f"latency: {rounds} rounds x alpha = {format_seconds(alpha_seconds)}"]
+        if gamma_seconds > 0:
+            parts.append(f"reduction: {format_seconds(gamma_seconds)}")
+        factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))
+    return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))

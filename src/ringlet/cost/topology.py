@@ -1,0 +1,232 @@
+"""Link and node presets: what the hardware moves, per direction, and where that is written.
+
+Every :class:`LinkSpec` records the per-direction line rate, the headline
+("marketing") figure and whether that figure counts both directions, the
+per-message latency, the fraction of the line rate collectives achieve, and a
+source for each.  The cost model uses ``bandwidth * efficiency`` per direction
+and ``latency`` as alpha.
+
+Where the numbers come from
+---------------------------
+* Line rates: the vendors' specifications.  NVLink 3/4/5 are quoted per GPU
+  *bidirectionally* (600, 900, 1800 GB/s), i.e. 300, 450 and 900 GB/s each
+  way; PCIe's "64 GB/s" for Gen4 x16 is also both directions (31.5 GB/s each
+  way).  InfiniBand and Ethernet rates are per direction (HDR 200 Gb/s =
+  25 GB/s each way).
+* Efficiency: NCCL's own topology model (``src/graph/topo.h``), which gives the
+  bandwidth NCCL plans with per link: 20.0 GB/s per NVLink 3 link, 20.6 per
+  NVLink 4 link and 40.1 per NVLink 5 link (of 25, 25 and 50 GB/s line
+  rate), 12.0 GB/s for PCIe Gen3 x16 (of 15.75) and 12.0 GB/s for a 100 Gb/s
+  NIC (of 12.5).  These constants are independent of the published
+  all-reduce results that ``benchmarks/PUBLISHED.md`` compares against.
+  Ethernet presets assume TCP: 1448 payload bytes per 1538-byte frame at a
+  1500-byte MTU (0.94).
+* Latency: NCCL's tuning model (``src/graph/tuning.cc``, ``hwLat``, ring,
+  LL128 protocol): 1.9 us per NVLink hop, 2.5 us per PCIe hop, 4.0 us per
+  network hop.  Ethernet over kernel TCP sockets is assumed at 25 us per
+  message (a typical one-way latency of the kernel stack; not a measurement).
+* GPU reductions are fused into NCCL's copy kernels, so GPU presets have
+  ``gamma = 0``.
+
+``local`` is this host's shared memory: the calibrated profile at
+:data:`~ringlet.cost.model.DEFAULT_PROFILE_PATH` if there is one, else a
+conservative default (20 us per message, 2 GB/s per direction, 2 GB/s of
+reduction), documented as an assumption, not a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ArgumentError
+from .model import DEFAULT_PROFILE_PATH, Link, Profile
+from .units import format_bandwidth, format_seconds
+
+_NCCL_TOPO = "NCCL src/graph/topo.h"
+_NCCL_LAT = "NCCL src/graph/tuning.cc hwLat (ring, LL128)"
+_TCP = "TCP goodput at 1500-byte MTU: 1448 payload bytes per 1538 bytes on the wire"
+_TCP_LAT = "assumed: one-way latency of kernel TCP sockets, not a measurement"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A preset link: per-direction line rate, headline figure, latency and efficiency."""
+
+    name: str
+    description: str
+    bandwidth: float          # bytes/s per direction, line rate
+    marketing: float          # the headline figure, bytes/s
+    bidirectional: bool       # whether the headline figure counts both directions
+    latency: float            # seconds per message (alpha)
+    efficiency: float         # achievable fraction of the line rate
+    source: str               # where the line rate and headline come from
+    efficiency_source: str
+    latency_source: str
+    gamma: float = 0.0        # seconds per byte reduced
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Bytes/s per direction the model uses: line rate x efficiency."""
+        return self.bandwidth * self.efficiency
+
+    def link(self, efficiency: bool = True) -> Link:
+        """The cost model's :class:`Link` (``efficiency=False``: the raw line rate)."""
+        bw = self.effective_bandwidth if efficiency else self.bandwidth
+        eff = f" x {self.efficiency:g} ({self.efficiency_source})" if efficiency else ""
+        return Link.from_bandwidth(
+            bw, self.latency, self.gamma,
+            f"{self.name}: {format_bandwidth(self.bandwidth)} per direction ({self.source})"
+            f"{eff}; alpha {format_seconds(self.latency)} ({self.latency_source})")
+
+    def headline(self) -> str:
+        """The marketing figure and what it counts, e.g. ``900 GB/s bidirectional``."""
+        kind = "bidirectional" if self.bidirectional else "per direction"
+        return f"{format_bandwidth(self.marketing)} {kind}"
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """A node: ``gpus_per_node`` GPUs on ``intra`` links, each with its own ``inter`` NIC."""
+
+    name: str
+    description: str
+    gpus_per_node: int
+    intra: LinkSpec
+    inter: LinkSpec
+    source: str
+
+    def profile(self, efficiency: bool = True) -> Profile:
+        return Profile(self.intra.link(efficiency), self.inter.link(efficiency),
+                       self.gpus_per_node, self.name, f"{self.description} ({self.source})")
+
+
+def _nvlink(name: str, gen: str, gpu: str, links: int, per_link: float, nccl_per_link: float,
+            nccl_const: str) -> LinkSpec:
+    per_dir = links * per_link
+    return LinkSpec(
+        name, f"NVLink {gen} ({gpu}, {links} links, through NVSwitch)", per_dir, 2 * per_dir, True,
+        1.9e-6, nccl_per_link * 1e9 / per_link,
+        f"NVIDIA {gpu} specifications: {links} NVLink {gen} links, "
+        f"{format_bandwidth(2 * per_dir)} bidirectional per GPU",
+        f"{_NCCL_TOPO} {nccl_const} = {nccl_per_link:g} GB/s per link of {per_link / 1e9:g}",
+        _NCCL_LAT)
+
+
+def _pcie(name: str, gen: int, gts: float) -> LinkSpec:
+    per_dir = gts * 1e9 * 16 * 128 / 130 / 8   # x16, 128b/130b encoding
+    return LinkSpec(
+        name, f"PCIe Gen{gen} x16", per_dir, 2 * gts * 16 / 8 * 1e9, True, 2.5e-6,
+        12.0 / 15.75,
+        f"PCI-SIG: {gts:g} GT/s per lane, 16 lanes, 128b/130b encoding; the usual "
+        f"headline counts both directions",
+        f"{_NCCL_TOPO} PCI_BW = 12.0 GB/s for Gen3 x16 (15.75 GB/s line rate)", _NCCL_LAT)
+
+
+def _net(name: str, description: str, gbits: float, latency: float, source: str,
+         latency_source: str = _NCCL_LAT) -> LinkSpec:
+    per_dir = gbits * 1e9 / 8
+    return LinkSpec(
+        name, description, per_dir, per_dir, False, latency, 12.0 / 12.5, source,
+        f"{_NCCL_TOPO} NET_BW = 12.0 GB/s for a 100 Gb/s NIC (12.5 GB/s line rate)",
+        latency_source)
+
+
+def _eth(name: str, gbits: float) -> LinkSpec:
+    per_dir = gbits * 1e9 / 8
+    return LinkSpec(
+        name, f"{gbits:g} Gb Ethernet, TCP sockets", per_dir, per_dir, False, 25e-6,
+        1448 / 1538, f"IEEE 802.3: {gbits:g} Gb/s per direction", _TCP, _TCP_LAT)
+
+
+LINKS: dict[str, LinkSpec] = {s.name: s for s in [
+    _nvlink("nvlink3", "3", "A100", 12, 25e9, 20.0, "SM80_NVLINK_BW"),
+    _nvlink("nvlink4", "4", "H100 SXM", 18, 25e9, 20.6, "SM90_NVLINK_BW"),
+    _nvlink("nvlink5", "5", "B200", 18, 50e9, 40.1, "SM100_NVLINK_BW"),
+    _pcie("pcie4", 4, 16.0),
+    _pcie("pcie5", 5, 32.0),
+    _net("ib_hdr", "InfiniBand HDR, 200 Gb/s per port", 200, 4.0e-6,
+         "InfiniBand Trade Association: HDR 4x = 200 Gb/s per direction"),
+    _net("ib_ndr", "InfiniBand NDR, 400 Gb/s per port", 400, 4.0e-6,
+         "InfiniBand Trade Association: NDR 4x = 400 Gb/s per direction"),
+    _net("ib_xdr", "InfiniBand XDR, 800 Gb/s per port", 800, 4.0e-6,
+         "InfiniBand Trade Association: XDR 4x = 800 Gb/s per direction"),
+    _net("roce200", "RoCE v2 over 200 Gb Ethernet", 200, 5.0e-6,
+         "IEEE 802.3: 200 Gb/s per direction",
+         f"{_NCCL_LAT} 4.0 us + assumed 1 us for the Ethernet switch"),
+    _net("roce", "RoCE v2 over 400 Gb Ethernet", 400, 5.0e-6,
+         "IEEE 802.3: 400 Gb/s per direction",
+         f"{_NCCL_LAT} 4.0 us + assumed 1 us for the Ethernet switch"),
+    _eth("eth10", 10),
+    _eth("eth25", 25),
+    _eth("eth100", 100),
+    _eth("eth400", 400),
+]}
+LINKS["roce400"] = LINKS["roce"]
+
+#: The conservative default for this host's shared memory, used when no calibrated
+#: profile exists: an assumption, not a measurement.
+LOCAL_DEFAULT = LinkSpec(
+    "local", "this host's shared memory (conservative default: not calibrated)",
+    2e9, 2e9, False, 20e-6, 1.0,
+    "assumed: a Python shared-memory transport copies at a few GB/s",
+    "assumed (efficiency folded into the bandwidth)",
+    "assumed: a few polls of a shared-memory flag", gamma=1 / 2e9)
+
+NODES: dict[str, NodeShape] = {s.name: s for s in [
+    NodeShape("dgx_a100", "DGX A100: 8 x A100 on NVLink 3, 8 x 200 Gb/s HDR InfiniBand",
+              8, LINKS["nvlink3"], LINKS["ib_hdr"],
+              "NVIDIA DGX A100 user guide: 8 single-port ConnectX-6 HDR for compute"),
+    NodeShape("dgx_h100", "DGX H100: 8 x H100 on NVLink 4, 8 x 400 Gb/s NDR InfiniBand",
+              8, LINKS["nvlink4"], LINKS["ib_ndr"],
+              "NVIDIA DGX H100 user guide: 8 ConnectX-7 NDR 400 Gb/s for compute"),
+    NodeShape("dgx_b200", "DGX B200: 8 x B200 on NVLink 5, 8 x 400 Gb/s NDR InfiniBand",
+              8, LINKS["nvlink5"], LINKS["ib_ndr"],
+              "NVIDIA DGX B200 user guide: 8 ConnectX-7 400 Gb/s for compute"),
+]}
+
+
+def names() -> list[str]:
+    """Every preset name: links, ``local`` and node shapes."""
+    return sorted({*LINKS, "local", *NODES})
+
+
+def link_spec(name: str) -> LinkSpec:
+    """The preset link ``name`` (``local``: the built-in default; see :func:`local_profile`)."""
+    key = name.strip().lower().replace("-", "_")
+    if key == "local":
+        return LOCAL_DEFAULT
+    spec = LINKS.get(key)
+    if spec is None:
+        raise ArgumentError(
+            f"unknown link {name!r}; presets: {', '.join(names())} "
+            f"(or give --bandwidth and --latency)")
+    return spec
+
+
+def local_profile(path: str | Path | None = None) -> Profile:
+    """This host: the calibrated profile at ``path`` (default ``~/.cache/ringlet/profile.json``)
+    if it exists, else :data:`LOCAL_DEFAULT`."""
+    p = Path(path if path is not None else DEFAULT_PROFILE_PATH).expanduser()
+    if p.exists():
+        return Profile.load(p)
+    return Profile(LOCAL_DEFAULT.link(), name="local",
+                   source=f"no calibrated profile at {p}: conservative default")
+
+
+def preset_profile(name: str, efficiency: bool = True,
+                   profile_path: str | Path | None = None) -> Profile:
+    """A :class:`Profile` for a link preset (one level) or a node shape (two levels)."""
+    key = name.strip().lower().replace("-", "_")
+    if key in NODES:
+        return NODES[key].profile(efficiency)
+    if key == "local":
+        return local_profile(profile_path)
+    spec = link_spec(key)
+    return Profile(spec.link(efficiency), name=spec.name, source=spec.source)
+
+
+def spec_for_bandwidth(bandwidth: float, tolerance: float = 0.01) -> list[LinkSpec]:
+    """Presets whose *bidirectional* headline equals ``bandwidth`` (a likely mix-up)."""
+    return [s for s in LINKS.values() if s.bidirectional
+            and abs(s.marketing - bandwidth) <= tolerance * s.marketing]
