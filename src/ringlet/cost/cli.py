@@ -1,0 +1,396 @@
+"""``ringlet predict``: what a collective will cost, per algorithm, before you run it.
+
+::
+
+    ringlet predict all_reduce --bytes 14GB --ranks 8 --link nvlink4
+    ringlet predict all_reduce --bytes 1GB --link dgx_h100 --nodes 16
+    ringlet predict broadcast --bytes 64MB --ranks 32 --bandwidth 25GB/s --latency 5us --json
+
+The link options (:func:`add_link_options`, :func:`resolve_links`) are shared
+with ``ringlet plan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ArgumentError
+from ..schedule import COLLECTIVES
+from .model import (
+    DEFAULT_PROFILE_PATH,
+    Crossover,
+    Inapplicable,
+    Link,
+    Prediction,
+    Profile,
+    TextbookComparison,
+    compare_textbook,
+    crossovers,
+    dtype_of,
+    predict_all,
+    textbook_bytes,
+    textbook_seconds,
+    unit_count,
+)
+from .topology import NODES, LinkSpec, link_spec, local_profile, names, spec_for_bandwidth
+from .units import (
+    BANDWIDTH_EXAMPLES,
+    format_bandwidth,
+    format_bytes,
+    format_seconds,
+    parse_bandwidth,
+    parse_size,
+    parse_time,
+)
+
+
+@dataclass(frozen=True)
+class Links:
+    """The resolved links: the model's profile and what the textbook divides by."""
+
+    profile: Profile
+    description: list[str]
+    textbook_bandwidth: float            # the figure the seed would divide by (one level/intra)
+    inter_textbook_bandwidth: float      # two levels: the inter link's figure
+    line_rate: float | None              # one level: per-direction line rate
+    efficiency: float = 1.0
+    efficiency_source: str = ""
+    link_name: str = ""
+    headline_bidirectional: bool = False
+    hints: tuple[str, ...] = ()
+
+
+def add_link_options(p: argparse.ArgumentParser) -> None:
+    """The options that say what the ranks are connected by (shared with ``ringlet plan``)."""
+    g = p.add_argument_group(
+        "links", "what the ranks are connected by. Bandwidths are per direction in bytes/s "
+        f"(e.g. {BANDWIDTH_EXAMPLES}; a lower-case b is a bit); times take us/ms/s. "
+        "Default: --link local")
+    g.add_argument("--link", metavar="PRESET",
+                   help=f"a preset link or node shape: {', '.join(names())}. A node shape "
+                        "(dgx_*) gives two levels: NVLink inside a node, one NIC per GPU "
+                        "between nodes. 'local' is this host (the calibrated profile if any, "
+                        "else a conservative default)")
+    g.add_argument("--bandwidth", metavar="BW",
+                   help="your own one-level link: bandwidth PER DIRECTION, e.g. 25GB/s or "
+                        "400Gb/s (NVLink 4's '900 GB/s' counts both directions: 450GB/s)")
+    g.add_argument("--latency", metavar="TIME",
+                   help="latency (alpha) per message of --bandwidth, e.g. 5us (default 0)")
+    g.add_argument("--gamma", metavar="BW",
+                   help="reduction speed for --bandwidth/--intra/--inter links, e.g. 10GB/s "
+                        "(default: free, as on GPUs where NCCL fuses it into the copy)")
+    g.add_argument("--intra", metavar="LINK",
+                   help="two levels: the link inside a node, a preset or BW[,LATENCY] "
+                        "(e.g. nvlink4 or 450GB/s,2us); needs --inter and --gpus-per-node")
+    g.add_argument("--inter", metavar="LINK",
+                   help="two levels: each rank's link to other nodes, a preset or "
+                        "BW[,LATENCY] (e.g. ib_ndr or 50GB/s,4us)")
+    g.add_argument("--nodes", type=int, metavar="N",
+                   help="number of nodes; --ranks defaults to nodes x gpus-per-node")
+    g.add_argument("--gpus-per-node", type=int, metavar="G",
+                   help="ranks per node (rank r is on node r // G); a node shape sets it")
+    g.add_argument("--rails", action="store_true",
+                   help="two levels: count algorithms as NCCL runs its rings across nodes, "
+                        "one channel per GPU, each leaving the node through its own NIC")
+    g.add_argument("--line-rate", action="store_true",
+                   help="use the presets' raw line rates, not their achievable efficiency")
+    g.add_argument("--profile", metavar="PATH",
+                   help=f"a saved profile (JSON from a calibration); also where --link local "
+                        f"looks (default {DEFAULT_PROFILE_PATH})")
+
+
+def _custom_link(text: str, what: str, gamma: float) -> tuple[Link, float, str]:
+    bw_text, _, lat_text = text.partition(",")
+    bw = parse_bandwidth(bw_text, what)
+    lat = parse_time(lat_text, f"{what} latency") if lat_text.strip() else 0.0
+    label = f"{format_bandwidth(bw)} per direction, alpha {format_seconds(lat)} (given)"
+    return Link.from_bandwidth(bw, lat, gamma, f"given: {label}"), bw, label
+
+
+def _level(text: str, what: str, gamma: float, efficiency: bool
+           ) -> tuple[Link, float, str, LinkSpec | None]:
+    """A preset name or BW[,LATENCY] -> (link, textbook bandwidth, description, spec)."""
+    t = text.strip()
+    if t and (t[0].isdigit() or t[0] == "."):
+        link, bw, label = _custom_link(t, what, gamma)
+        return link, bw, label, None
+    spec = link_spec(t)
+    return (spec.link(efficiency), spec.marketing, _describe(spec, efficiency), spec)
+
+
+def _describe(spec: LinkSpec, efficiency: bool) -> str:
+    eff = (f" x {spec.efficiency:.3g} achievable ({spec.efficiency_source})" if efficiency
+           else " (line rate)")
+    return (f"{spec.name}: {spec.description}; {format_bandwidth(spec.bandwidth)} per "
+            f"direction (headline {spec.headline()}){eff}; alpha "
+            f"{format_seconds(spec.latency)} ({spec.latency_source})")
+
+
+def resolve_links(args: argparse.Namespace) -> Links:
+    """The :class:`Links` the link options describe (ArgumentError if they conflict)."""
+    gamma = parse_bandwidth(args.gamma, "--gamma") if args.gamma else 0.0
+    gamma_s = 1.0 / gamma if gamma else 0.0
+    eff = not args.line_rate
+    sources = [n for n, v in (("--link", args.link), ("--bandwidth", args.bandwidth),
+                              ("--intra/--inter", args.intra or args.inter)) if v]
+    if len(sources) > 1:
+        raise ArgumentError(f"give one of --link, --bandwidth or --intra/--inter, not "
+                            f"{' and '.join(sources)}")
+    if args.latency and not args.bandwidth:
+        raise ArgumentError("--latency goes with --bandwidth (presets have their own)")
+    hints: list[str] = []
+    if args.bandwidth:
+        link, bw, label = _custom_link(
+            args.bandwidth + ("," + args.latency if args.latency else ""), "--bandwidth",
+            gamma_s)
+        for spec in spec_for_bandwidth(bw):
+            hints.append(
+                f"{format_bandwidth(bw)} is {spec.name}'s headline figure, which counts both "
+                f"directions ({format_bandwidth(spec.bandwidth)} per direction); --bandwidth "
+                f"is per direction, so use --link {spec.name} if that is your link")
+        if not args.latency:
+            hints.append("no --latency given: alpha = 0")
+        return _with_nodes(args, Links(Profile(link, name="given"), [f"link: {label}"], bw, 0.0,
+                                       bw, hints=tuple(hints)))
+    if args.intra or args.inter:
+        if not (args.intra and args.inter):
+            raise ArgumentError("two levels need both --intra and --inter")
+        if not args.gpus_per_node:
+            raise ArgumentError("--intra/--inter need --gpus-per-node (ranks per node)")
+        li, bi, di, _ = _level(args.intra, "--intra", gamma_s, eff)
+        lo, bo, do, _ = _level(args.inter, "--inter", gamma_s, eff)
+        prof = Profile(li, lo, args.gpus_per_node, "given")
+        return _with_nodes(args, Links(prof, [f"inside a node: {di}", f"between nodes: {do}"],
+                                       bi, bo, None))
+    name = (args.link or "local").strip().lower().replace("-", "_")
+    if name in NODES:
+        shape = NODES[name]
+        g = args.gpus_per_node or shape.gpus_per_node
+        base = shape.profile(eff)
+        prof = Profile(base.intra, base.inter, g, shape.name, base.source)
+        desc = [f"{shape.description} ({shape.source})",
+                f"inside a node: {_describe(shape.intra, eff)}",
+                f"between nodes: {_describe(shape.inter, eff)}"]
+        return _with_nodes(args, Links(prof, desc, shape.intra.marketing, shape.inter.marketing,
+                                       None))
+    if name == "local":
+        prof = local_profile(args.profile)
+        return _with_nodes(args, Links(prof, [f"local: {prof.source or prof.name}"],
+                                       prof.intra.bandwidth, 0.0, prof.intra.bandwidth))
+    if args.profile and not args.link:
+        prof = Profile.load(args.profile)
+        return _with_nodes(args, Links(prof, [f"profile {args.profile}: {prof.source}"],
+                                       prof.intra.bandwidth, 0.0, None))
+    spec = link_spec(name)
+    return _with_nodes(args, Links(
+        Profile(spec.link(eff), name=spec.name, source=spec.source), [_describe(spec, eff)],
+        spec.marketing, 0.0, spec.bandwidth, spec.efficiency if eff else 1.0,
+        spec.efficiency_source if eff else "", spec.name, spec.bidirectional))
+
+
+def _with_nodes(args: argparse.Namespace, links: Links) -> Links:
+    """Check --nodes/--gpus-per-node against the links."""
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise ArgumentError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if args.nodes is not None and args.nodes < 1:
+        raise ArgumentError(f"--nodes must be >= 1, got {args.nodes}")
+    if links.profile.inter is None and (args.nodes or 1) > 1:
+        raise ArgumentError(
+            "--nodes > 1 needs two levels of links: a node shape (--link dgx_h100) or "
+            "--intra and --inter with --gpus-per-node")
+    if args.rails and links.profile.inter is None:
+        raise ArgumentError("--rails needs two levels of links (a node shape or --intra/--inter)")
+    return links
+
+
+def resolve_ranks(args: argparse.Namespace, links: Links) -> int:
+    """--ranks, or --nodes x gpus per node; they must agree when both are given."""
+    g = links.profile.gpus_per_node
+    from_nodes = args.nodes * g if args.nodes and g else None
+    if args.nodes and not g:
+        raise ArgumentError("--nodes needs --gpus-per-node (or a node shape such as dgx_h100)")
+    ranks = args.ranks if args.ranks is not None else from_nodes
+    if ranks is None:
+        raise ArgumentError("give --ranks N (or --nodes with a node shape / --gpus-per-node)")
+    if from_nodes is not None and ranks != from_nodes:
+        raise ArgumentError(
+            f"--ranks {ranks} disagrees with --nodes {args.nodes} x {g} ranks per node "
+            f"= {from_nodes}")
+    if ranks < 1:
+        raise ArgumentError(f"--ranks must be >= 1, got {ranks}")
+    return int(ranks)
+
+
+def _params(items: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise ArgumentError(
+                f"--param {item!r}: write NAME=INTEGER, e.g. --param group=8") from None
+    return out
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``ringlet predict``'s options."""
+    p.description = (
+        "Predict a collective's time for every algorithm with the alpha-beta-gamma model, "
+        "counted from the algorithms' own schedules: time, rounds (alpha), bytes per rank, "
+        "algbw and nccl-tests busbw, the fastest, and the sizes where the fastest changes.")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (
+        "examples:\n"
+        "  ringlet predict all_reduce --bytes 14GB --ranks 8 --link nvlink4\n"
+        "  ringlet predict all_reduce --bytes 1GiB --link dgx_h100 --nodes 16 --rails\n"
+        "  ringlet predict broadcast --bytes 64MB --ranks 32 --bandwidth 25GB/s --latency 5us\n"
+        "sizes: --bytes is nccl-tests' size: the vector for all_reduce, broadcast and reduce; "
+        "the whole output of all_gather and gather; the whole input of reduce_scatter and "
+        "scatter; a rank's whole buffer for all_to_all.")
+    p.add_argument("collective", choices=list(COLLECTIVES), help="the collective")
+    p.add_argument("--bytes", required=True, metavar="SIZE", dest="nbytes",
+                   help="size in bytes: 14GB (10^9), 1.5GiB (2^30), 25MiB, 4096")
+    p.add_argument("--ranks", type=int, metavar="N", help="number of ranks")
+    p.add_argument("--dtype", default="float32",
+                   help="element type (float32, float16/fp16, bfloat16/bf16, ...; "
+                        "default float32)")
+    p.add_argument("--root", type=int, default=0, help="root rank of rooted collectives "
+                                                       "(default 0)")
+    p.add_argument("--algorithm", action="append", metavar="NAME",
+                   help="only these algorithms (repeatable; default: every registered one)")
+    p.add_argument("--param", action="append", metavar="NAME=INT",
+                   help="fix an algorithm parameter where it exists, e.g. group=8 "
+                        "(pieces are chosen by the model)")
+    p.add_argument("--textbook", action="store_true",
+                   help="also give the seeds' textbook estimate (volume x S / headline "
+                        "bandwidth, e.g. 2S/B for all_reduce; no latency) and how the model "
+                        "differs from it")
+    p.add_argument("--no-crossovers", action="store_true",
+                   help="skip the search for the sizes where the fastest algorithm changes")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list, one object per algorithm")
+    add_link_options(p)
+
+
+def _ranges(cross: list[Crossover], name: str, lo: int, hi: int, first: str
+            ) -> list[list[int]]:
+    """The size ranges [from, to) where ``name`` is the fastest."""
+    out: list[list[int]] = []
+    start, cur = lo, first
+    for c in cross:
+        if cur == name:
+            out.append([start, c.nbytes])
+        start, cur = c.nbytes, c.above
+    if cur == name:
+        out.append([start, hi])
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``ringlet predict``."""
+    started = time.perf_counter()
+    links = resolve_links(args)
+    n = resolve_ranks(args, links)
+    nbytes = parse_size(args.nbytes, "--bytes")
+    if nbytes < 1:
+        raise ArgumentError("--bytes must be at least 1 byte")
+    d = dtype_of(args.dtype)
+    if not 0 <= args.root < n:
+        raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
+    params = _params(args.param)
+    preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
+                        args.algorithm, params, args.rails)
+    ok = [p for p in preds if isinstance(p, Prediction)]
+    bad = [p for p in preds if isinstance(p, Inapplicable)]
+    lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
+                       else 1)
+    hi = max(1 << 40, 4 * nbytes)
+    cross: list[Crossover] = []
+    first = ok[0].algorithm if ok else ""
+    if ok and not args.no_crossovers and len(ok) > 1:
+        names_ok = [p.algorithm for p in ok]
+        cross = crossovers(args.collective, n, links.profile, d, args.root, names_ok, lo, hi,
+                           params, args.rails)
+        first = cross[0].below if cross else ok[0].algorithm
+    tb_s = (textbook_seconds(args.collective, ok[0].nbytes, links.textbook_bandwidth)
+            if ok and args.textbook and links.textbook_bandwidth else None)
+    if args.json:
+        rows: list[dict[str, Any]] = []
+        for p in ok:
+            row = {**p.to_dict(), "applicable": True, "fastest": p is ok[0]}
+            if not args.no_crossovers:
+                row["fastest_ranges"] = _ranges(cross, p.algorithm, lo, hi, first)
+            if tb_s is not None:
+                row["textbook"] = _comparison(p, links, tb_s).to_dict()
+            rows.append(row)
+        rows += [b.to_dict() for b in bad]
+        print(json.dumps(rows, indent=2))
+        return 0
+    out = sys.stdout
+    m = unit_count(args.collective, nbytes, n, d.itemsize)
+    size = ok[0].nbytes if ok else nbytes
+    print(f"{args.collective} of {format_bytes(size)} ({m:,} {d.name} per unit), {n} ranks",
+          file=out)
+    for line in links.description:
+        print(f"  {line}", file=out)
+    for h in links.hints:
+        print(f"  note: {h}", file=out)
+    if not ok:
+        print("no algorithm applies:", file=out)
+    else:
+        w = max(len(p.algorithm) for p in ok)
+        print(f"\n  {'algorithm':<{w}}  {'time':>10}  {'rounds':>7}  {'bytes/rank':>10}  "
+              f"{'algbw':>11}  {'busbw':>11}  {'pieces':>6}", file=out)
+        for p in ok:
+            mark = "  <- fastest" if p is ok[0] else ""
+            print(f"  {p.algorithm:<{w}}  {format_seconds(p.seconds):>10}  {p.rounds:>7}  "
+                  f"{format_bytes(p.bytes_per_rank):>10}  {format_bandwidth(p.algbw):>11}  "
+                  f"{format_bandwidth(p.busbw):>11}  {p.pieces:>6}{mark}", file=out)
+        best = ok[0]
+        print(f"\nfastest: {best.algorithm}, {format_seconds(best.seconds)} "
+              f"(alpha {format_seconds(best.alpha_seconds)}, beta "
+              f"{format_seconds(best.beta_seconds)}, gamma {format_seconds(best.gamma_seconds)};"
+              f" counted over {best.counted})", file=out)
+        if best.pieces_rule:
+            print(f"  pieces: {best.pieces_rule}", file=out)
+        if not args.no_crossovers and len(ok) > 1:
+            if cross:
+                segs = [f"{first} below {format_bytes(cross[0].nbytes)}"]
+                segs += [f"{c.above} from {format_bytes(c.nbytes)}" for c in cross]
+                print("crossovers (fastest by size): " + "; ".join(segs), file=out)
+            else:
+                print(f"crossovers: none; {first} is fastest from {format_bytes(lo)} to "
+                      f"{format_bytes(hi)}", file=out)
+        if tb_s is not None:
+            print(f"\ntextbook: {textbook_bytes(args.collective, size) / size:g}S / "
+                  f"{format_bandwidth(links.textbook_bandwidth)} = {format_seconds(tb_s)}",
+                  file=out)
+            for line in _comparison(best, links, tb_s).lines():
+                print(f"  {line}", file=out)
+    for b in bad:
+        print(f"  not applicable: {b.algorithm}: {b.reason}", file=out)
+    elapsed = time.perf_counter() - started
+    print(f"\n(answered in {elapsed:.2f} s)", file=out)
+    return 0
+
+
+def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
+    return compare_textbook(
+        textbook_seconds=tb_s, textbook_bytes=textbook_bytes(p.collective, p.nbytes),
+        textbook_bandwidth=links.textbook_bandwidth, model_seconds=p.seconds,
+        beta_seconds=p.beta_seconds, alpha_seconds=p.alpha_seconds,
+        gamma_seconds=p.gamma_seconds, critical_bytes=p.critical_bytes, rounds=p.rounds,
+        nranks=p.nranks, line_rate=links.line_rate, efficiency=links.efficiency,
+        efficiency_source=links.efficiency_source, link_name=links.link_name,
+        headline_bidirectional=links.headline_bidirectional)
+
+
+__all__ = ["Links", "add_link_options", "configure", "main", "resolve_links", "resolve_ranks"]
