@@ -1,0 +1,26 @@
+"""A training job's communication per step: volume, time, overlap and money.
+
+:func:`~ringlet.plan.strategies.plan` costs a step for a :class:`Parallelism`
+(DDP, ZeRO-1/2/3, tensor, pipeline and expert parallelism, combined) with the
+cost model; ``ringlet plan`` is its command line (:mod:`ringlet.plan.cli`).
+"""
+
+from __future__ import annotations
+
+from .strategies import (
+    Comm,
+    CommCost,
+    Costing,
+    ModelShape,
+    Parallelism,
+    StepPlan,
+    communications,
+    exposed_seconds,
+    parse_strategy,
+    plan,
+)
+
+__all__ = [
+    "Comm", "CommCost", "Costing", "ModelShape", "Parallelism", "StepPlan", "communications",
+    "exposed_seconds", "parse_strategy", "plan",
+]
