@@ -1,0 +1,122 @@
+"""Direct algorithms: every message goes straight from the rank that has the data
+to the rank that needs it (no forwarding).
+
+``direct`` all-reduce is the shared-memory style of one-host libraries: each
+rank reduces its own 1/p of the vector from every peer, then hands it to every
+peer, in 2 rounds of p-1 messages.  Pairwise exchange (reduce-scatter,
+all-to-all) spreads the same messages over p-1 rounds of one message each, so
+that in each round every rank sends to one peer and receives from one peer.
+Linear scatter/gather is the root serving the ranks one at a time.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Buf, Layout, Schedule, Step, copy, empty_rounds, recv, recv_reduce, send
+from . import register
+
+IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
+
+
+@register("all_reduce", "direct")
+def all_reduce_direct(n: int, root: int = 0) -> Schedule:
+    """Each rank reduces block r from every peer, then sends it to every peer: 2 rounds.
+
+    Like a ring it moves 2 (p-1)/p n bytes per rank, in 2 rounds instead of
+    2 (p-1), at the price of p-1 messages per round.  Block r is reduced at rank
+    r alone (peers in a fixed order) and then copied, so every rank ends
+    bit-identical.
+    """
+    R = 2 if n > 1 else 0
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        if n == 1:
+            return []
+        ahead = [(r + i) % n for i in range(1, n)]    # send to r+1, r+2, ... (no hot spot)
+        behind = [(r - i) % n for i in range(1, n)]   # receive from r-1, r-2, ...
+        # reduce-scatter
+        rs = [send(q, (OUT, q)) for q in ahead] + [recv_reduce(q, (OUT, r)) for q in behind]
+        # all-gather
+        ag = [send(q, (OUT, r)) for q in ahead] + [recv(q, (OUT, q)) for q in behind]
+        return [rs, ag]
+
+    return Schedule("all_reduce", "direct", n, R, {OUT: Layout(n)}, rank_fn)
+
+
+@register("reduce_scatter", "pairwise")
+def reduce_scatter_pairwise(n: int, root: int = 0) -> Schedule:
+    """Pairwise exchange: in round k rank r sends block r+k to r+k and reduces block r
+    from r-k.  p-1 rounds, (p-1)/p of the input sent per rank."""
+    R = max(1, n - 1)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        rounds[0].append(copy([(OUT, 0)], [(IN, r)]))
+        for k in range(1, n):
+            dst, src = (r + k) % n, (r - k) % n
+            rounds[k - 1] += [send(dst, (IN, dst)), recv_reduce(src, (OUT, 0))]
+        return rounds
+
+    return Schedule("reduce_scatter", "pairwise", n, R, {IN: Layout(n, 1, n), OUT: Layout(1)},
+                    rank_fn)
+
+
+@register("all_to_all", "pairwise")
+def all_to_all_pairwise(n: int, root: int = 0) -> Schedule:
+    """Pairwise exchange: in round k rank r sends block r+k to r+k and receives from r-k.
+
+    p-1 rounds of one block each: the long-message all-to-all of MPICH.
+    """
+    R = max(1, n - 1)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        rounds[0].append(copy([(OUT, r)], [(IN, r)]))
+        for k in range(1, n):
+            dst, src = (r + k) % n, (r - k) % n
+            rounds[k - 1] += [send(dst, (IN, dst)), recv(src, (OUT, src))]
+        return rounds
+
+    layouts = {IN: Layout(n, 1, n), OUT: Layout(n, 1, n)}
+    return Schedule("all_to_all", "pairwise", n, R, layouts, rank_fn)
+
+
+@register("scatter", "linear")
+def scatter_linear(n: int, root: int = 0) -> Schedule:
+    """The root sends block root+k to rank root+k in round k-1: p-1 rounds."""
+    R = max(1, n - 1)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        if v:
+            rounds[v - 1].append(recv(root, (OUT, 0)))
+            return rounds
+        rounds[0].append(copy([(OUT, 0)], [(IN, root)]))
+        for w in range(1, n):
+            q = (w + root) % n
+            rounds[w - 1].append(send(q, (IN, q)))
+        return rounds
+
+    return Schedule("scatter", "linear", n, R, {IN: Layout(n, 1, n), OUT: Layout(1)}, rank_fn,
+                    root=root)
+
+
+@register("gather", "linear")
+def gather_linear(n: int, root: int = 0) -> Schedule:
+    """Rank root+k sends its block to the root in round k-1: p-1 rounds."""
+    R = max(1, n - 1)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        if v:
+            rounds[v - 1].append(send(root, (IN, 0)))
+            return rounds
+        rounds[0].append(copy([(OUT, root)], [(IN, 0)]))
+        for w in range(1, n):
+            q = (w + root) % n
+            rounds[w - 1].append(recv(q, (OUT, q)))
+        return rounds
+
+    return Schedule("gather", "linear", n, R, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn,
+                    root=root)

@@ -1,0 +1,349 @@
+"""Tree algorithms: binomial trees, the pipelined chain, and the double binary tree.
+
+Binomial tree (Thakur, Rabenseifner & Gropp 2005, as in MPICH).  Ranks are
+numbered relative to the root, ``v = (r - root) % p``.  Going down (broadcast,
+scatter), round ``j`` uses distance ``d = 2^(L-1-j)`` with ``L = ceil(lg p)``:
+every ``v`` that is a multiple of ``2d`` sends to ``v + d``.  So ``v`` hears
+from ``v - lowbit(v)`` and its subtree is the contiguous range
+``[v, v + lowbit(v))``, which is what makes the binomial scatter and gather
+move contiguous runs of blocks.  Going up (reduce, gather) is the same tree
+in reverse: round ``k`` uses ``d = 2^k``.  ``ceil(lg p)`` rounds either way.
+
+Chain: the degenerate tree ``root -> root+1 -> ...``, pipelined in pieces:
+``p - 2 + pieces`` rounds, every link busy once the pipe is full.
+
+Double binary tree (Sanders, Speck & Traeff 2009; NCCL's Tree): two binary
+trees in which every rank is a leaf in one and an inner node in the other,
+each reducing and then broadcasting half of the vector, pipelined in pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..schedule import (
+    Buf,
+    Layout,
+    Ref,
+    Schedule,
+    Step,
+    copy,
+    empty_rounds,
+    recv,
+    recv_reduce,
+    send,
+)
+from . import register
+from .common import lg, span
+
+IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
+SEND, RECV = "send", "recv"
+
+
+def _subtree(v: int, n: int) -> int:
+    """How many ranks the binomial subtree of relative rank v holds (v's own included)."""
+    return n if v == 0 else min(v & -v, n - v)
+
+
+def binomial_down(v: int, n: int) -> Iterator[tuple[int, str, int]]:
+    """(round, SEND|RECV, peer) of relative rank v in a binomial broadcast from 0."""
+    L = lg(n)
+    for j in range(L):
+        d = 1 << (L - 1 - j)
+        if v % (2 * d) == 0 and v + d < n:
+            yield j, SEND, v + d
+        elif v % (2 * d) == d:
+            yield j, RECV, v - d
+
+
+def binomial_up(v: int, n: int) -> Iterator[tuple[int, str, int]]:
+    """(round, SEND|RECV, peer) of relative rank v in a binomial reduce/gather to 0."""
+    for k in range(lg(n)):
+        d = 1 << k
+        if v % (2 * d) == d:
+            yield k, SEND, v - d
+            return
+        if v + d < n:
+            yield k, RECV, v + d
+
+
+# --- binomial ------------------------------------------------------------------------
+
+
+@register("broadcast", "binomial", aliases=("tree",))
+def broadcast_binomial(n: int, root: int = 0) -> Schedule:
+    """Binomial-tree broadcast: ceil(lg p) rounds, each rank receives the vector once."""
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(lg(n))
+        v = (r - root) % n
+        for t, kind, w in binomial_down(v, n):
+            peer = (w + root) % n
+            rounds[t].append(send(peer, (OUT, 0)) if kind == SEND else recv(peer, (OUT, 0)))
+        return rounds
+
+    return Schedule("broadcast", "binomial", n, lg(n), {OUT: Layout(1)}, rank_fn, root=root)
+
+
+@register("reduce", "binomial", aliases=("tree",))
+def reduce_binomial(n: int, root: int = 0) -> Schedule:
+    """Binomial-tree reduce: ceil(lg p) rounds; each rank adds its children's partials."""
+    R = max(1, lg(n))
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        # The root accumulates in OUT, inner ranks in TMP; a leaf sends its input as it is.
+        acc = OUT if v == 0 else TMP
+        leaf = v != 0 and (v % 2 or v + 1 >= n)
+        if not leaf:
+            rounds[0].append(copy([(acc, 0)], [(IN, 0)]))
+        for t, kind, w in binomial_up(v, n):
+            peer = (w + root) % n
+            if kind == SEND:
+                rounds[t].append(send(peer, (IN if leaf else acc, 0)))
+            else:
+                rounds[t].append(recv_reduce(peer, (acc, 0)))
+        return rounds
+
+    layouts = {IN: Layout(1), OUT: Layout(1), TMP: Layout(1)}
+    return Schedule("reduce", "binomial", n, R, layouts, rank_fn, root=root)
+
+
+@register("all_reduce", "binomial", aliases=("tree",))
+def all_reduce_binomial(n: int, root: int = 0) -> Schedule:
+    """Binomial reduce to rank 0, then binomial broadcast from it: 2 ceil(lg p) rounds."""
+    L = lg(n)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(2 * L)
+        # reduce: every chunk is reduced at rank 0 alone, so all ranks end bit-identical
+        for t, kind, w in binomial_up(r, n):
+            rounds[t].append(send(w, (OUT, 0)) if kind == SEND else recv_reduce(w, (OUT, 0)))
+        # broadcast
+        for t, kind, w in binomial_down(r, n):
+            rounds[L + t].append(send(w, (OUT, 0)) if kind == SEND else recv(w, (OUT, 0)))
+        return rounds
+
+    return Schedule("all_reduce", "binomial", n, 2 * L, {OUT: Layout(1)}, rank_fn)
+
+
+@register("scatter", "binomial", aliases=("tree",))
+def scatter_binomial(n: int, root: int = 0) -> Schedule:
+    """Binomial-tree scatter: ceil(lg p) rounds; each rank forwards its subtree's blocks."""
+    R = max(1, lg(n))
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        # Inner ranks keep their subtree's blocks in TMP, indexed by relative rank;
+        # the root sends straight from IN (absolute blocks), everyone's own block lands in OUT.
+        if v == 0:
+            rounds[0].append(copy([(OUT, 0)], [(IN, root)]))
+        for t, kind, w in binomial_down(v, n):
+            peer = (w + root) % n
+            if kind == RECV:
+                size = _subtree(v, n)
+                dst: list[Ref] = [(OUT, 0, 1)] + ([(TMP, v + 1, v + size)] if size > 1 else [])
+                rounds[t].append(recv(peer, *dst))
+            else:
+                size = _subtree(w, n)
+                src = span(IN, w + root, size, n) if v == 0 else [(TMP, w, w + size)]
+                rounds[t].append(send(peer, *src))
+        return rounds
+
+    layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
+    return Schedule("scatter", "binomial", n, R, layouts, rank_fn, root=root)
+
+
+@register("gather", "binomial", aliases=("tree",))
+def gather_binomial(n: int, root: int = 0) -> Schedule:
+    """Binomial-tree gather: ceil(lg p) rounds; each rank passes up its subtree's blocks."""
+    R = max(1, lg(n))
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        # Inner ranks collect their subtree in TMP (indexed by relative rank); the root
+        # collects straight into OUT (absolute blocks).
+        if v == 0:
+            rounds[0].append(copy([(OUT, root)], [(IN, 0)]))
+        for t, kind, w in binomial_up(v, n):
+            peer = (w + root) % n
+            if kind == RECV:
+                size = _subtree(w, n)
+                dst = span(OUT, w + root, size, n) if v == 0 else [(TMP, w, w + size)]
+                rounds[t].append(recv(peer, *dst))
+            else:
+                size = _subtree(v, n)
+                src: list[Ref] = [(IN, 0, 1)] + ([(TMP, v + 1, v + size)] if size > 1 else [])
+                rounds[t].append(send(peer, *src))
+        return rounds
+
+    layouts = {IN: Layout(1), OUT: Layout(n, 1, n), TMP: Layout(n, 1, n)}
+    return Schedule("gather", "binomial", n, R, layouts, rank_fn, root=root)
+
+
+# --- van de Geijn broadcast ----------------------------------------------------------
+
+
+@register("broadcast", "scatter_allgather")
+def broadcast_scatter_allgather(n: int, root: int = 0) -> Schedule:
+    """Van de Geijn broadcast: binomial scatter of p blocks, then ring all-gather.
+
+    ceil(lg p) + p - 1 rounds, about 2 (p-1)/p of the vector per rank instead
+    of lg p vectors: the long-message broadcast of MPICH.
+    """
+    L = lg(n)
+    R = L + n - 1
+
+    def has(w: int, b: int) -> bool:
+        """Whether relative rank w holds block b after the scatter (its subtree's blocks)."""
+        return w == 0 or w <= b < w + _subtree(w, n)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        # scatter: relative rank v ends with block v (the root keeps them all)
+        for t, kind, w in binomial_down(v, n):
+            peer = (w + root) % n
+            if kind == SEND:
+                rounds[t].append(send(peer, (OUT, w, w + _subtree(w, n))))
+            else:
+                rounds[t].append(recv(peer, (OUT, v, v + _subtree(v, n))))
+        # all-gather: ring v -> v+1; step k passes block v-k on.  A block the receiver
+        # already has from the scatter is not sent (both sides know it).
+        right, left = (v + 1) % n, (v - 1) % n
+        for k in range(n - 1):
+            out_b, in_b = (v - k) % n, (v - k - 1) % n
+            if not has(right, out_b):
+                rounds[L + k].append(send((right + root) % n, (OUT, out_b)))
+            if not has(v, in_b):
+                rounds[L + k].append(recv((left + root) % n, (OUT, in_b)))
+        return rounds
+
+    return Schedule("broadcast", "scatter_allgather", n, R, {OUT: Layout(n)}, rank_fn, root=root)
+
+
+# --- chain ---------------------------------------------------------------------------
+
+
+@register("broadcast", "chain", params={"pieces": 4})
+def broadcast_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
+    """Pipelined chain broadcast root -> root+1 -> ...: p - 2 + pieces rounds.
+
+    Default 4 pieces: unlike a ring, a chain keeps its links busy only when
+    pipelined; with k pieces it costs (p - 2 + k) (alpha + n/k beta), so
+    k = 4 already takes the bandwidth term from (p-1) n beta to about
+    (p+2)/4 n beta.  The tuner picks k per size.
+    """
+    P = pieces
+    R = n - 2 + P if n > 1 else 0
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        # piece p reaches relative rank v in round v-1+p and leaves it in round v+p
+        for p in range(P):
+            if v > 0:
+                rounds[v - 1 + p].append(recv((r - 1) % n, (OUT, p)))
+            if v + 1 < n:
+                rounds[v + p].append(send((r + 1) % n, (OUT, p)))
+        return rounds
+
+    return Schedule("broadcast", "chain", n, R, {OUT: Layout(1, P)}, rank_fn, root=root)
+
+
+# --- double binary tree --------------------------------------------------------------
+
+
+def _btree(n: int, x: int) -> tuple[int, list[int], int]:
+    """(parent, children, height) of x in the in-order binary tree on 0..n-1.
+
+    Rank 0 is the root and has one child, the highest power of two below n;
+    under it, 1..n-1 form the in-order tree in which x's level is its lowest set
+    bit: leaves are the odd ranks, x's children are x -/+ lowbit(x)/2 (the right
+    one shrunk towards x while it is out of range).  Parent -1 for the root.
+    """
+    top = 1 << ((n - 1).bit_length() - 1)
+    if x == 0:
+        return -1, [top], top.bit_length()
+    b = x & -x
+    if x == top:
+        parent = 0
+    else:
+        parent = x + b if not x & (2 * b) else x - b
+        if parent >= n:
+            parent = x - b
+    kids = []
+    if b > 1:
+        kids.append(x - b // 2)
+        c = b // 2
+        while c and x + c >= n:
+            c //= 2
+        if c:
+            kids.append(x + c)
+    return parent, kids, b.bit_length() - 1
+
+
+def _dtree(n: int, tree: int, r: int) -> tuple[int, list[int], int, int]:
+    """(parent, children, height, depth) of rank r in tree 0 or 1 of the double binary tree.
+
+    Tree 1 is tree 0 mirrored (r -> n-1-r) when n is even, shifted by one rank
+    when n is odd, so that the leaves of one tree (odd labels) are inner nodes of
+    the other (NCCL's construction).
+    """
+    if tree == 0:
+        to, back = (lambda x: x), (lambda x: x)
+    elif n % 2 == 0:
+        to = back = (lambda x: n - 1 - x)
+    else:
+        to, back = (lambda x: (x - 1) % n), (lambda x: (x + 1) % n)
+    x = to(r)
+    parent, kids, height = _btree(n, x)
+    depth, y = 0, x
+    while y != 0:
+        y = _btree(n, y)[0]
+        depth += 1
+    return (back(parent) if parent >= 0 else -1), [back(k) for k in kids], height, depth
+
+
+@register("all_reduce", "double_binary_tree", aliases=("dbtree",), params={"pieces": 4})
+def all_reduce_double_binary_tree(n: int, root: int = 0, pieces: int = 4) -> Schedule:
+    """Two complementary binary trees, each reducing then broadcasting half the vector.
+
+    Each half is cut in ``pieces`` pieces that stream up the tree and back down:
+    2 D + pieces - 1 rounds with D = floor(lg(p-1)) + 1 the depth of a tree.
+    Every rank is an inner node in at most one tree, so it sends and receives
+    about the vector twice, like a ring, in O(lg p) rounds.  Default 4 pieces:
+    a tree keeps its links busy only when pipelined (see the chain).
+    """
+    P = pieces
+    D = (n - 1).bit_length() if n > 1 else 0   # height of the root = floor(lg(n-1)) + 1
+    R = 2 * D + P - 1 if n > 1 else 0
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        if n == 1:
+            return rounds
+        for tree in (0, 1):   # tree t carries block t; steps list tree 0 first on both sides
+            parent, kids, h, d = _dtree(n, tree, r)
+            kid_h = [_dtree(n, tree, k)[2] for k in kids]
+            for p in range(P):
+                c = tree * P + p
+                # reduce: a node of height h sends piece p up in round h + p, after its
+                # children (height <= h-1) sent theirs; each chunk is reduced on the way
+                # up only, then copied down, so every rank ends bit-identical.
+                for k, hk in zip(kids, kid_h, strict=True):
+                    rounds[hk + p].append(recv_reduce(k, (OUT, c)))
+                if parent >= 0:
+                    rounds[h + p].append(send(parent, (OUT, c)))
+                # broadcast: the root sends piece p down in round D + p; depth d forwards
+                # it in round D + p + d.
+                if parent >= 0:
+                    rounds[D + p + d - 1].append(recv(parent, (OUT, c)))
+                for k in kids:
+                    rounds[D + p + d].append(send(k, (OUT, c)))
+        return rounds
+
+    return Schedule("all_reduce", "double_binary_tree", n, R, {OUT: Layout(2, P)}, rank_fn)
