@@ -1,0 +1,201 @@
+"""Which algorithm a collective call runs.
+
+Precedence, most specific first:
+
+1. the call's ``algorithm=`` (``None`` or ``"auto"`` means: choose);
+2. a name the ``RINGLET_ALGO`` setting forces for the collective;
+3. :func:`heuristic`, a small size/N rule, never picking a name the setting
+   excludes with ``^name``.
+
+``RINGLET_ALGO`` is ``collective:item,item;collective:...``; an item is an
+algorithm name or alias (force it) or ``^name`` (exclude it from the automatic
+choice), e.g. ``all_reduce:ring;broadcast:tree`` or ``all_reduce:^naive,^direct``.
+
+Everything here is a pure function of its arguments, so every rank that asks
+the same question gets the same answer.  ``nbytes`` is the size of the
+collective's whole buffer on one rank, as nccl-tests counts it: the vector of
+all_reduce, broadcast and reduce; the output of all_gather and gather; the
+input of reduce_scatter, all_to_all and scatter.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..errors import ArgumentError
+from ..schedule import COLLECTIVES
+from . import algorithms, canonical
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+Setting = dict[str, tuple[str | None, frozenset[str]]]
+
+
+def _resolve(collective: str, name: str, where: str) -> str:
+    try:
+        return canonical(collective, name)
+    except ArgumentError:
+        raise ArgumentError(
+            f"{where}: {collective} has no algorithm {name!r}; valid: "
+            f"{', '.join(algorithms(collective))}") from None
+
+
+@lru_cache(maxsize=64)
+def _parse(text: str) -> tuple[tuple[str, str | None, frozenset[str]], ...]:
+    out: dict[str, tuple[str | None, frozenset[str]]] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        where = f"RINGLET_ALGO entry {part!r}"
+        coll, sep, items = part.partition(":")
+        coll = coll.strip()
+        if not sep or not items.strip():
+            raise ArgumentError(
+                f"{where}: write collective:algorithm, e.g. all_reduce:ring or "
+                f"all_reduce:^naive")
+        if coll not in COLLECTIVES:
+            raise ArgumentError(
+                f"{where}: unknown collective {coll!r}; valid: {', '.join(COLLECTIVES)}")
+        if coll in out:
+            raise ArgumentError(f"{where}: {coll} is given twice; put its items in one entry")
+        forced: str | None = None
+        excluded: set[str] = set()
+        for item in items.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item.startswith("^"):
+                excluded.add(_resolve(coll, item[1:].strip(), where))
+            elif forced is not None:
+                raise ArgumentError(
+                    f"{where}: forces both {forced!r} and {item!r}; force at most one "
+                    f"algorithm per collective (exclude others with ^name)")
+            else:
+                forced = _resolve(coll, item, where)
+        if forced is not None and forced in excluded:
+            raise ArgumentError(f"{where}: {forced!r} is both forced and excluded")
+        if not set(algorithms(coll)) - excluded:
+            raise ArgumentError(
+                f"{where}: excludes every algorithm of {coll}; keep at least one of "
+                f"{', '.join(algorithms(coll))}")
+        out[coll] = (forced, frozenset(excluded))
+    return tuple((c, f, e) for c, (f, e) in out.items())
+
+
+def parse_algo_setting(text: str) -> Setting:
+    """Parse ``RINGLET_ALGO``: collective -> (forced name or None, excluded names).
+
+    Names come back canonical (aliases resolved).  Unknown collectives or names
+    raise :class:`ArgumentError` listing the valid ones.
+
+    >>> parse_algo_setting("all_reduce:ring;broadcast:tree")
+    {'all_reduce': ('ring', frozenset()), 'broadcast': ('binomial', frozenset())}
+    >>> parse_algo_setting("all_reduce:^naive")["all_reduce"]
+    (None, frozenset({'naive'}))
+    """
+    return {c: (f, e) for c, f, e in _parse(text)}
+
+
+def _pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]) -> str:
+    """The automatic choice: the first algorithm of a size/N preference list in ``allowed``.
+
+    The thresholds come from the alpha-beta costs of Thakur, Rabenseifner &
+    Gropp (2005) with shared-memory-class constants, alpha ~ 5 us per message
+    and beta ~ 0.2 ns/B (5 GB/s), so alpha/beta ~ 25 KB:
+
+    * all_reduce: recursive doubling, lg p (alpha + n beta), beats Rabenseifner,
+      2 lg p alpha + 2 (p-1)/p n beta, while n < alpha/beta * lg p / (lg p - 2(p-1)/p):
+      about 40-100 KB for p = 4..64, hence 64 KiB.  Above that Rabenseifner on a
+      power of two (same bytes as the ring, 2 lg p rounds instead of 2(p-1)) until
+      a block (n/p) reaches 256 KiB, where the ring's alpha terms are below 10% of
+      its beta terms and its neighbour-only traffic is the better fit.
+    * broadcast and reduce: binomial below 64 KiB (latency: lg p rounds), then van de
+      Geijn's scatter + all-gather / Rabenseifner's reduce-scatter + gather, which
+      move 2 (p-1)/p n bytes instead of n lg p (MPICH's long-message choices).
+    * all_gather: MPICH's thresholds on the total: below 512 KiB recursive doubling on
+      a power of two; Bruck (ceil(lg p) rounds for any p) below 80 KiB; ring above.
+    * reduce_scatter: recursive halving below 512 KiB in total (MPICH), ring above.
+    * all_to_all: Bruck for blocks of at most 256 B on 8+ ranks (lg p rounds beat
+      p-1 when alpha dominates; MPICH), all messages at once (naive) for blocks
+      below 32 KiB, pairwise exchange above.
+    * scatter and gather: binomial (lg p rounds, the same bytes from the root).
+
+    A cost-model tuner replaces this; it is kept in one function for that.
+    """
+    p, n = nranks, nbytes
+    prefs: list[str]
+    if collective == "all_reduce":
+        if p <= 2 or n < 64 * KiB:
+            prefs = ["recursive_doubling", "rabenseifner", "ring"]
+        elif _pow2(p) and n // p < 256 * KiB:
+            prefs = ["rabenseifner", "ring", "recursive_doubling"]
+        else:
+            prefs = ["ring", "rabenseifner", "recursive_doubling"]
+    elif collective == "broadcast":
+        small = p <= 2 or n < 64 * KiB
+        prefs = ["binomial", "scatter_allgather"] if small else ["scatter_allgather", "binomial"]
+    elif collective == "reduce":
+        small = p <= 2 or n < 64 * KiB
+        prefs = ["binomial", "rabenseifner"] if small else ["rabenseifner", "binomial"]
+    elif collective == "all_gather":
+        if n < 512 * KiB and _pow2(p):
+            prefs = ["recursive_doubling", "bruck", "ring"]
+        elif n < 80 * KiB:
+            prefs = ["bruck", "recursive_doubling", "ring"]
+        else:
+            prefs = ["ring", "bruck", "recursive_doubling"]
+    elif collective == "reduce_scatter":
+        prefs = ["recursive_halving", "ring"] if n < 512 * KiB else ["ring", "recursive_halving"]
+    elif collective == "all_to_all":
+        block = n // p
+        if block <= 256 and p >= 8:
+            prefs = ["bruck", "naive", "pairwise"]
+        elif block < 32 * KiB:
+            prefs = ["naive", "pairwise", "bruck"]
+        else:
+            prefs = ["pairwise", "naive", "bruck"]
+    elif collective in ("scatter", "gather"):
+        prefs = ["binomial", "linear"]
+    else:
+        raise ArgumentError(
+            f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    for name in prefs:
+        if name in allowed:
+            return name
+    # everything preferred is excluded: any other allowed one, the reference last
+    rest = sorted(allowed, key=lambda a: (a == "naive", a))
+    if not rest:
+        raise ArgumentError(f"no algorithm of {collective} is allowed")
+    return rest[0]
+
+
+def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
+           setting: str) -> str:
+    """The canonical name of the algorithm to run (see the module docs for the precedence).
+
+    >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="")
+    'recursive_doubling'
+    >>> choose("all_reduce", 8, 1 << 10, requested="tree", setting="all_reduce:ring")
+    'binomial'
+    >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="all_reduce:ring")
+    'ring'
+    """
+    if collective not in COLLECTIVES:
+        raise ArgumentError(
+            f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    if nranks < 1:
+        raise ArgumentError(f"nranks must be >= 1, got {nranks}")
+    if nbytes < 0:
+        raise ArgumentError(f"nbytes must be >= 0, got {nbytes}")
+    if requested is not None and requested != "auto":
+        return _resolve(collective, requested, "algorithm=")
+    forced, excluded = parse_algo_setting(setting).get(collective, (None, frozenset()))
+    if forced is not None:
+        return forced
+    return heuristic(collective, nranks, nbytes, frozenset(algorithms(collective)) - excluded)
