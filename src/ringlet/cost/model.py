@@ -98,9 +98,9 @@ _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp3
 EXACT_STEP_BUDGET = 20_000
 #: Steps a sampled count walks (at least three ranks are always walked).
 SAMPLE_STEP_BUDGET = 10_000
-#: A piece count is counted only if rounds x min(ranks, 32) stays within this; beyond
+#: A piece count is counted only if rounds x the ranks walked stays within this; beyond
 #: it the fitted closed form answers (or, without one, the search stops).
-COUNT_BUDGET = 20_000
+COUNT_BUDGET = 10_000
 #: The largest piece count considered.
 PIECES_CAP = 1 << 16
 
@@ -352,8 +352,13 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
     R, n = schedule.nrounds, schedule.nranks
     bounds = {b: lay.bounds(m).tolist() for b, lay in schedule.layouts.items()}
 
+    memo: dict[tuple[tuple[Any, int, int], ...], int] = {}
+
     def nbytes(refs: tuple[tuple[Any, int, int], ...]) -> int:
-        return sum(bounds[b][e] - bounds[b][s] for b, s, e in refs)
+        v = memo.get(refs)
+        if v is None:
+            v = memo[refs] = sum(bounds[b][e] - bounds[b][s] for b, s, e in refs)
+        return v
 
     intra = [0.0] * R
     inter = [0.0] * R
@@ -588,10 +593,15 @@ class Estimator:
         return t
 
     def affordable(self, pieces: int) -> bool:
-        """Whether counting at ``pieces`` stays within :data:`COUNT_BUDGET` rank-rounds."""
+        """Whether counting at ``pieces`` stays within :data:`COUNT_BUDGET` rank-rounds
+        (rounds x the ranks a count is likely to walk)."""
         if pieces in self._tallies:
             return True
-        return self.schedule(pieces).nrounds * min(self.nranks, 32) <= COUNT_BUDGET
+        n = self.nranks
+        walked = n if n <= 64 else 40
+        if self.rails:
+            walked = min(n, walked * self.gpus_per_node)
+        return self.schedule(pieces).nrounds * walked <= COUNT_BUDGET
 
     def max_pieces(self, m: int) -> int:
         """The most pieces that leave no chunk empty at unit count ``m``."""
@@ -666,14 +676,16 @@ class Estimator:
                              tuple(sorted(self.params.items())))
             slow = max((profile.intra, profile.inter), key=lambda ln: ln.beta)
             k0, _ = flat.choose_pieces(m, itemsize, Profile(slow))
-            k = k0
+            # the nearest power of two, so that counts are shared between sizes
+            k = min(kmax, 1 << max(0, round(math.log2(k0))))
             while k > 1 and not self.affordable(k):
                 k //= 2
-            tried = sorted({1, k})
+            tried = sorted({1} | {c for c in (k // 2 or 1, k, 2 * k)
+                                  if c <= kmax and self.affordable(c)})
             best = min(tried, key=lambda c: (self._counted_seconds(c, size, profile), c))
-            return best, (f"one-level optimum on the slower link: {k0} pieces"
-                          f"{'' if k == k0 else f' (counted at {k}: fewer rounds to count)'}; "
-                          f"counted on both links at {' and '.join(map(str, tried))}")
+            return best, (f"one-level optimum on the slower link: {k0} pieces; counted on "
+                          f"both links at {' and '.join(map(str, tried))} (powers of two"
+                          f"{', within the counting budget' if k < k0 / 1.5 else ''})")
         # No closed form: search 1, 2, 4, ...; time is convex in k in practice (alpha grows
         # with k, the pipeline's fill shrinks with 1/k), so stop after two worse doublings.
         best_k, best_t, worse, k = 1, math.inf, 0, 1
@@ -883,15 +895,18 @@ def crossovers(collective: str, nranks: int, profile: Profile, dtype: str | DTyp
     prev_m, prev_w = grid[0], winner(grid[0])
     for m in grid[1:]:
         w = winner(m)
-        if w != prev_w:
-            a, b = prev_m, m   # winner(a) == prev_w, winner(b) == w
-            while b - a > 1:
-                mid = (a + b) // 2
-                if winner(mid) == prev_w:
-                    a = mid
+        a, wa = prev_m, prev_w
+        while wa != w:   # bisect each change between a and m (there may be several)
+            lo, hi = a, m
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if winner(mid) == wa:
+                    lo = mid
                 else:
-                    b = mid
-            out.append(Crossover(b * per, prev_w, winner(b)))
+                    hi = mid
+            wb = winner(hi)
+            out.append(Crossover(hi * per, wa, wb))
+            a, wa = hi, wb
         prev_m, prev_w = m, w
     return out
 

@@ -25,7 +25,7 @@ from ..errors import ArgumentError
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _IEC = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40, "pi": 2.0**50}
 
-_NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_NUMBER = r"(?P<num>[-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 # prefix (k, M, Gi...), then the unit: B/byte(s) for bytes, b/bit(s) for bits.
 _QUANTITY = re.compile(
     _NUMBER + r"\s*(?P<prefix>[kKmMgGtTpP]i?)?(?P<unit>bytes?|bits?|B|b)?$")
@@ -38,6 +38,10 @@ _TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s"
 SIZE_EXAMPLES = "14GB, 1.5GiB, 25MiB, 512KB, 4096 (bytes), 400Gb (bits)"
 BANDWIDTH_EXAMPLES = "25GB/s, 1.25GB/s, 400Gb/s (bits), 100Gbps, 12.5GiB/s"
 TIME_EXAMPLES = "5us, 1.2ms, 200ms, 2s, 0.5 (seconds)"
+
+
+def _label(what: str) -> str:
+    return f"{what} " if what else ""
 
 
 def _quantity_bytes(text: str) -> float | None:
@@ -59,7 +63,7 @@ def _quantity_bytes(text: str) -> float | None:
     return value
 
 
-def parse_size(text: str | int | float, what: str = "size") -> int:
+def parse_size(text: str | int | float, what: str = "") -> int:
     """A byte count from ``"14GB"``, ``"1.5GiB"``, ``"400Gb"`` (bits) or ``"4096"``.
 
     Raises :class:`~ringlet.errors.ArgumentError` with examples if ``text``
@@ -71,17 +75,17 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
         value = _quantity_bytes(str(text))
     if value is None or not math.isfinite(value):
         raise ArgumentError(
-            f"{what} {text!r} is not a size; write e.g. {SIZE_EXAMPLES}. "
+            f"{_label(what)}{text!r} is not a size; write e.g. {SIZE_EXAMPLES}. "
             f"GB = 10^9 bytes, GiB = 2^30 bytes, a lower-case b is a bit")
     if value < 0:
-        raise ArgumentError(f"{what} {text!r} is negative; a size is >= 0 bytes")
+        raise ArgumentError(f"{_label(what)}{text!r} is negative; a size is >= 0 bytes")
     whole = round(value)
     if abs(value - whole) > 1e-6 * max(1.0, value):
-        raise ArgumentError(f"{what} {text!r} is {value} bytes, not a whole number of bytes")
+        raise ArgumentError(f"{_label(what)}{text!r} is {value} bytes, not a whole number of bytes")
     return int(whole)
 
 
-def parse_count(text: str | int | float, what: str = "count") -> float:
+def parse_count(text: str | int | float, what: str = "") -> float:
     """A plain count such as ``"7e9"``, ``"500k"``, ``"1.3B"`` (billion) or ``"70M"``."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
@@ -89,15 +93,15 @@ def parse_count(text: str | int | float, what: str = "count") -> float:
         m = re.match(_NUMBER + r"\s*(?P<suffix>[kKmMbBgGtT]?)$", str(text).strip())
         if m is None:
             raise ArgumentError(
-                f"{what} {text!r} is not a number; write e.g. 7e9, 7B, 500k, 70M")
+                f"{_label(what)}{text!r} is not a number; write e.g. 7e9, 7B, 500k, 70M")
         scale = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
         value = float(m["num"]) * scale[m["suffix"].lower()]
     if not math.isfinite(value) or value < 0:
-        raise ArgumentError(f"{what} {text!r} must be a finite number >= 0")
+        raise ArgumentError(f"{_label(what)}{text!r} must be a finite number >= 0")
     return value
 
 
-def parse_bandwidth(text: str | int | float, what: str = "bandwidth") -> float:
+def parse_bandwidth(text: str | int | float, what: str = "") -> float:
     """Bytes per second from ``"25GB/s"``, ``"400Gb/s"`` (bits), ``"100Gbps"`` or ``"1e9"``.
 
     A plain number is bytes per second.  Raises
@@ -115,14 +119,14 @@ def parse_bandwidth(text: str | int | float, what: str = "bandwidth") -> float:
             value = _quantity_bytes(stripped)
     if value is None or not math.isfinite(value):
         raise ArgumentError(
-            f"{what} {text!r} is not a bandwidth; write e.g. {BANDWIDTH_EXAMPLES}. "
+            f"{_label(what)}{text!r} is not a bandwidth; write e.g. {BANDWIDTH_EXAMPLES}. "
             f"GB/s = 10^9 bytes/s, a lower-case b is a bit (400Gb/s = 50GB/s)")
     if value <= 0:
-        raise ArgumentError(f"{what} {text!r} must be > 0")
+        raise ArgumentError(f"{_label(what)}{text!r} must be > 0")
     return value
 
 
-def parse_time(text: str | int | float, what: str = "time") -> float:
+def parse_time(text: str | int | float, what: str = "") -> float:
     """Seconds from ``"5us"``, ``"1.2ms"``, ``"200ms"``, ``"2s"`` or a plain number of seconds."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value: float | None = float(text)
@@ -130,9 +134,9 @@ def parse_time(text: str | int | float, what: str = "time") -> float:
         m = _TIME.match(str(text).strip())
         value = None if m is None else float(m["num"]) * _TIME_SCALE[m["unit"]]
     if value is None or not math.isfinite(value):
-        raise ArgumentError(f"{what} {text!r} is not a time; write e.g. {TIME_EXAMPLES}")
+        raise ArgumentError(f"{_label(what)}{text!r} is not a time; write e.g. {TIME_EXAMPLES}")
     if value < 0:
-        raise ArgumentError(f"{what} {text!r} is negative; a time is >= 0")
+        raise ArgumentError(f"{_label(what)}{text!r} is negative; a time is >= 0")
     return value
 
 
