@@ -1,0 +1,409 @@
+"""The cost model: units, counts against the closed forms, pipelining, two levels, presets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ringlet.cost.model as model
+from ringlet.algorithms import algorithms, build
+from ringlet.cost import units
+from ringlet.cost.model import (
+    Inapplicable,
+    Link,
+    Prediction,
+    Profile,
+    bus_factor,
+    compare_textbook,
+    count,
+    crossovers,
+    fastest,
+    predict,
+    predict_all,
+    textbook_seconds,
+    unit_count,
+)
+from ringlet.cost.topology import LINKS, NODES, link_spec, local_profile, preset_profile
+from ringlet.errors import ArgumentError
+
+GB = 10**9
+FLAT = Profile(Link(alpha=2e-6, beta=1 / 100e9), name="test")
+
+
+def needs(collective: str, name: str) -> None:
+    if name not in algorithms(collective):
+        pytest.skip(f"{collective}/{name} is not registered")
+
+
+# --- units ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,value", [
+    ("14GB", 14 * 10**9), ("1.5GiB", 3 * 2**29), ("4096", 4096), ("25MiB", 25 * 2**20),
+    ("512KB", 512_000), ("1kB", 1000), ("400Gb", 50 * 10**9), ("8 bits", 1), ("2 GB", 2 * GB),
+])
+def test_parse_size(text: str, value: int) -> None:
+    assert units.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text,value", [
+    ("25GB/s", 25e9), ("400Gb/s", 50e9), ("100Gbps", 12.5e9), ("1.25GB/s", 1.25e9),
+    ("12.5GiB/s", 12.5 * 2**30), ("1e9", 1e9), ("450 GB/s", 450e9),
+])
+def test_parse_bandwidth(text: str, value: float) -> None:
+    assert units.parse_bandwidth(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text,value", [
+    ("5us", 5e-6), ("5µs", 5e-6), ("1.2ms", 1.2e-3), ("200ms", 0.2), ("2s", 2.0), ("0.5", 0.5),
+    ("100ns", 1e-7),
+])
+def test_parse_time(text: str, value: float) -> None:
+    assert units.parse_time(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("fn,text,match", [
+    (units.parse_size, "14G", r"'14G' is not a size; write e\.g\. 14GB"),
+    (units.parse_size, "lots", r"'lots' is not a size.*GiB = 2\^30"),
+    (units.parse_size, "-1GB", r"negative"),
+    (units.parse_size, "0.1B", r"not a whole number"),
+    (units.parse_bandwidth, "25GB", r"'25GB' is not a bandwidth; write e\.g\. 25GB/s"),
+    (units.parse_bandwidth, "0GB/s", r"must be > 0"),
+    (units.parse_time, "5 parsecs", r"'5 parsecs' is not a time; write e\.g\. 5us"),
+    (units.parse_count, "seven", r"not a number; write e\.g\. 7e9"),
+])
+def test_parse_errors(fn: object, text: str, match: str) -> None:
+    with pytest.raises(ArgumentError, match=match):
+        fn(text)  # type: ignore[operator]
+
+
+def test_parse_count() -> None:
+    assert units.parse_count("7e9") == 7e9
+    assert units.parse_count("7B") == 7e9
+    assert units.parse_count("500k") == 5e5
+
+
+def test_format() -> None:
+    assert units.format_bytes(14e9) == "14 GB"
+    assert units.format_bytes(25 * 2**20, binary=True) == "25 MiB"
+    assert units.format_seconds(28 / 900) == "31.1 ms"
+    assert units.format_seconds(5e-6) == "5 us"
+    assert units.format_seconds(0) == "0 s"
+    assert units.format_bandwidth(450e9) == "450 GB/s"
+    assert units.format_usd(2.0741e-3) == "$2.07e-03"
+
+
+# --- counts against the closed forms ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 13, 16])
+def test_ring_all_reduce_closed_form(p: int) -> None:
+    n = 12 * GB
+    pr = predict("all_reduce", "ring", p, n, FLAT, dtype="float32")
+    assert pr.rounds == 2 * (p - 1)
+    assert pr.bytes_per_rank == pytest.approx(2 * (p - 1) / p * n, rel=1e-9)
+    assert pr.critical_bytes == pytest.approx(2 * (p - 1) / p * n, rel=1e-9)
+    expected = 2 * (p - 1) * FLAT.intra.alpha + 2 * (p - 1) / p * n * FLAT.intra.beta
+    assert pr.seconds == pytest.approx(expected, rel=1e-9)
+    assert pr.busbw == pytest.approx(pr.algbw * 2 * (p - 1) / p)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16, 32])
+def test_recursive_doubling_closed_form(p: int) -> None:
+    needs("all_reduce", "recursive_doubling")
+    n = 4 * GB
+    pr = predict("all_reduce", "recursive_doubling", p, n, FLAT)
+    lg = int(math.log2(p))
+    assert pr.rounds == lg
+    assert pr.critical_bytes == pytest.approx(lg * n)
+    assert pr.seconds == pytest.approx(lg * (FLAT.intra.alpha + n * FLAT.intra.beta))
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_rabenseifner_closed_form(p: int) -> None:
+    needs("all_reduce", "rabenseifner")
+    n = 4 * GB
+    pr = predict("all_reduce", "rabenseifner", p, n, FLAT)
+    assert pr.rounds == 2 * int(math.log2(p))
+    assert pr.critical_bytes == pytest.approx(2 * (p - 1) / p * n)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_binomial_tree_closed_form(p: int) -> None:
+    # reduce up the tree, then broadcast down: 2 lg p rounds of the whole vector
+    needs("all_reduce", "binomial")
+    n = GB
+    pr = predict("all_reduce", "binomial", p, n, FLAT)
+    lg = int(math.log2(p))
+    assert pr.rounds == 2 * lg
+    assert pr.critical_bytes == pytest.approx(2 * lg * n)
+
+
+@pytest.mark.parametrize("p", [2, 5, 8])
+def test_ring_all_gather_and_reduce_scatter(p: int) -> None:
+    n = 8 * GB   # nccl-tests size: the whole gathered / scattered buffer
+    for coll in ("all_gather", "reduce_scatter"):
+        pr = predict(coll, "ring", p, n, FLAT)
+        assert pr.rounds == p - 1
+        assert pr.bytes_per_rank == pytest.approx((p - 1) / p * n)
+        assert pr.busbw == pytest.approx(pr.algbw * (p - 1) / p)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 8, 9])
+def test_walk_matches_schedule_counts(n: int) -> None:
+    """The link-splitting walk and Schedule.counts agree on every registered algorithm."""
+    for coll in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+                 "reduce", "scatter", "gather"):
+        for name in algorithms(coll):
+            try:
+                s = build(coll, name, n)
+            except ArgumentError:
+                continue
+            m = model._m_ref(s)
+            c = s.counts(m, 1)
+            t = model._walk(s, m, list(range(n)), 0, True)
+            moved = np.maximum(c.round_sent, c.round_received) / m
+            assert np.allclose(t.intra, moved), (coll, name)
+            assert np.allclose(t.reduced, c.round_reduced / m), (coll, name)
+            assert t.rounds == c.rounds, (coll, name)
+            assert t.sent_max == pytest.approx(c.sent.max() / m), (coll, name)
+
+
+@pytest.mark.parametrize("name", ["ring", "hierarchical", "recursive_doubling",
+                                  "double_binary_tree", "binomial", "rabenseifner"])
+def test_sampled_count_matches_exact(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("all_reduce", name)
+    s = build("all_reduce", name, 48)
+    exact = count(s)
+    monkeypatch.setattr(model, "EXACT_STEP_BUDGET", 0)
+    sampled = count(s)
+    assert "of 48 ranks" in sampled.counted
+    assert sampled.rounds == exact.rounds
+    assert sampled.critical == pytest.approx(exact.critical)
+
+
+def test_symmetry_check_is_not_fooled_by_mirror_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ranks 0 and n-1 of a double binary tree are mirror images; rank 1 is not
+    needs("all_reduce", "double_binary_tree")
+    monkeypatch.setattr(model, "EXACT_STEP_BUDGET", 0)
+    monkeypatch.setattr(model, "SAMPLE_STEP_BUDGET", 0)
+    t = count(build("all_reduce", "double_binary_tree", 40, pieces=8))
+    assert "differ" in t.counted
+
+
+def test_large_job_uses_symmetry_and_is_fast() -> None:
+    import time
+
+    model.estimator.cache_clear()
+    t0 = time.perf_counter()
+    pr = predict("all_reduce", "ring", 2048, GB, FLAT)
+    assert time.perf_counter() - t0 < 2.0
+    assert pr.rounds == 2 * 2047
+    assert pr.critical_bytes == pytest.approx(2 * 2047 / 2048 * GB, rel=1e-6)
+    assert "symmetric" in pr.counted
+
+
+def test_bus_factors() -> None:
+    assert bus_factor("all_reduce", 8) == 2 * 7 / 8
+    for c in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        assert bus_factor(c, 8) == 7 / 8
+    assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1
+
+
+def test_unit_count_follows_nccl_tests_sizes() -> None:
+    assert unit_count("all_reduce", 4000, 8, 4) == 1000
+    assert unit_count("all_gather", 4000, 8, 4) == 125       # output = 8 x 125 floats
+    assert unit_count("reduce_scatter", 4000, 8, 4) == 125   # input = 8 x 125 floats
+
+
+# --- pipelining -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p,n", [(8, 14 * GB), (16, GB), (5, 64 * 10**6)])
+def test_chain_broadcast_optimum(p: int, n: int) -> None:
+    """k* = sqrt((p-2) n beta / alpha), and the time is (p-2+k)(alpha + beta n/k)."""
+    needs("broadcast", "chain")
+    alpha, beta = 5e-6, 1 / 25e9
+    prof = Profile(Link(alpha, beta))
+    pr = predict("broadcast", "chain", p, n, prof, dtype="uint8")
+    kstar = math.sqrt((p - 2) * n * beta / alpha)
+    assert pr.pieces in (math.floor(kstar), math.ceil(kstar))
+    k = pr.pieces
+    assert pr.rounds == p - 2 + k
+    assert pr.seconds == pytest.approx((p - 2 + k) * (alpha + beta * n / k), rel=1e-6)
+    assert "closed form" in pr.pieces_rule
+    # and it beats one piece and a tenth of k*
+    for other in (1, max(1, k // 10)):
+        assert pr.seconds <= predict("broadcast", "chain", p, n, prof, "uint8",
+                                     pieces=other).seconds
+
+
+def test_pipelining_does_not_help_a_ring() -> None:
+    pr = predict("all_reduce", "ring", 8, 14 * GB, FLAT)
+    assert pr.pieces == 1
+
+
+def test_double_binary_tree_fit_holds_where_counted() -> None:
+    needs("all_reduce", "double_binary_tree")
+    est = model.estimator("all_reduce", "double_binary_tree", 8)
+    f = est.fit()
+    assert f is not None and f.r1 == 1
+    for k in (f.k_from, 3 * f.k_from, 100):
+        assert f.agrees(k, est.tally(k))
+
+
+def test_pieces_argument_is_checked() -> None:
+    with pytest.raises(ArgumentError, match="not pipelined"):
+        predict("all_reduce", "naive", 4, GB, FLAT, pieces=4)
+
+
+# --- two levels -------------------------------------------------------------------------------
+
+
+def test_two_levels_with_equal_links_equal_one_level() -> None:
+    # when each round's messages use one kind of link, equal links change nothing
+    link = Link(3e-6, 1 / 40e9)
+    two = Profile(link, link, 4)
+    for name in ("ring", "binomial"):
+        a = predict("all_reduce", name, 16, GB, Profile(link))
+        b = predict("all_reduce", name, 16, GB, two)
+        assert b.seconds == pytest.approx(a.seconds), name
+    # naive sends to 3 ranks of its node and 12 of others at once: the NIC and the
+    # intra-node link work in parallel, so the round costs the larger part, not the sum
+    b = predict("all_reduce", "naive", 16, GB, two)
+    assert b.seconds == pytest.approx(link.alpha + 12 * GB * link.beta)
+
+
+def test_two_level_messages_use_the_right_link() -> None:
+    # a ring over 2 nodes x 4: every round, one rank per node crosses nodes (S/8 at inter
+    # speed) while the others stay inside (S/8 at intra speed): inter bound.
+    intra, inter = Link(0.0, 1 / 400e9), Link(0.0, 1 / 40e9)
+    pr = predict("all_reduce", "ring", 8, 8 * GB, Profile(intra, inter, 4))
+    assert pr.seconds == pytest.approx(14 * GB * inter.beta, rel=1e-9)
+
+
+def test_hierarchical_benefits_from_two_levels() -> None:
+    needs("all_reduce", "hierarchical")
+    prof = preset_profile("dgx_a100")
+    n, size = 32, 4 * GB
+    hier = predict("all_reduce", "hierarchical", n, size, prof)
+    ring = predict("all_reduce", "ring", n, size, prof)
+    assert hier.params["group"] == 8
+    assert hier.seconds < ring.seconds / 3
+    # inter traffic: 2(G-1)/G of a shard (1/g of the vector); intra: 2(g-1)/g of the vector
+    g, G = 8, 4
+    assert prof.inter is not None
+    intra_t = 2 * (g - 1) / g * size * prof.intra.beta
+    inter_t = 2 * (G - 1) / G * size / g * prof.inter.beta
+    assert hier.beta_seconds == pytest.approx(intra_t + inter_t, rel=1e-6)
+
+
+def test_rails_spread_a_ring_over_every_nic() -> None:
+    prof = preset_profile("dgx_a100")
+    one = predict("all_reduce", "ring", 16, 8 * GB, prof)
+    rails = predict("all_reduce", "ring", 16, 8 * GB, prof, rails=True)
+    nic = LINKS["ib_hdr"].effective_bandwidth
+    assert one.busbw == pytest.approx(nic, rel=0.01)          # one NIC carries the ring
+    assert rails.busbw == pytest.approx(8 * nic, rel=0.01)    # 8 channels, 8 NICs
+    assert "rail" in rails.counted
+
+
+# --- predictions, crossovers, the textbook ---------------------------------------------------
+
+
+def test_predict_all_marks_inapplicable() -> None:
+    needs("all_reduce", "hierarchical")
+    out = predict_all("all_reduce", 8, GB, FLAT, params={"group": 3})
+    bad = [p for p in out if isinstance(p, Inapplicable)]
+    assert [b.algorithm for b in bad] == ["hierarchical"]
+    assert "does not divide" in bad[0].reason
+    good = [p for p in out if isinstance(p, Prediction)]
+    assert good == sorted(good, key=lambda p: p.seconds)
+    assert fastest("all_reduce", 8, GB, FLAT).seconds == good[0].seconds
+
+
+def test_crossovers_are_where_the_fastest_changes() -> None:
+    prof = preset_profile("nvlink4")
+    cross = crossovers("all_reduce", 8, prof, names=["naive", "ring"])
+    assert len(cross) == 1
+    c = cross[0]
+    assert (c.below, c.above) == ("naive", "ring")
+    below = c.nbytes - 8 * 4   # a few elements below
+    assert (predict("all_reduce", "naive", 8, below, prof).seconds
+            <= predict("all_reduce", "ring", 8, below, prof).seconds)
+    assert (predict("all_reduce", "ring", 8, c.nbytes, prof).seconds
+            <= predict("all_reduce", "naive", 8, c.nbytes, prof).seconds)
+    # alpha: naive 1 round, ring 14; beta: naive 7n, ring 1.75n -> crossover at 13 alpha/(5.25 beta)
+    a, b = prof.intra.alpha, prof.intra.beta
+    assert c.nbytes == pytest.approx(13 * a / (5.25 * b), rel=1e-3)
+
+
+def test_textbook_and_its_explanation() -> None:
+    assert textbook_seconds("all_reduce", 14 * GB, 900e9) == pytest.approx(28 / 900)
+    spec = link_spec("nvlink4")
+    pr = predict("all_reduce", "ring", 8, 14 * GB, preset_profile("nvlink4"))
+    tb = textbook_seconds("all_reduce", pr.nbytes, spec.marketing)
+    cmp = compare_textbook(
+        textbook_seconds=tb, textbook_bytes=2 * pr.nbytes, textbook_bandwidth=spec.marketing,
+        model_seconds=pr.seconds, beta_seconds=pr.beta_seconds, alpha_seconds=pr.alpha_seconds,
+        gamma_seconds=pr.gamma_seconds, critical_bytes=pr.critical_bytes, rounds=pr.rounds,
+        nranks=8, line_rate=spec.bandwidth, efficiency=spec.efficiency, link_name="nvlink4",
+        headline_bidirectional=True)
+    assert math.prod(f for _, f in cmp.factors) == pytest.approx(cmp.ratio)
+    text = "\n".join(cmp.lines())
+    assert "900 GB/s, which counts both directions; per direction it is 450 GB/s: 2x slower" \
+        in text
+    assert "(p-1)/p = 7/8: 0.875x" in text
+
+
+# --- profiles and presets ---------------------------------------------------------------------
+
+
+def test_profile_round_trip(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "sub" / "profile.json"
+    prof = Profile(Link(4e-6, 1 / 6e9, 1 / 8e9, "calibrated"), Link(9e-6, 1 / 1e9), 4, "mine",
+                   "test")
+    assert prof.save(path) == path
+    assert Profile.load(path) == prof
+    assert local_profile(path) == prof
+    with pytest.raises(ArgumentError, match="no profile at"):
+        Profile.load(path.parent / "missing.json")
+    path.write_text("[1, 2]")
+    with pytest.raises(ArgumentError, match="not a ringlet profile"):
+        Profile.load(path)
+
+
+def test_local_default_is_documented(tmp_path: object) -> None:
+    prof = local_profile(f"{tmp_path}/none.json")
+    assert "conservative default" in prof.source
+    assert prof.intra.alpha > 0 and prof.intra.gamma > 0
+
+
+def test_presets_record_direction_and_sources() -> None:
+    nv4 = link_spec("nvlink4")
+    assert nv4.bandwidth == 450e9 and nv4.marketing == 900e9 and nv4.bidirectional
+    assert nv4.effective_bandwidth == pytest.approx(370.8e9)
+    assert link_spec("nvlink3").bandwidth == 300e9
+    assert link_spec("nvlink5").bandwidth == 900e9
+    assert link_spec("pcie4").marketing == 64e9 and link_spec("pcie4").bidirectional
+    hdr = link_spec("ib_hdr")
+    assert hdr.bandwidth == 25e9 and not hdr.bidirectional
+    assert link_spec("eth10").bandwidth == 1.25e9
+    for spec in LINKS.values():
+        assert spec.source and spec.efficiency_source and spec.latency_source
+        assert 0 < spec.efficiency <= 1 and spec.latency > 0
+    shape = NODES["dgx_h100"]
+    assert (shape.gpus_per_node, shape.intra.name, shape.inter.name) == (8, "nvlink4", "ib_ndr")
+    with pytest.raises(ArgumentError, match="unknown link 'nvlink9'; presets:"):
+        link_spec("nvlink9")
+
+
+def test_link_rejects_nonsense() -> None:
+    with pytest.raises(ArgumentError, match="Link.beta"):
+        Link(1e-6, -1.0)
+    with pytest.raises(ArgumentError, match="gpus_per_node"):
+        Profile(Link(0, 1e-9), Link(0, 1e-9), 0)

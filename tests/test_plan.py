@@ -1,0 +1,250 @@
+"""ringlet plan: the seed's worked examples, strategy volumes against hand formulas, overlap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ringlet.cli import main
+from ringlet.cost.model import Link, Profile
+from ringlet.cost.topology import preset_profile
+from ringlet.errors import ArgumentError
+from ringlet.plan.strategies import (
+    Costing,
+    ModelShape,
+    Parallelism,
+    StepPlan,
+    exposed_seconds,
+    group_profile,
+    parse_strategy,
+    plan,
+)
+
+GB = 10**9
+SEED = ["plan", "--params", "7e9", "--dtype", "fp16", "--ranks", "8", "--strategy", "ddp",
+        "--textbook", "--compute-ms", "200", "--usd-per-gpu-hour", "30",
+        "--steps-per-second", "1", "--json"]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# --- seed 000's worked example ----------------------------------------------------------------
+
+
+def test_seed_worked_example_nvlink(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, [*SEED, "--bandwidth", "900GB/s"])
+    assert out["buffer_bytes"] == 14 * GB                  # 2 x 7e9
+    assert out["bytes_per_rank"] == 28 * GB                # "2 x 14 = 28 GB"
+    assert out["comm_seconds"] == pytest.approx(0.031, abs=5e-4)     # "28/900 = 31 ms"
+    assert out["overhead"] == pytest.approx(0.15, abs=0.01)          # "31/200 = 15%"
+    assert out["usd_per_step_comm"] == pytest.approx(2.1e-3, rel=0.03)   # "2.1 x 10^-3"
+    assert out["usd_per_day_comm"] == pytest.approx(180, rel=0.01)       # "about $180/day"
+    # the seed's own arithmetic, unrounded
+    assert out["usd_per_step_comm"] == pytest.approx(28 / 900 * 30 / 3600 * 8)
+    assert out["usd_per_day_comm"] == pytest.approx(out["usd_per_step_comm"] * 86400)
+
+
+@pytest.mark.parametrize("bandwidth,seconds,overhead", [
+    ("64GB/s", 0.44, 2.2),       # "28/64 = 440 ms", "440/200 = 220%"
+    ("25GB/s", 1.12, 5.6),       # "28/25 = 1.12 s", "1120/200 = 560%"
+    ("1.25GB/s", 22.0, None),    # "28/1.25 = 22 s"
+])
+def test_seed_worked_example_slower_links(capsys: pytest.CaptureFixture[str], bandwidth: str,
+                                          seconds: float, overhead: float | None) -> None:
+    out = run_json(capsys, [*SEED, "--bandwidth", bandwidth])
+    assert out["bytes_per_rank"] == 28 * GB
+    assert out["comm_seconds"] == pytest.approx(seconds, rel=0.02)
+    if overhead is not None:
+        assert out["overhead"] == pytest.approx(overhead, rel=0.01)
+
+
+def test_seed_grammar_tutor(capsys: pytest.CaptureFixture[str]) -> None:
+    # 500k parameters in fp16: a 1 MB buffer, 2 MB per worker per all-reduce; on 2 GPUs at
+    # $0.70/hr total, 1 ms of communication costs 1.9e-7 per step
+    out = run_json(capsys, ["plan", "--params", "500k", "--dtype", "fp16", "--ranks", "2",
+                            "--textbook", "--bandwidth", "2GB/s", "--usd-per-gpu-hour", "0.35",
+                            "--steps-per-second", "1", "--json"])
+    assert out["buffer_bytes"] == 1_000_000
+    assert out["bytes_per_rank"] == 2_000_000
+    assert out["comm_seconds"] == pytest.approx(1e-3)
+    assert out["usd_per_step_comm"] == pytest.approx(1.9e-7, rel=0.03)
+
+
+def test_exact_model_explains_the_textbook(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--params", "7e9", "--dtype", "fp16", "--ranks", "8", "--link", "nvlink4",
+            "--compute-ms", "200"]
+    out = run_json(capsys, [*argv, "--json"])
+    s = 14 * GB
+    assert out["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * s)
+    # 24.5 GB at 450 GB/s x 0.824 per direction, plus one latency per round of each bucket
+    assert out["comm_seconds"] == pytest.approx(2 * 7 / 8 * s / 370.8e9, rel=0.05)
+    text = "\n".join(out["explanation"])
+    assert ("the textbook divides by nvlink4's 900 GB/s, which counts both directions; "
+            "per direction it is 450 GB/s: 2x slower") in text
+    assert "(p-1)/p = 7/8: 0.875x" in text
+    assert "of the line rate" in text and "latency:" in text
+    assert main(argv) == 0
+    human = capsys.readouterr().out
+    assert "how this differs from the textbook" in human and "2x slower" in human
+
+
+def test_given_bandwidth_that_is_a_bidirectional_headline_is_flagged(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["plan", "--params", "7e9", "--ranks", "8", "--bandwidth", "900GB/s",
+                            "--json"])
+    assert any("nvlink4's headline figure, which counts both directions" in n
+               for n in out["notes"])
+    assert out["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * 14 * GB)
+
+
+# --- strategy volumes against hand formulas ---------------------------------------------------
+
+B = 100e9
+EXACT = Costing(Profile(Link(0.0, 1 / B)), bucket_bytes=25 * 2**20)
+SHAPE = dict(layers=8, hidden=1024, seq_len=512, micro_batch=2, microbatches=4)
+
+
+def _plan(strategy: str, ranks: int, **shape: float) -> StepPlan:
+    model = ModelShape(params=1e9, dtype="fp16", **{**SHAPE, **shape})  # type: ignore[arg-type]
+    return plan(parse_strategy(strategy, ranks), model, EXACT, compute_seconds=1.0)
+
+
+def test_ddp_volume() -> None:
+    p = _plan("ddp", 8)
+    s = 2e9
+    assert p.bytes_per_rank == pytest.approx(2 * 7 / 8 * s)
+    assert p.comm_seconds == pytest.approx(2 * 7 / 8 * s / B)
+
+
+@pytest.mark.parametrize("kind", ["zero1", "zero2"])
+def test_zero12_same_volume_as_ddp(kind: str) -> None:
+    ddp, zero = _plan("ddp", 8), _plan(kind, 8)
+    assert [c.comm.collective for c in zero.costs] == ["reduce_scatter", "all_gather"]
+    assert zero.bytes_per_rank == pytest.approx(ddp.bytes_per_rank)
+    assert zero.comm_seconds == pytest.approx(ddp.comm_seconds)
+
+
+def test_zero3_is_one_and_a_half_ddp() -> None:
+    ddp, z3 = _plan("ddp", 8), _plan("zero3", 8)
+    assert sorted(c.comm.collective for c in z3.costs) == [
+        "all_gather", "all_gather", "reduce_scatter"]
+    assert z3.bytes_per_rank == pytest.approx(1.5 * ddp.bytes_per_rank)
+
+
+def test_tensor_parallel_volume() -> None:
+    t, layers, mb = 4, 8, 4
+    p = _plan("tp=4,ddp", 8)
+    (tp,) = [c for c in p.costs if c.comm.group == "tp"]
+    act = 2 * 512 * 1024 * 2                       # micro_batch x seq x hidden x fp16
+    assert tp.comm.calls == 4 * layers * mb        # 2 forward + 2 backward per layer
+    assert tp.bytes_per_rank == pytest.approx(4 * layers * mb * 2 * (t - 1) / t * act)
+    assert tp.comm.window == "exposed"
+    # the data-parallel gradients are the tp shard: 1e9 / 4 params over 2 ranks
+    (dp,) = [c for c in p.costs if c.comm.group == "dp"]
+    assert dp.bytes_per_rank == pytest.approx(2 * 1 / 2 * 1e9 / 4 * 2)
+
+
+def test_pipeline_volume_and_bubble() -> None:
+    pp, mb = 4, 4
+    p = _plan("pp=4,ddp", 8)
+    (c,) = [c for c in p.costs if c.comm.group == "pp"]
+    act = 2 * 512 * 1024 * 2
+    assert c.comm.calls == 2 * mb
+    assert c.bytes_per_rank == pytest.approx(2 * mb * act)
+    assert c.seconds == pytest.approx(2 * mb * act / B)
+    assert p.bubble == pytest.approx((pp - 1) / (mb + pp - 1))
+    assert p.bubble_seconds == pytest.approx(1.0 * (pp - 1) / mb)
+
+
+def test_expert_parallel_volume() -> None:
+    e, layers, mb, k = 4, 8, 4, 2
+    p = _plan("ep=4,ddp", 8, top_k=k, capacity_factor=1.25, expert_params=6e8)
+    (c,) = [c for c in p.costs if c.comm.group == "ep"]
+    buf = 2 * 512 * k * 1.25 * 1024 * 2            # tokens x top_k x cf x hidden x fp16
+    assert c.comm.collective == "all_to_all" and c.comm.calls == 4 * layers * mb
+    assert c.bytes_per_rank == pytest.approx(4 * layers * mb * (e - 1) / e * buf)
+    # dense gradients over dp=8, expert gradients (sharded 4 ways) over dp/ep = 2
+    grads = {c.comm.group: c.bytes_per_rank for c in p.costs if "gradient" in c.comm.what}
+    assert grads["dp"] == pytest.approx(2 * 7 / 8 * 4e8 * 2)
+    assert grads["dp/ep"] == pytest.approx(2 * 1 / 2 * 6e8 / 4 * 2)
+
+
+def test_activation_strategies_need_the_model_shape() -> None:
+    with pytest.raises(ArgumentError, match="tp moves activations: give --layers, --hidden"):
+        plan(parse_strategy("tp=2", 4), ModelShape(1e9), EXACT)
+
+
+# --- the strategy grammar ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,ranks,want", [
+    ("ddp", 8, Parallelism(1, 1, 8, 1, "ddp")),
+    ("zero3", 8, Parallelism(1, 1, 8, 1, "zero3")),
+    ("tp=8,pp=4,ddp", 128, Parallelism(8, 4, 4, 1, "ddp")),
+    ("tp=2", 8, Parallelism(2, 1, 4, 1, "ddp")),
+    ("tp=2,pp", 8, Parallelism(2, 4, 1, 1, "ddp")),
+    ("TP=2, ep=2, zero1", 8, Parallelism(2, 1, 4, 2, "zero1")),
+    ("zero2=4,tp=2", 8, Parallelism(2, 1, 4, 1, "zero2")),
+])
+def test_parse_strategy(text: str, ranks: int, want: Parallelism) -> None:
+    assert parse_strategy(text, ranks) == want
+
+
+@pytest.mark.parametrize("text,ranks,match", [
+    ("fsdp", 8, r"unknown strategy 'fsdp'"),
+    ("ddp,zero1", 8, r"twice"),
+    ("tp,pp", 8, r"leaves out the degree of tp and pp"),
+    ("tp=3,ddp", 8, r"do(es)? not divide 8 ranks"),
+    ("tp=2,pp=2,ddp=4", 8, r"= 16, but --ranks is 8"),
+    ("ep=4,ddp", 6, r"ep=4 must divide the data-parallel degree 6"),
+    ("tp=x", 8, r"not a whole number"),
+])
+def test_parse_strategy_errors(text: str, ranks: int, match: str) -> None:
+    with pytest.raises(ArgumentError, match=match):
+        parse_strategy(text, ranks)
+
+
+# --- overlap and topology ---------------------------------------------------------------------
+
+
+def test_exposed_seconds() -> None:
+    # fast enough: only the last bucket shows
+    assert exposed_seconds(1.0, 10, 100.0) == pytest.approx(0.1)
+    # too slow: everything beyond what the window hides
+    assert exposed_seconds(10.0, 10, 2.0) == pytest.approx(10 - 2 * 9 / 10)
+    assert exposed_seconds(0.0, 5, 1.0) == 0.0
+    assert exposed_seconds(3.0, 1, 100.0) == 3.0      # one bucket never overlaps
+
+
+def test_group_profiles_on_two_levels() -> None:
+    dgx = preset_profile("dgx_h100")
+    assert group_profile(dgx, 1, 8).inter is None                   # tp=8 inside a node
+    assert group_profile(dgx, 1, 8).intra == dgx.intra
+    across = group_profile(dgx, 8, 4)                               # one per node
+    assert across.inter is None and across.intra == dgx.inter
+    mixed = group_profile(dgx, 2, 16)                               # 4 per node
+    assert (mixed.gpus_per_node, mixed.inter) == (4, dgx.inter)
+
+
+def test_plan_on_a_cluster_uses_each_groups_links(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["plan", "--params", "70e9", "--ranks", "64", "--strategy",
+                            "tp=8,pp=2,zero1", "--link", "dgx_h100", "--layers", "80",
+                            "--hidden", "8192", "--seq-len", "4096", "--micro-batch", "1",
+                            "--microbatches", "8", "--compute-ms", "3000", "--json"])
+    comms = {c["group"]: c for c in out["communications"]}
+    assert comms["tp"]["seconds"] < comms["dp"]["seconds"] * 100   # NVLink for tp
+    assert out["bubble"] == pytest.approx(1 / 9)
+    assert out["exposed_seconds"] <= out["comm_seconds"]
+    for key in ("bytes_per_rank", "comm_seconds", "overhead", "usd_per_step_comm",
+                "usd_per_day_comm"):
+        assert key in out
+
+
+def test_plan_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--params", "1e9", "--ranks", "8", "--strategy", "tp=2",
+                 "--bandwidth", "10GB/s"]) == 2
+    assert "give --layers" in capsys.readouterr().err

@@ -1,0 +1,115 @@
+"""ringlet predict through ringlet.cli.main: the table, the JSON, errors, help and speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import ringlet.cost.model as model
+from ringlet.algorithms import algorithms
+from ringlet.cli import main
+
+H100 = ["predict", "all_reduce", "--bytes", "14GB", "--ranks", "8", "--link", "nvlink4"]
+
+
+def test_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*H100, "--dtype", "float16", "--textbook"]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce of 14 GB" in out and "8 ranks" in out
+    assert "450 GB/s per direction (headline 900 GB/s bidirectional)" in out
+    for name in algorithms("all_reduce"):
+        assert name in out
+    assert "<- fastest" in out and "\nfastest: " in out
+    assert "crossovers (fastest by size):" in out
+    assert "textbook: 2S / 900 GB/s = 31.1 ms" in out
+    assert "counts both directions; per direction it is 450 GB/s: 2x slower" in out
+
+
+def test_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*H100, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert isinstance(rows, list) and rows
+    ok = [r for r in rows if r["applicable"]]
+    assert {r["algorithm"] for r in rows} == set(algorithms("all_reduce"))
+    for r in ok:
+        for key in ("algorithm", "seconds", "rounds", "bytes_per_rank", "algbw", "busbw",
+                    "pieces", "fastest", "fastest_ranges", "counted"):
+            assert key in r
+    assert ok[0]["fastest"] and not any(r["fastest"] for r in ok[1:])
+    ring = next(r for r in ok if r["algorithm"] == "ring")
+    assert ring["rounds"] == 14
+    assert ring["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * 14e9)
+    # NCCL's ring on 8 H100s: ~370 GB/s busbw
+    assert ring["busbw"] == pytest.approx(370e9, rel=0.15)
+    # every size up to 1 TiB has exactly one fastest algorithm
+    spans = sorted(s for r in ok for s in r["fastest_ranges"])
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_inapplicable_algorithms_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    if "hierarchical" not in algorithms("all_reduce"):
+        pytest.skip("no hierarchical all_reduce registered")
+    assert main([*H100, "--param", "group=3", "--json", "--no-crossovers"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    bad = [r for r in rows if not r["applicable"]]
+    assert [r["algorithm"] for r in bad] == ["hierarchical"]
+    assert "does not divide" in bad[0]["reason"]
+
+
+def test_two_levels_and_rails(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["predict", "all_reduce", "--bytes", "8GB", "--link", "dgx_a100", "--nodes", "2",
+            "--algorithm", "ring", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)[0]
+    assert main([*argv, "--rails"]) == 0
+    rails = json.loads(capsys.readouterr().out)[0]
+    assert plain["nranks"] == 16
+    assert rails["busbw"] == pytest.approx(8 * plain["busbw"], rel=0.02)
+
+
+def test_custom_links(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "broadcast", "--bytes", "64MB", "--ranks", "4", "--bandwidth",
+                 "400Gb/s", "--latency", "5us", "--algorithm", "naive", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["seconds"] == pytest.approx(5e-6 + 3 * 64e6 / 50e9)
+    assert main(["predict", "all_reduce", "--bytes", "1GB", "--ranks", "8", "--intra",
+                 "450GB/s,2us", "--inter", "ib_ndr", "--gpus-per-node", "4", "--algorithm",
+                 "ring", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["rounds"] == 14
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--bytes", "14G", "--ranks", "8", "--link", "nvlink4"], "'14G' is not a size"),
+    (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink9"], "unknown link 'nvlink9'"),
+    (["--bytes", "1GB", "--ranks", "8", "--bandwidth", "25GB"], "is not a bandwidth"),
+    (["--bytes", "1GB", "--link", "dgx_h100", "--nodes", "2", "--ranks", "8"], "disagrees"),
+    (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink4", "--bandwidth", "1GB/s"],
+     "give one of --link, --bandwidth"),
+    (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink4", "--dtype", "float128"],
+     "unknown dtype"),
+    (["--bytes", "1GB", "--link", "nvlink4"], "give --ranks"),
+])
+def test_errors(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
+    assert main(["predict", "all_reduce", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_help_documents_units(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("14GB (10^9)", "1.5GiB (2^30)", "PER DIRECTION", "400Gb/s",
+                   "e.g. 5us", "--gpus-per-node", "--json", "--rails", "nccl-tests' size"):
+        assert phrase in text, phrase
+
+
+def test_answers_in_under_a_second(capsys: pytest.CaptureFixture[str]) -> None:
+    model.estimator.cache_clear()   # nothing counted yet: the full cost of a first answer
+    t0 = time.perf_counter()
+    assert main([*H100, "--dtype", "bf16"]) == 0
+    assert time.perf_counter() - t0 < 1.0
+    capsys.readouterr()
