@@ -407,3 +407,25 @@ def test_link_rejects_nonsense() -> None:
         Link(1e-6, -1.0)
     with pytest.raises(ArgumentError, match="gpus_per_node"):
         Profile(Link(0, 1e-9), Link(0, 1e-9), 0)
+
+
+# --- published figures ------------------------------------------------------------------------
+
+
+def test_published_figures_within_15_percent() -> None:
+    from ringlet.cost.topology import PUBLISHED
+
+    assert len(PUBLISHED) >= 3
+    for p in PUBLISHED:
+        assert p.predicted() == pytest.approx(p.busbw, rel=0.15), p.system
+        assert "NVIDIA/nccl" in p.source
+
+
+def test_published_md_is_current() -> None:
+    from pathlib import Path
+
+    from ringlet.cost.topology import published_table
+
+    md = Path(__file__).resolve().parents[1] / "benchmarks" / "PUBLISHED.md"
+    assert published_table() in md.read_text(), \
+        "regenerate with: python -m ringlet.cost.topology published"

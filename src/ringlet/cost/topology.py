@@ -230,3 +230,79 @@ def spec_for_bandwidth(bandwidth: float, tolerance: float = 0.01) -> list[LinkSp
     """Presets whose *bidirectional* headline equals ``bandwidth`` (a likely mix-up)."""
     return [s for s in LINKS.values() if s.bidirectional
             and abs(s.marketing - bandwidth) <= tolerance * s.marketing]
+
+
+# --- published results the presets are checked against ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published NCCL all-reduce bus bandwidth and how the model predicts the same run."""
+
+    system: str
+    busbw: float              # published, bytes/s
+    source: str
+    link: str                 # preset or node shape
+    nranks: int
+    algorithm: str = "ring"
+    rails: bool = False
+    nbytes: int = 8 * 2**30   # nccl-tests' usual largest size (-e 8G)
+
+    def command(self) -> str:
+        rails = " --rails" if self.rails else ""
+        return (f"ringlet predict all_reduce --bytes 8GiB --ranks {self.nranks} --link "
+                f"{self.link} --algorithm {self.algorithm}{rails}")
+
+    def predicted(self, efficiency: bool = True) -> float:
+        from .model import predict
+
+        return predict("all_reduce", self.algorithm, self.nranks, self.nbytes,
+                       preset_profile(self.link, efficiency), "float32",
+                       rails=self.rails).busbw
+
+
+PUBLISHED: tuple[Published, ...] = (
+    Published("8 x H100 SXM, NVLink 4 (ring)", 370e9,
+              "NVIDIA/nccl-tests#212, @sjeaugey (NVIDIA), 2024-05-06: \"450GB/s is the line "
+              "rate. With the protocol overhead (~20%) NCCL can get an effective NVLink "
+              "bandwidth of 370GB/s ... when running with NCCL_ALGO=RING\"",
+              "nvlink4", 8),
+    Published("8 x A100 SXM, NVLink 3 (ring)", 232.5e9,
+              "NVIDIA/nccl-tests#175, 2023-10-29: all_reduce_perf -b 8 -e 4G -f 2 -g 8 on one "
+              "A100 node: 232.54 GB/s",
+              "nvlink3", 8),
+    Published("DGX A100, 4 nodes, 8 x 200 Gb/s HDR each (ring)", 192e9,
+              "NVIDIA/nccl#812, @AddyLaddy (NVIDIA), 2023-03-31: \"On an Nvidia DGX-A100 "
+              "system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW\"",
+              "dgx_a100", 32, rails=True),
+    Published("HDR 200 Gb/s, one NIC per node (ring)", 24e9,
+              "NVIDIA/nccl#412, @sjeaugey (NVIDIA), 2023-04-24: \"you should get ... 24GB/s "
+              "inter-node\" (BusBW at 8G, one HDR NIC)",
+              "ib_hdr", 2),
+    Published("NDR 400 Gb/s, one NIC per node (ring)", 47e9,
+              "NVIDIA/nccl-tests#290, @AddyLaddy (NVIDIA), 2025-03-03: \"For NDR @ 400Gbps "
+              "you should see 46-48GB/s per NIC\"",
+              "ib_ndr", 2),
+)
+
+
+def published_table() -> str:
+    """The markdown table of :data:`PUBLISHED` against the model (``benchmarks/PUBLISHED.md``)."""
+    rows = ["| system | published busbw | model busbw | model / published | model at line "
+            "rate | command |", "|---|---:|---:|---:|---:|---|"]
+    for p in PUBLISHED:
+        model, raw = p.predicted(), p.predicted(efficiency=False)
+        rows.append(f"| {p.system} | {p.busbw / 1e9:.1f} GB/s | {model / 1e9:.1f} GB/s | "
+                    f"{model / p.busbw:.3f} | {raw / 1e9:.1f} GB/s ({raw / p.busbw:.2f}x) | "
+                    f"`{p.command()}` |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m ringlet.cost.topology published`
+    import sys
+
+    if sys.argv[1:] == ["published"]:
+        sys.stdout.write(published_table())
+    else:
+        for n in names():
+            sys.stdout.write(f"{n}\n")
