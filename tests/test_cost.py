@@ -93,6 +93,8 @@ def test_format() -> None:
     assert units.format_seconds(0) == "0 s"
     assert units.format_bandwidth(450e9) == "450 GB/s"
     assert units.format_usd(2.0741e-3) == "$2.07e-03"
+    assert units.format_count(7e9) == "7B" and units.format_count(5e5) == "500k"
+    assert units.format_bandwidth(math.inf) == "-"
 
 
 # --- counts against the closed forms ----------------------------------------------------------

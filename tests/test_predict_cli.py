@@ -17,7 +17,7 @@ H100 = ["predict", "all_reduce", "--bytes", "14GB", "--ranks", "8", "--link", "n
 def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*H100, "--dtype", "float16", "--textbook"]) == 0
     out = capsys.readouterr().out
-    assert "all_reduce of 14 GB" in out and "8 ranks" in out
+    assert "all_reduce of 14 GB on 8 ranks: m = 7,000,000,000 float16" in out
     assert "450 GB/s per direction (headline 900 GB/s bidirectional)" in out
     for name in algorithms("all_reduce"):
         assert name in out

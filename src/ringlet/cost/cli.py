@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
-from ..schedule import COLLECTIVES
+from ..schedule import COLLECTIVES, UNIT
 from .model import (
     DEFAULT_PROFILE_PATH,
     Crossover,
@@ -242,7 +243,7 @@ def _params(items: list[str] | None) -> dict[str, int]:
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``ringlet predict``'s options."""
-    p.description = (
+    p.description = textwrap.fill(
         "Predict a collective's time for every algorithm with the alpha-beta-gamma model, "
         "counted from the algorithms' own schedules: time, rounds (alpha), bytes per rank, "
         "algbw and nccl-tests busbw, the fastest, and the sizes where the fastest changes.")
@@ -337,8 +338,8 @@ def main(args: argparse.Namespace) -> int:
     out = sys.stdout
     m = unit_count(args.collective, nbytes, n, d.itemsize)
     size = ok[0].nbytes if ok else nbytes
-    print(f"{args.collective} of {format_bytes(size)} ({m:,} {d.name} per unit), {n} ranks",
-          file=out)
+    print(f"{args.collective} of {format_bytes(size)} on {n} ranks: m = {m:,} {d.name} "
+          f"({UNIT[args.collective]})", file=out)
     for line in links.description:
         print(f"  {line}", file=out)
     for h in links.hints:

@@ -472,14 +472,19 @@ class Prediction:
     alpha_seconds: float
     beta_seconds: float
     gamma_seconds: float
-    algbw: float             # nbytes / seconds
+    algbw: float             # nbytes / seconds (inf when nothing moves, e.g. one rank)
     busbw: float             # algbw * bus factor
     counted: str
     pieces_rule: str = ""    # how the piece count was chosen
     params: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """A JSON-ready dict (an infinite bandwidth becomes None)."""
+        d = asdict(self)
+        for key in ("algbw", "busbw"):
+            if not math.isfinite(d[key]):
+                d[key] = None
+        return d
 
 
 @dataclass(frozen=True)

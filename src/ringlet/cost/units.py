@@ -168,7 +168,9 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3) -> str:
 
 
 def format_bandwidth(bytes_per_second: float, digits: int = 4) -> str:
-    """``450e9`` -> ``"450 GB/s"``."""
+    """``450e9`` -> ``"450 GB/s"`` (``"-"`` if infinite: nothing to move)."""
+    if not math.isfinite(bytes_per_second):
+        return "-"
     return format_bytes(bytes_per_second, digits=digits) + "/s"
 
 
@@ -182,6 +184,14 @@ def format_seconds(seconds: float, digits: int = 3) -> str:
     if abs(s) >= 60:
         return f"{_round(s / 60, digits)} min"
     return _scaled(s, [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")], digits)
+
+
+def format_count(n: float) -> str:
+    """``7e9`` -> ``"7B"``, ``5e5`` -> ``"500k"``, ``70e6`` -> ``"70M"``."""
+    for scale, name in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{_round(n / scale, 4)}{name}"
+    return _round(n, 4)
 
 
 def format_usd(usd: float) -> str:

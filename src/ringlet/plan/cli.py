@@ -16,11 +16,13 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 
 from ..cost.cli import add_link_options, resolve_links, resolve_ranks
 from ..cost.units import (
     format_bandwidth,
     format_bytes,
+    format_count,
     format_seconds,
     format_usd,
     parse_count,
@@ -40,7 +42,7 @@ from .strategies import (
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``ringlet plan``'s options."""
-    p.description = (
+    p.description = textwrap.fill(
         "A training step's communication for a parallelism strategy: bytes sent per rank, "
         "time, what overlaps with compute, overhead and money. --textbook reproduces the "
         "seeds' back-of-the-envelope math (2S/B per all-reduce, no latency); without it the "
@@ -150,8 +152,9 @@ def _print(step: StepPlan, link: list[str], notes: list[str], tb_bw: float,
            textbook: bool) -> None:
     out = sys.stdout
     m, p = step.model, step.parallelism
-    print(f"plan: {m.params:.4g} parameters, {m.dtype} ({format_bytes(step.buffer_bytes)} of "
-          f"gradients per rank), {step.ranks} ranks: {p}", file=out)
+    print(f"plan: {format_count(m.params)} parameters, {m.dtype} "
+          f"({format_bytes(step.buffer_bytes)} of gradients per rank), {step.ranks} ranks: {p}",
+          file=out)
     for line in link:
         print(f"  {line}", file=out)
     if textbook:
