@@ -113,3 +113,18 @@ def test_answers_in_under_a_second(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*H100, "--dtype", "bf16"]) == 0
     assert time.perf_counter() - t0 < 1.0
     capsys.readouterr()
+
+
+def test_local_profile_from_a_file(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    from ringlet.cost.model import Link, Profile
+
+    path = f"{tmp_path}/p.json"
+    Profile(Link(1e-5, 1 / 5e9, 1 / 10e9, "calibrated"), name="here", source="test").save(path)
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "2", "--profile", path,
+                 "--algorithm", "ring", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    # 2 rounds of 0.5 MB, each reduced once (gamma) in the reduce-scatter round
+    assert row["seconds"] == pytest.approx(2 * 1e-5 + 1e6 / 5e9 + 0.5e6 / 10e9)
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "2", "--profile",
+                 f"{tmp_path}/missing.json"]) == 2
+    assert "no profile at" in capsys.readouterr().err

@@ -101,8 +101,8 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--line-rate", action="store_true",
                    help="use the presets' raw line rates, not their achievable efficiency")
     g.add_argument("--profile", metavar="PATH",
-                   help=f"a saved profile (JSON from a calibration); also where --link local "
-                        f"looks (default {DEFAULT_PROFILE_PATH})")
+                   help=f"the profile --link local uses (JSON saved by a calibration; default "
+                        f"{DEFAULT_PROFILE_PATH} if it exists, else a conservative default)")
 
 
 def _custom_link(text: str, what: str, gamma: float) -> tuple[Link, float, str]:
@@ -180,13 +180,12 @@ def resolve_links(args: argparse.Namespace) -> Links:
         return _with_nodes(args, Links(prof, desc, shape.intra.marketing, shape.inter.marketing,
                                        None))
     if name == "local":
-        prof = local_profile(args.profile)
-        return _with_nodes(args, Links(prof, [f"local: {prof.source or prof.name}"],
-                                       prof.intra.bandwidth, 0.0, prof.intra.bandwidth))
-    if args.profile and not args.link:
-        prof = Profile.load(args.profile)
-        return _with_nodes(args, Links(prof, [f"profile {args.profile}: {prof.source}"],
-                                       prof.intra.bandwidth, 0.0, None))
+        # an explicit --profile must exist; the default path falls back to the default link
+        prof = Profile.load(args.profile) if args.profile else local_profile()
+        desc = f"local: {prof.name or 'profile'}: {prof.source}"
+        line = prof.intra.bandwidth if prof.inter is None else None
+        return _with_nodes(args, Links(prof, [desc], prof.intra.bandwidth,
+                                       prof.inter.bandwidth if prof.inter else 0.0, line))
     spec = link_spec(name)
     return _with_nodes(args, Links(
         Profile(spec.link(eff), name=spec.name, source=spec.source), [_describe(spec, eff)],
