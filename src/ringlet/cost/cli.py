@@ -182,9 +182,9 @@ def resolve_links(args: argparse.Namespace) -> Links:
     if name == "local":
         # an explicit --profile must exist; the default path falls back to the default link
         prof = Profile.load(args.profile) if args.profile else local_profile()
-        desc = f"local: {prof.name or 'profile'}: {prof.source}"
+        where = f"local: {prof.name or 'profile'}: {prof.source}"
         line = prof.intra.bandwidth if prof.inter is None else None
-        return _with_nodes(args, Links(prof, [desc], prof.intra.bandwidth,
+        return _with_nodes(args, Links(prof, [where], prof.intra.bandwidth,
                                        prof.inter.bandwidth if prof.inter else 0.0, line))
     spec = link_spec(name)
     return _with_nodes(args, Links(
