@@ -14,16 +14,23 @@ the same walk over the same steps, split by link), so the formulas of the
 textbooks are *outputs* of the model, checked by the tests, never a second
 copy of the algorithm that could drift from the code that runs.
 
+Alpha is paid once per round, however many messages a rank sends in it (the
+rank's messages share its link, so their bytes add up in ``round_bytes``): a
+one-round direct algorithm pays one alpha for ``p - 1`` messages.  Real
+networks charge something per message too (LogGP's ``o``); this model does not.
+
 Two-level topologies
 --------------------
 A :class:`Profile` may have an ``inter`` link and ``gpus_per_node``: rank ``r``
 is on node ``r // gpus_per_node``, a message between two ranks of one node
-uses the ``intra`` link and any other message the ``inter`` link.  A rank's
-intra and inter traffic run in parallel (NVLink and the NIC are separate
-hardware), so a round costs ``max(alpha_intra + beta_intra * intra_bytes,
-alpha_inter + beta_inter * inter_bytes)`` (each term only if that link carries
-a message in the round), plus the reduction term.  ``gamma`` is the rank's own
-compute, taken from the intra link.
+uses the ``intra`` link and any other message the ``inter`` link (each rank
+has its own NIC, as in a DGX).  A rank's intra and inter traffic run in
+parallel (NVLink and the NIC are separate hardware), so a round costs
+``max(alpha_intra + beta_intra * intra_bytes, alpha_inter + beta_inter *
+inter_bytes)`` (each term only if that link carries a message in the round),
+plus the reduction term.  ``gamma`` is the rank's own compute, taken from the
+intra link.  ``rails=True`` counts a schedule the way NCCL runs its rings across
+nodes, one channel per GPU of a node (see :func:`count`).
 
 Sizes and scaling
 -----------------
@@ -35,23 +42,31 @@ scaled figure is off by at most ``itemsize`` bytes per chunk per round.
 
 Large jobs
 ----------
-Counting walks every rank's steps, which is quick up to about a thousand
-ranks.  Beyond a step budget the walk visits a fixed, deterministic sample of
-ranks (0, the last, the root and its neighbours, powers of two and their
-neighbours, node boundaries) and takes the per-round maxima over those.  For
-the rank-symmetric families (ring, recursive doubling/halving, Bruck, direct)
-every rank moves the same bytes in every round, so the sample is exact; the
-prediction says which way it was counted.
+Counting walks every rank's steps while that stays within
+:data:`EXACT_STEP_BUDGET` steps (tens of ranks for ring-like schedules,
+hundreds for logarithmic ones).  Beyond it the walk visits a fixed,
+deterministic sample of ranks (:func:`_sample`: the ends, the root, powers of
+two and their mirror images, node boundaries) and takes the per-round maxima
+over them.  While every rank walked moved exactly the same bytes in every
+round (ring, recursive doubling/halving, Bruck, direct) it stops after three
+ranks and :data:`SAMPLE_STEP_BUDGET` steps: for such rank-symmetric algorithms
+the result is exact.  Otherwise it walks
+the whole sample.  Every prediction says how it was counted
+(:attr:`Prediction.counted`); the tests check sampled against exact counts.
 
 Pipelining
 ----------
 For an algorithm with a ``pieces`` parameter the model picks the piece count.
-It counts the schedule at 1 and 2 pieces and fits ``rounds(k) = r0 + r1*k``
-and ``bytes(k) = b0 + b1/k``; while the fit reproduces every other count taken
-(4 pieces when that is cheap, and the piece count finally predicted), the
-optimum has a closed form, ``k* = sqrt(beta * b1 * n / (alpha * r1))``
-(for a chain broadcast ``r1 = 1`` and ``b1 = (p-2)``, giving the classic
-``sqrt((p-2) * n * beta / alpha)``).  Otherwise it searches 1, 2, 4, ...
+On one level it fits ``rounds(k) = r0 + r1*k`` and ``bytes(k) = b0 + b1/k``
+through the counts at ``k0`` and ``2 k0`` pieces and keeps the fit if it
+reproduces the count at ``4 k0`` exactly, trying ``k0`` = 1, 2, 4, ... 32 (a
+pipeline's fill and drain settle once there are enough pieces).  From ``k0``
+on the optimum has a closed form, ``k* = sqrt(n * beta * b1 / (alpha * r1))``
+(for a chain broadcast ``r1 = 1`` and ``b1 = p - 2``: the classic
+``sqrt((p-2) * n * beta / alpha)``); below ``k0`` the counts decide.  Every
+count taken later is checked against the fit.  Without a fit the model
+searches 1, 2, 4, ...  On two levels it takes the one-level optimum on the
+slower link and counts the nearest powers of two on both links.
 """
 
 from __future__ import annotations
