@@ -79,6 +79,11 @@ def test_custom_links(capsys: pytest.CaptureFixture[str]) -> None:
                  "ring", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["rounds"] == 14
+    assert main(["predict", "all_reduce", "--bytes", "1GB", "--link", "nvlink4", "--inter",
+                 "ib_ndr", "--nodes", "2", "--gpus-per-node", "8", "--algorithm", "ring",
+                 "--json"]) == 0
+    (two,) = json.loads(capsys.readouterr().out)
+    assert two["nranks"] == 16 and two["busbw"] == pytest.approx(48e9, rel=0.02)  # one NIC
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -91,6 +96,8 @@ def test_custom_links(capsys: pytest.CaptureFixture[str]) -> None:
     (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink4", "--dtype", "float128"],
      "unknown dtype"),
     (["--bytes", "1GB", "--link", "nvlink4"], "give --ranks"),
+    (["--bytes", "1GB", "--link", "nvlink4", "--nodes", "2", "--gpus-per-node", "8"],
+     "--nodes > 1 needs a link between nodes"),
 ])
 def test_errors(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
     assert main(["predict", "all_reduce", *argv]) == 2

@@ -90,7 +90,8 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
                         "(e.g. nvlink4 or 450GB/s,2us); needs --inter and --gpus-per-node")
     g.add_argument("--inter", metavar="LINK",
                    help="two levels: each rank's link to other nodes, a preset or "
-                        "BW[,LATENCY] (e.g. ib_ndr or 50GB/s,4us)")
+                        "BW[,LATENCY] (e.g. ib_ndr or 50GB/s,4us); with --link X, X is the "
+                        "link inside a node")
     g.add_argument("--nodes", type=int, metavar="N",
                    help="number of nodes; --ranks defaults to nodes x gpus-per-node")
     g.add_argument("--gpus-per-node", type=int, metavar="G",
@@ -137,6 +138,9 @@ def resolve_links(args: argparse.Namespace) -> Links:
     gamma = parse_bandwidth(args.gamma, "--gamma") if args.gamma else 0.0
     gamma_s = 1.0 / gamma if gamma else 0.0
     eff = not args.line_rate
+    link_key = (args.link or "").strip().lower().replace("-", "_")
+    if args.link and args.inter and not args.intra and link_key not in NODES:
+        args.intra, args.link = args.link, None   # --link X --inter Y: X inside a node
     sources = [n for n, v in (("--link", args.link), ("--bandwidth", args.bandwidth),
                               ("--intra/--inter", args.intra or args.inter)) if v]
     if len(sources) > 1:
@@ -201,8 +205,8 @@ def _with_nodes(args: argparse.Namespace, links: Links) -> Links:
         raise ArgumentError(f"--nodes must be >= 1, got {args.nodes}")
     if links.profile.inter is None and (args.nodes or 1) > 1:
         raise ArgumentError(
-            "--nodes > 1 needs two levels of links: a node shape (--link dgx_h100) or "
-            "--intra and --inter with --gpus-per-node")
+            "--nodes > 1 needs a link between nodes: a node shape (--link dgx_h100), or "
+            "--inter (e.g. --link nvlink4 --inter ib_ndr --gpus-per-node 8)")
     if args.rails and links.profile.inter is None:
         raise ArgumentError("--rails needs two levels of links (a node shape or --intra/--inter)")
     return links
