@@ -32,8 +32,10 @@ _QUANTITY = re.compile(
 _PER_SECOND = re.compile(r"(?:/s|/sec|ps)$", re.IGNORECASE)
 _TIME = re.compile(
     _NUMBER + r"\s*(?P<unit>ns|us|µs|μs|ms|s|sec|min)?$")
-_TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
-               "sec": 1.0, "min": 60.0, None: 1.0}
+# (multiplier, divisor): dividing by 1e6 gives 5us exactly 5e-06, multiplying by 1e-6 does not
+_TIME_SCALE = {"ns": (1.0, 1e9), "us": (1.0, 1e6), "µs": (1.0, 1e6), "μs": (1.0, 1e6),
+               "ms": (1.0, 1e3), "s": (1.0, 1.0), "sec": (1.0, 1.0), "min": (60.0, 1.0),
+               None: (1.0, 1.0)}
 
 SIZE_EXAMPLES = "14GB, 1.5GiB, 25MiB, 512KB, 4096 (bytes), 400Gb (bits)"
 BANDWIDTH_EXAMPLES = "25GB/s, 1.25GB/s, 400Gb/s (bits), 100Gbps, 12.5GiB/s"
@@ -132,7 +134,11 @@ def parse_time(text: str | int | float, what: str = "") -> float:
         value: float | None = float(text)
     else:
         m = _TIME.match(str(text).strip())
-        value = None if m is None else float(m["num"]) * _TIME_SCALE[m["unit"]]
+        if m is None:
+            value = None
+        else:
+            mult, div = _TIME_SCALE[m["unit"]]
+            value = float(m["num"]) * mult / div
     if value is None or not math.isfinite(value):
         raise ArgumentError(f"{_label(what)}{text!r} is not a time; write e.g. {TIME_EXAMPLES}")
     if value < 0:
