@@ -431,3 +431,15 @@ def test_published_md_is_current() -> None:
     md = Path(__file__).resolve().parents[1] / "benchmarks" / "PUBLISHED.md"
     assert published_table() in md.read_text(), \
         "regenerate with: python -m ringlet.cost.topology published"
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import ringlet.cost.model
+    import ringlet.cost.units
+    import ringlet.plan.strategies
+
+    for mod in (ringlet.cost.units, ringlet.cost.model, ringlet.plan.strategies):
+        result = doctest.testmod(mod)
+        assert result.attempted and not result.failed, mod.__name__
