@@ -86,11 +86,14 @@ class Step:
 def _refs(refs: Sequence[Ref | tuple[Buf, int]]) -> tuple[Ref, ...]:
     out = []
     for r in refs:
+        # (schedules build millions of these: skip the conversions when types are right)
+        b = r[0] if type(r[0]) is Buf else Buf(r[0])
+        s = r[1] if type(r[1]) is int else int(r[1])
         if len(r) == 2:
-            out.append((Buf(r[0]), int(r[1]), int(r[1]) + 1))
+            out.append((b, s, s + 1))
         else:
-            b, s, e = r  # type: ignore[misc]
-            out.append((Buf(b), int(s), int(e)))
+            e = r[2]
+            out.append((b, s, e if type(e) is int else int(e)))
     return tuple(out)
 
 

@@ -89,118 +89,191 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None) -> None:
 
     Also checks that every send has a matching receive of the same size
     (for several unit counts ``sizes``), that no step writes ``IN`` or reads
-    a chunk its rank does not hold, and that no reduction counts a rank twice.
+    a chunk its rank does not hold, that no reduction counts a rank twice,
+    and, for all-reduce, that every rank reduces every chunk in the same
+    association order (floating-point results are then bit-identical; the
+    operators are commutative, so ``a (op) b`` on one rank and ``b (op) a`` on
+    another count as the same).
     """
     n = s.nranks
     where = s.name
     for buf in s.layouts:
         if buf is not Buf.TMP and buf not in COLLECTIVES[s.collective]:
             raise VerificationError(f"{where}: {s.collective} has no {buf.name} buffer")
-    state = [initial_state(s, r) for r in range(n)]
     steps = s.all_steps()
     chunks_total = max(lay.nchunks for lay in s.layouts.values())
     if sizes is None:
         sizes = (chunks_total * n * 3 + 1, chunks_total + 5, 1)
-    bounds = [{b: lay.bounds(m) for b, lay in s.layouts.items()} for m in sizes]
+    # Every rank's chunks in one flat list: chunk i of buffer b is slot base[b] + i.
+    base: dict[Buf, int] = {}
+    names: list[tuple[Buf, int]] = []
+    csize: list[tuple[int, ...]] = []   # slot -> its sizes at every unit count in ``sizes``
+    for b, lay in s.layouts.items():
+        base[b] = len(names)
+        names += [(b, i) for i in range(lay.nchunks)]
+        bds = [lay.bounds(m).tolist() for m in sizes]
+        csize += list(zip(*([hi - lo for lo, hi in zip(bd[:-1], bd[1:], strict=True)]
+                            for bd in bds), strict=True))
+    state: list[list[Value]] = []
+    for r in range(n):
+        init = initial_state(s, r)
+        state.append([v for b in s.layouts for v in init[b]])
 
-    def chunk_list(r: int, rnd: int, st: Step, refs: tuple[Ref, ...]) -> list[tuple[Buf, int]]:
-        out = []
+    # Association order of reductions (all-reduce only): each value has a shape, a
+    # rank for an unreduced contribution or the id of a reduction of two shapes
+    # (unordered: the operators commute).
+    track = s.collective == "all_reduce"
+    shape = [[r] * len(names) for r in range(n)]
+    joined: dict[tuple[int, int], int] = {}
+
+    def join(a: int, b: int) -> int:
+        key = (a, b) if a < b else (b, a)
+        got = joined.get(key)
+        if got is None:
+            got = joined[key] = n + len(joined)
+        return got
+
+    in_lo = base.get(Buf.IN, 0)
+    in_hi = in_lo + s.layouts[Buf.IN].nchunks if Buf.IN in s.layouts else 0
+    Expanded = tuple[list[int], list[tuple[int, ...]], bool]
+    expanded: dict[tuple[Ref, ...], Expanded] = {}
+
+    def slots(r: int, rnd: int, st: Step, refs: tuple[Ref, ...]) -> Expanded:
+        """The slots ``refs`` name, their sizes, and whether one is in IN (checked once
+        per distinct refs, then cached)."""
+        out: list[int] = []
         for b, a, e in refs:
             lay = s.layouts.get(b)
             if lay is None:
                 raise VerificationError(
-                    f"{where}: rank {r} round {rnd}: step '{st}' uses {b.name}, which this "
-                    f"schedule does not declare")
+                    f"{where}: rank {r} round {rnd}: step '{st}' uses {b.name}, which "
+                    f"this schedule does not declare")
             if not 0 <= a < e <= lay.nchunks:
                 raise VerificationError(
                     f"{where}: rank {r} round {rnd}: step '{st}' names chunks {a}:{e} of "
                     f"{b.name}, which has {lay.nchunks}")
-            out.extend((b, i) for i in range(a, e))
-        return out
+            out.extend(range(base[b] + a, base[b] + e))
+        got = expanded[refs] = (out, [csize[j] for j in out],
+                                any(in_lo <= j < in_hi for j in out))
+        return got
 
-    def sizes_of(chunks: list[tuple[Buf, int]]) -> list[tuple[int, ...]]:
-        return [tuple(int(bd[b][i + 1] - bd[b][i]) for bd in bounds) for b, i in chunks]
+    def missing(r: int, rnd: int, st: Step, sl: list[int], vals: list[Value], verb: str) -> None:
+        b, i = names[sl[vals.index(None)]]
+        raise VerificationError(
+            f"{where}: rank {r} round {rnd}: '{st}' {verb} {b.name} chunk {i}, which rank {r} "
+            f"never received")
 
+    SEND, RECV, RRED, LRED = Kind.SEND, Kind.RECV, Kind.RRED, Kind.LRED
+    Msg = tuple[list[Value], list[int], list[tuple[int, ...]], Step]
+    active: list[list[int]] = [[] for _ in range(s.nrounds)]   # round -> ranks with steps
+    for r in range(n):
+        for rnd, todo in enumerate(steps[r]):
+            if todo:
+                active[rnd].append(r)
     for rnd in range(s.nrounds):
         # sends read the state at the start of the round
-        outbox: dict[tuple[int, int], list[tuple[list[Value], list[tuple[int, ...]], str]]] = {}
-        for r in range(n):
+        outbox: dict[tuple[int, int], list[Msg]] = {}
+        for r in active[rnd]:
+            sr, hr = state[r], shape[r]
             for st in steps[r][rnd]:
-                if st.kind is Kind.SEND:
+                if st.kind is SEND:
                     if not 0 <= st.peer < n or st.peer == r:
                         raise VerificationError(
                             f"{where}: rank {r} round {rnd}: '{st}' has a bad peer")
-                    ch = chunk_list(r, rnd, st, st.src)
-                    vals = [state[r][b][i] for b, i in ch]
-                    for (b, i), v in zip(ch, vals, strict=True):
-                        if v is None:
-                            raise VerificationError(
-                                f"{where}: rank {r} round {rnd}: '{st}' sends {b.name} chunk "
-                                f"{i}, which rank {r} never received")
-                    outbox.setdefault((r, st.peer), []).append((vals, sizes_of(ch), str(st)))
-        for r in range(n):
+                    sl, sz, _ = expanded.get(st.src) or slots(r, rnd, st, st.src)
+                    vals = [sr[j] for j in sl]
+                    if None in vals:
+                        missing(r, rnd, st, sl, vals, "sends")
+                    shp = [hr[j] for j in sl] if track else []
+                    key = (r, st.peer)
+                    if key in outbox:
+                        outbox[key].append((vals, shp, sz, st))
+                    else:
+                        outbox[key] = [(vals, shp, sz, st)]
+        for r in active[rnd]:
+            sr, hr = state[r], shape[r]
             for st in steps[r][rnd]:
-                if st.kind is Kind.SEND:
+                kind = st.kind
+                if kind is SEND:
                     continue
-                ch = chunk_list(r, rnd, st, st.dst)
-                if any(b is Buf.IN for b, _ in ch):
+                sl, sz, writes_in = expanded.get(st.dst) or slots(r, rnd, st, st.dst)
+                if writes_in:
                     raise VerificationError(
                         f"{where}: rank {r} round {rnd}: '{st}' writes IN, which is read-only")
-                if st.kind in (Kind.RECV, Kind.RRED):
+                if kind is RECV or kind is RRED:
                     q = outbox.get((st.peer, r))
                     if not q:
                         raise VerificationError(
                             f"{where}: rank {r} round {rnd}: '{st}' has no matching send "
                             f"from rank {st.peer}")
-                    vals, szs, sdesc = q.pop(0)
-                    if szs != sizes_of(ch):
+                    vals, shp, szs, sst = q.pop(0)
+                    if szs != sz:
                         raise VerificationError(
-                            f"{where}: round {rnd}: rank {st.peer} '{sdesc}' and rank {r} "
+                            f"{where}: round {rnd}: rank {st.peer} '{sst}' and rank {r} "
                             f"'{st}' move chunks of different sizes")
                 else:
-                    src = chunk_list(r, rnd, st, st.src)
-                    if sizes_of(src) != sizes_of(ch):
+                    ssl, ssz, _ = expanded.get(st.src) or slots(r, rnd, st, st.src)
+                    if ssz != sz:
                         raise VerificationError(
                             f"{where}: rank {r} round {rnd}: '{st}' copies between chunks of "
                             f"different sizes")
-                    vals = [state[r][b][i] for b, i in src]
-                    for (b, i), v in zip(src, vals, strict=True):
-                        if v is None:
-                            raise VerificationError(
-                                f"{where}: rank {r} round {rnd}: '{st}' reads {b.name} chunk "
-                                f"{i}, which rank {r} never received")
-                reducing = st.kind in (Kind.RRED, Kind.LRED)
-                for (b, i), v in zip(ch, vals, strict=True):
-                    if reducing:
-                        cur = state[r][b][i]
-                        if cur is None:
-                            raise VerificationError(
-                                f"{where}: rank {r} round {rnd}: '{st}' reduces into {b.name} "
-                                f"chunk {i}, which holds nothing yet")
-                        v = cast(tuple[Any, int], v)
-                        if cur[0] != v[0]:
-                            raise VerificationError(
-                                f"{where}: rank {r} round {rnd}: '{st}' reduces {_fmt(v)} "
-                                f"into {b.name} chunk {i} holding {_fmt(cur)}: different data")
-                        if cur[1] & v[1]:
+                    vals = [sr[j] for j in ssl]
+                    if None in vals:
+                        missing(r, rnd, st, ssl, vals, "reads")
+                    shp = [hr[j] for j in ssl] if track else []
+                if kind is RRED or kind is LRED:
+                    for k, j in enumerate(sl):
+                        cur, v = sr[j], cast(tuple[Any, int], vals[k])
+                        if cur is None or cur[0] != v[0] or cur[1] & v[1]:
+                            b, i = names[j]
+                            if cur is None:
+                                raise VerificationError(
+                                    f"{where}: rank {r} round {rnd}: '{st}' reduces into "
+                                    f"{b.name} chunk {i}, which holds nothing yet")
+                            if cur[0] != v[0]:
+                                raise VerificationError(
+                                    f"{where}: rank {r} round {rnd}: '{st}' reduces {_fmt(v)} "
+                                    f"into {b.name} chunk {i} holding {_fmt(cur)}: "
+                                    f"different data")
+                            twice = [k for k in range(n) if (cur[1] & v[1]) >> k & 1]
                             raise VerificationError(
                                 f"{where}: rank {r} round {rnd}: '{st}' would count rank(s) "
-                                f"{[k for k in range(n) if (cur[1] & v[1]) >> k & 1]} twice "
-                                f"in {b.name} chunk {i}")
-                        state[r][b][i] = (cur[0], cur[1] | v[1])
-                    else:
-                        state[r][b][i] = v
+                                f"{twice} twice in {b.name} chunk {i}")
+                        sr[j] = (cur[0], cur[1] | v[1])
+                        if track:
+                            hr[j] = join(hr[j], shp[k])
+                elif len(sl) == 1:
+                    sr[sl[0]] = vals[0]
+                    if track:
+                        hr[sl[0]] = shp[0]
+                else:
+                    for k, j in enumerate(sl):
+                        sr[j] = vals[k]
+                    if track:
+                        for k, j in enumerate(sl):
+                            hr[j] = shp[k]
         left = {k: v for k, v in outbox.items() if v}
         if left:
-            (a, b), q = next(iter(left.items()))
+            (src_rank, dst_rank), q = next(iter(left.items()))
             raise VerificationError(
-                f"{where}: round {rnd}: rank {a} '{q[0][2]}' is never received by rank {b}")
+                f"{where}: round {rnd}: rank {src_rank} '{q[0][3]}' is never received by "
+                f"rank {dst_rank}")
 
     for r in range(n):
         for buf, want in expected_final(s, r).items():
-            have = state[r][buf]
+            have = state[r][base[buf]:base[buf] + len(want)]
             for i, (h, w) in enumerate(zip(have, want, strict=True)):
                 if h != w:
                     raise VerificationError(
                         f"{where}: at the end rank {r} {buf.name} chunk {i} holds {_fmt(h)}, "
                         f"but should hold {_fmt(w)}")
+    if track:
+        out = slice(base[Buf.OUT], base[Buf.OUT] + s.layouts[Buf.OUT].nchunks)
+        for r in range(1, n):
+            for i, (s0, sr_) in enumerate(zip(shape[0][out], shape[r][out], strict=True)):
+                if s0 != sr_:
+                    raise VerificationError(
+                        f"{where}: at the end rank {r} OUT chunk {i} was reduced in a different "
+                        f"order than on rank 0, so floating-point results would differ: "
+                        f"reduce each chunk at one rank and copy it, or have partners "
+                        f"combine the same two operands")
