@@ -67,7 +67,7 @@ def all_to_all_bruck(n: int, root: int = 0) -> Schedule:
             dst: list[Ref | tuple[Buf, int]] = []
             for base in range(d, n, 2 * d):
                 for j in range(base, min(base + d, n)):   # the positions with bit k set
-                    moved = bin(j & (d - 1)).count("1")     # moves position j made so far
+                    moved = (j & (d - 1)).bit_count()       # moves position j made so far
                     src.append((IN, (r - j) % n) if moved == 0
                                else (TMP, (moved - 1) % 2 * n + j))
                     dst.append((OUT, (r + j) % n) if j < 2 * d   # bit k is its last: arrived

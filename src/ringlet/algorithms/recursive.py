@@ -89,7 +89,10 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
     b+a on the other), so every rank ends bit-identical.
     """
     f = Fold(n)
-    R = f.steps + (2 if f.rem else 0)
+    k = f.steps
+    # The vector alternates between OUT and TMP, so no round writes what it sends; when
+    # it ends in TMP it is copied back in the unfold round, or in a last local round.
+    R = k + (2 if f.rem else k % 2)
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
@@ -99,16 +102,21 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
             if r < 2 * f.rem:
                 rounds[0].append(send(r - 1, (OUT, 0)) if x < 0 else recv_reduce(r + 1, (OUT, 0)))
             t = 1
-        if x >= 0:
-            # doubling: receive the partner's vector into TMP, then reduce it in, so a
-            # round never receives into what it sends
-            for s in range(f.steps):
-                peer = f.old(x ^ (1 << s))
-                rounds[t + s] = [send(peer, (OUT, 0)), recv(peer, (TMP, 0)),
-                                 local_reduce([(OUT, 0)], [(TMP, 0)])]
+        if x < 0:
+            # unfold: the result comes back
+            rounds[R - 1].append(recv(r - 1, (OUT, 0)))
+            return rounds
+        # doubling: receive the partner's vector into the other buffer and add ours to it
+        cur, other = OUT, TMP
+        for s in range(k):
+            peer = f.old(x ^ (1 << s))
+            rounds[t + s] = [send(peer, (cur, 0)), recv(peer, (other, 0)),
+                             local_reduce([(other, 0)], [(cur, 0)])]
+            cur, other = other, cur
         if f.rem and r < 2 * f.rem:
-            # unfold: the result goes back to the rank that folded
-            rounds[R - 1].append(recv(r - 1, (OUT, 0)) if x < 0 else send(r + 1, (OUT, 0)))
+            rounds[R - 1].append(send(r + 1, (cur, 0)))
+        if cur is TMP:
+            rounds[R - 1].append(copy([(OUT, 0)], [(TMP, 0)]))
         return rounds
 
     return Schedule("all_reduce", "recursive_doubling", n, R, {OUT: Layout(1), TMP: Layout(1)},
