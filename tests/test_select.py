@@ -1,0 +1,173 @@
+"""Choosing an algorithm: RINGLET_ALGO parsing, precedence, exclusion, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringlet.algorithms import algorithms
+from ringlet.algorithms.select import choose, heuristic, parse_algo_setting
+from ringlet.errors import ArgumentError
+from ringlet.schedule import COLLECTIVES
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def test_parse_forces_and_canonicalises_aliases() -> None:
+    assert parse_algo_setting("all_reduce:ring;broadcast:tree") == {
+        "all_reduce": ("ring", frozenset()), "broadcast": ("binomial", frozenset())}
+
+
+def test_parse_exclusions_with_spaces_and_empty_entries() -> None:
+    got = parse_algo_setting(" all_reduce : ^naive , ^ direct ;; reduce:^tree ;")
+    assert got == {"all_reduce": (None, frozenset({"naive", "direct"})),
+                   "reduce": (None, frozenset({"binomial"}))}
+
+
+def test_parse_force_and_exclude_together() -> None:
+    assert parse_algo_setting("all_gather:bruck,^naive") == {
+        "all_gather": ("bruck", frozenset({"naive"}))}
+
+
+def test_parse_empty_setting() -> None:
+    assert parse_algo_setting("") == {} and parse_algo_setting("  ;  ") == {}
+
+
+def test_parse_returns_a_fresh_dict() -> None:
+    a = parse_algo_setting("all_reduce:ring")
+    a.clear()
+    assert parse_algo_setting("all_reduce:ring") == {"all_reduce": ("ring", frozenset())}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("allreduce:ring", r"unknown collective 'allreduce'; valid: all_reduce, broadcast, reduce, "
+                       r"all_gather, reduce_scatter, all_to_all, scatter, gather"),
+    ("all_reduce:rng", r"all_reduce has no algorithm 'rng'; valid: binomial, direct, "
+                       r"double_binary_tree, hierarchical, naive, rabenseifner, "
+                       r"recursive_doubling, ring"),
+    ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, naive, "
+                        r"scatter_allgather"),
+    ("all_reduce", r"write collective:algorithm, e.g. all_reduce:ring"),
+    ("all_reduce:", r"write collective:algorithm"),
+    ("all_reduce:ring,tree", r"forces both 'ring' and 'tree'; force at most one"),
+    ("all_reduce:ring,^ring", r"'ring' is both forced and excluded"),
+    ("all_reduce:ring;all_reduce:^naive", r"all_reduce is given twice"),
+    ("scatter:^binomial,^linear,^naive", r"excludes every algorithm of scatter; keep at least "
+                                         r"one of binomial, linear, naive"),
+])
+def test_parse_errors_name_the_valid_choices(text: str, message: str) -> None:
+    with pytest.raises(ArgumentError, match=message):
+        parse_algo_setting(text)
+
+
+def test_parse_error_quotes_the_entry() -> None:
+    with pytest.raises(ArgumentError, match=r"RINGLET_ALGO entry 'broadcast:rign'"):
+        parse_algo_setting("all_reduce:ring; broadcast:rign")
+
+
+# --- precedence -----------------------------------------------------------------------
+
+
+def test_requested_wins_over_the_setting() -> None:
+    assert choose("all_reduce", 8, 1 * KiB, requested="tree",
+                  setting="all_reduce:ring") == "binomial"
+
+
+def test_requested_wins_even_over_an_exclusion() -> None:
+    assert choose("all_reduce", 8, 1 * KiB, requested="naive",
+                  setting="all_reduce:^naive") == "naive"
+
+
+@pytest.mark.parametrize("requested", [None, "auto"])
+def test_the_setting_wins_over_the_heuristic(requested: str | None) -> None:
+    assert choose("all_reduce", 8, 1 * KiB, requested=requested,
+                  setting="all_reduce:direct") == "direct"
+    # other collectives are untouched
+    assert choose("broadcast", 8, 1 * KiB, requested=requested,
+                  setting="all_reduce:direct") == "binomial"
+
+
+def test_requested_names_come_back_canonical() -> None:
+    assert choose("reduce", 4, 10, requested="reduce_scatter_gather", setting="") == \
+        "rabenseifner"
+    assert choose("gather", 4, 10, requested="tree", setting="") == "binomial"
+
+
+def test_unknown_requested_name_lists_the_valid_ones() -> None:
+    with pytest.raises(ArgumentError, match=r"algorithm=: all_to_all has no algorithm 'ring'; "
+                                            r"valid: bruck, naive, pairwise"):
+        choose("all_to_all", 4, 10, requested="ring", setting="")
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ArgumentError, match=r"unknown collective 'allgather'; valid: "):
+        choose("allgather", 4, 10, requested=None, setting="")
+    with pytest.raises(ArgumentError, match=r"nranks must be >= 1, got 0"):
+        choose("all_reduce", 0, 10, requested=None, setting="")
+    with pytest.raises(ArgumentError, match=r"nbytes must be >= 0, got -1"):
+        choose("all_reduce", 4, -1, requested=None, setting="")
+    with pytest.raises(ArgumentError, match=r"unknown collective 'alltoall'"):
+        choose("all_reduce", 4, 10, requested=None, setting="alltoall:bruck")
+
+
+# --- the heuristic --------------------------------------------------------------------
+
+
+def test_all_reduce_by_size() -> None:
+    auto = "all_reduce"
+    assert choose(auto, 16, 4 * KiB, requested=None, setting="") == "recursive_doubling"
+    assert choose(auto, 16, 64 * KiB - 1, requested=None, setting="") == "recursive_doubling"
+    assert choose(auto, 16, 64 * KiB, requested=None, setting="") == "rabenseifner"
+    assert choose(auto, 16, 16 * 256 * KiB, requested=None, setting="") == "ring"
+    assert choose(auto, 12, 1 * MiB, requested=None, setting="") == "ring"   # not a power of 2
+    assert choose(auto, 2, 1 << 30, requested=None, setting="") == "recursive_doubling"
+
+
+def test_other_collectives_by_size() -> None:
+    assert choose("broadcast", 8, 1 * KiB, requested=None, setting="") == "binomial"
+    assert choose("broadcast", 8, 4 * MiB, requested=None, setting="") == "scatter_allgather"
+    assert choose("reduce", 8, 1 * KiB, requested=None, setting="") == "binomial"
+    assert choose("reduce", 8, 4 * MiB, requested=None, setting="") == "rabenseifner"
+    assert choose("all_gather", 8, 100 * KiB, requested=None, setting="") == "recursive_doubling"
+    assert choose("all_gather", 6, 10 * KiB, requested=None, setting="") == "bruck"
+    assert choose("all_gather", 6, 100 * KiB, requested=None, setting="") == "ring"
+    assert choose("reduce_scatter", 8, 1 * KiB, requested=None, setting="") == \
+        "recursive_halving"
+    assert choose("reduce_scatter", 8, 1 * MiB, requested=None, setting="") == "ring"
+    assert choose("all_to_all", 16, 16 * 64, requested=None, setting="") == "bruck"
+    assert choose("all_to_all", 4, 4 * 64, requested=None, setting="") == "naive"
+    assert choose("all_to_all", 16, 16 * 64 * KiB, requested=None, setting="") == "pairwise"
+    assert choose("scatter", 16, 1 * MiB, requested=None, setting="") == "binomial"
+    assert choose("gather", 16, 1, requested=None, setting="") == "binomial"
+
+
+def test_exclusion_falls_back_to_the_next_preference() -> None:
+    assert choose("all_reduce", 16, 1 * KiB, requested=None,
+                  setting="all_reduce:^recursive_doubling") == "rabenseifner"
+    assert choose("all_reduce", 16, 1 * KiB, requested=None,
+                  setting="all_reduce:^recursive_doubling,^rabenseifner,^ring") == "binomial"
+    assert choose("scatter", 4, 10, requested=None,
+                  setting="scatter:^binomial,^linear") == "naive"
+
+
+@pytest.mark.parametrize("collective", list(COLLECTIVES))
+def test_never_chooses_an_excluded_name(collective: str) -> None:
+    names = algorithms(collective)
+    for keep in names:
+        setting = f"{collective}:" + ",".join(f"^{a}" for a in names if a != keep)
+        for n in (1, 2, 3, 8, 64):
+            for nbytes in (0, 100, 100 * KiB, 100 * MiB):
+                assert choose(collective, n, nbytes, requested=None, setting=setting) == keep
+
+
+@pytest.mark.parametrize("collective", list(COLLECTIVES))
+def test_heuristic_returns_an_allowed_name_deterministically(collective: str) -> None:
+    allowed = frozenset(algorithms(collective))
+    for n in (1, 2, 3, 7, 8, 64, 1000):
+        for nbytes in (0, 1, 255, 4 * KiB, 64 * KiB, 1 * MiB, 1 << 30):
+            a = heuristic(collective, n, nbytes, allowed)
+            assert a in allowed
+            assert a != "naive" or collective == "all_to_all"   # the oracle is never automatic
+            assert heuristic(collective, n, nbytes, allowed) == a
