@@ -51,7 +51,7 @@ BAD_CALLS = [
     ("out overlaps x", lambda c: (lambda a: c.all_reduce(a[:2], out=a[1:]))(np.ones(3)),
      "overlaps"),
     ("unknown algorithm", lambda c: c.all_reduce(np.ones(3), algorithm="telepathy"),
-     "unknown algorithm 'telepathy' for all_reduce; valid: .*ring"),
+     "all_reduce has no algorithm 'telepathy'; valid: .*ring"),
     ("bad peer", lambda c: c.send(np.ones(3), dst=c.size), "not a rank of this communicator"),
     ("bad tag", lambda c: c.send(np.ones(3), dst=0, tag=-1), "tag must be an int >= 0"),
 ]
@@ -61,7 +61,9 @@ def _bad_call(comm: ringlet.Communicator, i: int) -> list[str]:
     name, call, pattern = BAD_CALLS[i]
     import re
 
-    out = []
+    out: list[str] = []
+    if "indivisible" in name and comm.size == 1:
+        return out   # every first dimension divides by 1
     try:
         call(comm)
         out.append(f"{name}: no error")

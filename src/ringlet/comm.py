@@ -831,7 +831,19 @@ class _P2P:
                 data = np.empty(nbytes, np.uint8)
                 req = t.irecv(src, [data], None, kind=P2P)
                 self.active[src] = (req, lambda s=src, g=tag, c=code, d=data:
-                                    self.unexpected[s].append((g, c, d)))
+                                    self._arrived(s, g, c, d))
+
+    def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:
+        """A message that had no receive when its header came is complete: give it to a
+        receive posted since, or keep it for the next one."""
+        match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
+                     None)
+        if match is None:
+            self.unexpected[src].append((tag, code, data))
+            return
+        xb, _, w = self.posted[src][match]
+        del self.posted[src][match]
+        self._deliver(xb, src, tag, code, data.size, w, data)
 
     def _drive(self, w: Work, timeout: float | None) -> None:
         t = self.c._t

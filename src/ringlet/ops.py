@@ -107,12 +107,28 @@ def reducer(op: ReduceOp, dt: DType) -> Reducer:
     """The in-place kernel ``dst = dst (op) src`` for this op and element type."""
     if dt.name == "bfloat16":
         return _torch_bf16_reducer(op)
+    if op is ReduceOp.PROD and dt.is_complex:
+        return _complex_prod
     ufunc = _UFUNC[op]
 
     def reduce(dst: np.ndarray, src: np.ndarray) -> None:
         ufunc(dst, src, out=dst)
 
     return reduce
+
+
+def _complex_prod(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst *= src for complex buffers, bit-for-bit commutative.
+
+    numpy's complex multiply may fuse a multiply and an add (FMA), which makes
+    ``a * b`` and ``b * a`` differ in the last bit; algorithms where partners
+    reduce in opposite orders (recursive doubling) would then leave ranks with
+    different bits.  Separate real multiplies and adds are commutative.
+    """
+    ar, ai = dst.real.copy(), dst.imag.copy()
+    br, bi = src.real, src.imag
+    dst.real = ar * br - ai * bi
+    dst.imag = ar * bi + ai * br
 
 
 def _torch_bf16_reducer(op: ReduceOp) -> Reducer:
