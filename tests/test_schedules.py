@@ -140,6 +140,16 @@ def test_hierarchical_rejects_a_group_that_does_not_divide() -> None:
         build("all_reduce", "hierarchical", 8, group=9)
 
 
+@pytest.mark.parametrize(("collective", "name"), PIPELINED,
+                         ids=[f"{c}/{a}" for c, a in PIPELINED])
+@pytest.mark.parametrize("pieces", [0, -1, 1.5])
+def test_pieces_must_be_a_positive_whole_number(collective: str, name: str,
+                                                pieces: float) -> None:
+    with pytest.raises(ArgumentError, match=rf"{collective}/{name}: pieces must be a whole "
+                                            rf"number >= 1, got {pieces}"):
+        build(collective, name, 4, pieces=pieces)  # type: ignore[arg-type]
+
+
 def test_hierarchical_default_group_is_the_divisor_nearest_above_sqrt() -> None:
     s = build("all_reduce", "hierarchical", 12)
     assert s.layouts[OUT].blocks == 4        # 4 groups of 3 ranks... cut in 4 shards

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ArgumentError
 from ..schedule import Buf, Ref
 
 
@@ -19,3 +20,10 @@ def span(buf: Buf, first: int, count: int, n: int) -> list[Ref]:
     if count > head:
         refs.append((buf, 0, count - head))
     return refs
+
+
+def check_pieces(name: str, pieces: int) -> int:
+    """``pieces`` as given, or an ArgumentError if it is not a positive whole number."""
+    if not isinstance(pieces, int) or isinstance(pieces, bool) or pieces < 1:
+        raise ArgumentError(f"{name}: pieces must be a whole number >= 1, got {pieces!r}")
+    return pieces

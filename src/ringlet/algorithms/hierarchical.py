@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..errors import ArgumentError
 from ..schedule import Buf, Layout, Schedule, Step, empty_rounds, recv, recv_reduce, send
 from . import register
+from .common import check_pieces
 
 OUT = Buf.OUT
 
@@ -42,11 +43,12 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
     """
     if group == 0:
         group = default_group(n)
-    if not 1 <= group <= n or n % group:
+    if not isinstance(group, int) or isinstance(group, bool) or not 1 <= group <= n \
+            or n % group:
         raise ArgumentError(
             f"hierarchical all_reduce: group={group} does not divide {n} ranks into equal "
             f"groups; use one of {', '.join(map(str, divisors(n)))} (or 0 to choose)")
-    g, G, P = group, n // group, pieces
+    g, G, P = group, n // group, check_pieces("all_reduce/hierarchical", pieces)
     R = P * (2 * (g - 1) + 2 * (G - 1))
 
     # Chunk (s, p, t) = sub-block t of piece p of shard s, so a piece of a shard is a

@@ -9,15 +9,15 @@ Any other ``p`` is made a power of two the standard way: with
 ``p' = 2^floor(lg p)`` and ``rem = p - p'``, the first ``2 rem`` ranks pair up
 ``(2i, 2i+1)`` and the odd one folds its data into the even one before the
 power-of-two part (one round) and gets the result back after it (one round).
-The survivors are renumbered ``0..p'-1``: new rank ``x`` stands for old ranks
-``[lo(x), lo(x+1))`` with ``lo(x) = 2x`` for ``x < rem`` and ``x + rem`` after,
-so any aligned group of new ranks stands for a contiguous run of old ranks
-(and of their blocks, for all-gather and reduce-scatter).
+The survivors are renumbered ``0..p'-1``: new rank ``x`` is old rank
+``old(x) = 2x`` for ``x < rem`` and ``x + rem`` after, and stands for old
+ranks ``[old(x), old(x+1))``, so any aligned group of new ranks stands for a
+contiguous run of old ranks (and of their blocks, for all-gather and
+reduce-scatter).  Rooted collectives number ranks relative to the root, so the
+root always survives.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from ..schedule import (
     Buf,
@@ -37,24 +37,13 @@ from . import register
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
 
-@dataclass(frozen=True)
 class Fold:
     """The power-of-two fix-up for p ranks: p' = 2^floor(lg p), rem = p - p'."""
 
-    n: int
-
-    @property
-    def pof2(self) -> int:
-        return 1 << (self.n.bit_length() - 1)
-
-    @property
-    def rem(self) -> int:
-        return self.n - self.pof2
-
-    @property
-    def steps(self) -> int:
-        """lg p': rounds of the power-of-two part."""
-        return self.pof2.bit_length() - 1
+    def __init__(self, n: int) -> None:
+        self.pof2 = 1 << (n.bit_length() - 1)
+        self.rem = n - self.pof2
+        self.steps = self.pof2.bit_length() - 1    # lg p': rounds of the power-of-two part
 
     def new(self, v: int) -> int:
         """New rank of old rank v; -1 if v folds away (the odd one of a pair)."""
@@ -63,11 +52,8 @@ class Fold:
         return v - self.rem
 
     def old(self, x: int) -> int:
-        """Old rank of new rank x."""
-        return 2 * x if x < self.rem else x + self.rem
-
-    def lo(self, x: int) -> int:
-        """First old rank that new rank x stands for (x may be p': then it is p)."""
+        """Old rank of new rank x: also the first of the old ranks x stands for
+        (``old(p')`` is p, the end of the last run)."""
         return 2 * x if x < self.rem else x + self.rem
 
 
@@ -269,11 +255,11 @@ def reduce_scatter_recursive_halving(n: int, root: int = 0) -> Schedule:
             for s in range(k):
                 peer = f.old(x ^ (f.pof2 >> (s + 1)))
                 (lo, hi), (glo, ghi) = _halve(lo, hi, x)
-                steps = [send(peer, (cur, f.lo(glo), f.lo(ghi)))]
+                steps = [send(peer, (cur, f.old(glo), f.old(ghi)))]
                 if s < k - 1:
-                    dst: list[Ref] = [(TMP, f.lo(lo), f.lo(hi))]
+                    dst: list[Ref] = [(TMP, f.old(lo), f.old(hi))]
                     if cur is IN:
-                        steps.append(copy(dst, [(IN, f.lo(lo), f.lo(hi))]))
+                        steps.append(copy(dst, [(IN, f.old(lo), f.old(hi))]))
                 else:
                     # last round: this rank's own block lands in OUT
                     dst = [(OUT, 0, 1)] + ([(TMP, r + 1, r + 2)] if pair else [])
@@ -322,10 +308,10 @@ def all_gather_recursive_doubling(n: int, root: int = 0) -> Schedule:
             for s in range(k):
                 d = 1 << s
                 mine, theirs = x & -d, (x ^ d) & -d
-                src: Ref = (IN, 0, 1) if t + s == 0 else (OUT, f.lo(mine), f.lo(mine + d))
+                src: Ref = (IN, 0, 1) if t + s == 0 else (OUT, f.old(mine), f.old(mine + d))
                 peer = f.old(x ^ d)
                 rounds[t + s] += [send(peer, src),
-                                  recv(peer, (OUT, f.lo(theirs), f.lo(theirs + d)))]
+                                  recv(peer, (OUT, f.old(theirs), f.old(theirs + d)))]
         if f.rem and r < 2 * f.rem:
             # unfold: everything but its own block goes back to the rank that folded
             a = r + 1 - r % 2   # the folded (odd) rank's own block

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..schedule import Buf, Layout, Schedule, Step, copy, empty_rounds, recv, recv_reduce, send
 from . import register
+from .common import check_pieces
 
 OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
 
@@ -21,7 +22,7 @@ OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
 @register("all_reduce", "ring", params={"pieces": 1})
 def all_reduce_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
     """Ring all-reduce: ring reduce-scatter, then ring all-gather; 2(p-1) rounds."""
-    P = pieces
+    P = check_pieces("all_reduce/ring", pieces)
     R = 2 * (n - 1) * P
 
     def rank_fn(r: int) -> list[list[Step]]:
@@ -49,7 +50,7 @@ def all_reduce_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
 @register("all_gather", "ring", params={"pieces": 1})
 def all_gather_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
     """Ring all-gather: p-1 rounds, each passing on the block received last."""
-    P = pieces
+    P = check_pieces("all_gather/ring", pieces)
     R = max(1, (n - 1) * P)
 
     def rank_fn(r: int) -> list[list[Step]]:
@@ -75,7 +76,7 @@ def all_gather_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
 @register("reduce_scatter", "ring", params={"pieces": 1})
 def reduce_scatter_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
     """Ring reduce-scatter: p-1 rounds; rank r ends with block r reduced over all ranks."""
-    P = pieces
+    P = check_pieces("reduce_scatter/ring", pieces)
     R = max(1, (n - 1) * P)
 
     def rank_fn(r: int) -> list[list[Step]]:

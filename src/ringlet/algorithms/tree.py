@@ -13,8 +13,9 @@ Chain: the degenerate tree ``root -> root+1 -> ...``, pipelined in pieces:
 ``p - 2 + pieces`` rounds, every link busy once the pipe is full.
 
 Double binary tree (Sanders, Speck & Traeff 2009; NCCL's Tree): two binary
-trees in which every rank is a leaf in one and an inner node in the other,
-each reducing and then broadcasting half of the vector, pipelined in pieces.
+trees, complementary in that a rank which is an inner node of one is a leaf
+of the other (rank 0 excepted for odd p), each reducing and then broadcasting
+half of the vector, pipelined in pieces.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..schedule import (
     send,
 )
 from . import register
-from .common import lg, span
+from .common import check_pieces, lg, span
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 SEND, RECV = "send", "recv"
@@ -237,7 +238,7 @@ def broadcast_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
     k = 4 already takes the bandwidth term from (p-1) n beta to about
     (p+2)/4 n beta.  The tuner picks k per size.
     """
-    P = pieces
+    P = check_pieces("broadcast/chain", pieces)
     R = n - 2 + P if n > 1 else 0
 
     def rank_fn(r: int) -> list[list[Step]]:
@@ -314,11 +315,12 @@ def all_reduce_double_binary_tree(n: int, root: int = 0, pieces: int = 4) -> Sch
 
     Each half is cut in ``pieces`` pieces that stream up the tree and back down:
     2 D + pieces - 1 rounds with D = floor(lg(p-1)) + 1 the depth of a tree.
-    Every rank is an inner node in at most one tree, so it sends and receives
-    about the vector twice, like a ring, in O(lg p) rounds.  Default 4 pieces:
+    A rank is an inner node of at most one tree (rank 0 excepted for odd p, the
+    root with one child in tree 0), so it sends and receives at most twice the
+    vector, like a ring, but in O(lg p) rounds.  Default 4 pieces:
     a tree keeps its links busy only when pipelined (see the chain).
     """
-    P = pieces
+    P = check_pieces("all_reduce/double_binary_tree", pieces)
     D = (n - 1).bit_length() if n > 1 else 0   # height of the root = floor(lg(n-1)) + 1
     R = 2 * D + P - 1 if n > 1 else 0
 
