@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from world import World
 
 #: the world sizes every multi-process test runs at: one, even, odd, oversubscribed

@@ -116,7 +116,7 @@ BIG = 70_001   # x 4 B spans several shared-memory slots: run for float32 only
 
 
 def _algorithms(comm: ringlet.Communicator, collective: str) -> list[str]:
-    n, r = comm.size, comm.rank
+    n = comm.size
     bad: list[str] = []
     roots = sorted({0, n - 1, n // 2})
     for name in ringlet.algorithms(collective):

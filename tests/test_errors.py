@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import get_world
 
 import ringlet
-
-from conftest import get_world
 
 # --- argument errors: raised locally, communicator still usable ------------------------------
 

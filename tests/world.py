@@ -13,8 +13,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import secrets
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any
 
 from ringlet.config import Settings
 

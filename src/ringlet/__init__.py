@@ -10,7 +10,6 @@ from __future__ import annotations
 from .algorithms import algorithms
 from .comm import Communicator, Work, init
 from .config import Settings
-from .launch import spawn
 from .errors import (
     ArgumentError,
     CommTimeoutError,
@@ -21,6 +20,7 @@ from .errors import (
     SpawnError,
     VerificationError,
 )
+from .launch import spawn
 from .ops import ReduceOp
 from .schedule import Schedule
 from .verify import verify as _verify_schedule

@@ -19,6 +19,7 @@ deadline.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pickle
@@ -821,17 +822,16 @@ class _P2P:
             if match is not None:
                 xb, _, w = self.posted[src][match]
                 del self.posted[src][match]
-                req = self._deliver(xb, src, tag, code, nbytes, w, None)
-                if req is None:  # size mismatch: drain the payload aside
-                    req = t.irecv(src, [np.empty(nbytes, np.uint8)], None, kind=P2P)
-                    self.active[src] = (req, lambda: None)
+                into = self._deliver(xb, src, tag, code, nbytes, w, None)
+                if into is None:  # size mismatch: drain the payload aside
+                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, kind=P2P)
+                    self.active[src] = (drain, _nothing)
                 else:
-                    self.active[src] = (req, lambda w=w, o=xb.obj: w._finish(o))
+                    self.active[src] = (into, functools.partial(w._finish, xb.obj))
             else:
                 data = np.empty(nbytes, np.uint8)
                 req = t.irecv(src, [data], None, kind=P2P)
-                self.active[src] = (req, lambda s=src, g=tag, c=code, d=data:
-                                    self._arrived(s, g, c, d))
+                self.active[src] = (req, functools.partial(self._arrived, src, tag, code, data))
 
     def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:
         """A message that had no receive when its header came is complete: give it to a
@@ -864,6 +864,10 @@ class _P2P:
                         if timeout is not None:
                             return
                         raise
+
+
+def _nothing() -> None:
+    """Completion of a payload nobody wants (drained after a size mismatch)."""
 
 
 def _configure_logging(level: str) -> None:

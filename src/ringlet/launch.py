@@ -74,6 +74,7 @@ class _Child(abc.ABC):
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` if the process still runs."""
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the handles (after the process has ended)."""
 

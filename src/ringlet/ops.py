@@ -134,7 +134,7 @@ def _complex_prod(dst: np.ndarray, src: np.ndarray) -> None:
 def _torch_bf16_reducer(op: ReduceOp) -> Reducer:
     import torch
 
-    fn = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
+    fn: Any = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
           ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}[op]
 
     def reduce(dst: np.ndarray, src: np.ndarray) -> None:

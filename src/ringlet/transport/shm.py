@@ -24,6 +24,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from ..config import Settings
@@ -496,7 +497,7 @@ class ShmTransport:
 
 def cleanup(job_id: str) -> list[str]:
     """Remove every segment file of ``job_id`` left behind (the launcher's backstop)."""
-    removed = []
+    removed: list[str] = []
     if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
         raise ArgumentError(f"bad job id {job_id!r}")
     try:

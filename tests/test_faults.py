@@ -1,0 +1,187 @@
+"""Faults: a peer that dies, a peer that never arrives, a rank killed with SIGKILL.
+
+Every case must end in a RingletError on every surviving rank within
+seconds (not at the deadline), and leave nothing in /dev/shm.  These tests
+start fresh ranks with ``ringlet.spawn`` because they break the job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import shm_files
+
+import ringlet
+from ringlet.config import Settings
+
+FAST = Settings(timeout=60.0, grace=5.0)
+
+
+def _die_mid_collective(comm: ringlet.Communicator, victim: int) -> None:
+    x = np.ones(1 << 20)
+    if comm.rank == victim:
+        threading.Timer(0.2, lambda: os._exit(7)).start()
+    for _ in range(100_000):   # ends in a PeerError once the victim is gone
+        comm.all_reduce(x, algorithm="ring")
+
+
+@pytest.mark.parametrize("n,victim", [(2, 1), (3, 1), (5, 4), (8, 3)])
+def test_dead_peer_fails_every_survivor_fast(n: int, victim: int) -> None:
+    before = shm_files()
+    with pytest.raises(ringlet.SpawnError) as info:
+        ringlet.spawn(_die_mid_collective, n, victim, settings=FAST)
+    err = info.value
+    assert victim in err.failures and "exit code 7" in err.failures[victim], err.failures
+    # every survivor raised on its own (a PeerError naming the dead rank), before the grace
+    # period ran out: none of them had to be stopped
+    assert set(err.failures) == set(range(n)), err.failures
+    for r, text in err.failures.items():
+        if r != victim:
+            assert "PeerError" in text and f"rank {victim}" in text, (r, text)
+            assert "stopped" not in text, (r, text)
+    assert shm_files() <= before
+
+
+def _survivors_report(comm: ringlet.Communicator, victim: int) -> None:
+    x = np.ones(1 << 18)
+    if comm.rank == victim:
+        threading.Timer(0.2, lambda: os._exit(7)).start()
+    start = time.monotonic()
+    try:
+        for _ in range(100_000):
+            comm.all_reduce(x, algorithm="ring")
+    except ringlet.RingletError as exc:
+        raise RuntimeError(f"detected {type(exc).__name__} after "
+                           f"{time.monotonic() - start:.2f} s") from exc
+
+
+def test_dead_peer_detected_within_seconds() -> None:
+    with pytest.raises(ringlet.SpawnError) as info:
+        ringlet.spawn(_survivors_report, 4, 2, settings=FAST)
+    fails = info.value.failures
+    for r in (0, 1, 3):
+        m = re.search(r"detected PeerError after ([\d.]+) s", fails[r])
+        assert m and float(m.group(1)) < 5.0, fails[r]
+
+
+def _absent(comm: ringlet.Communicator) -> str:
+    if comm.rank == 1:
+        time.sleep(3.0)   # never calls the collective
+        return "slept"
+    try:
+        comm.all_reduce(np.ones(4))
+    except ringlet.CommTimeoutError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_timeout_names_collective_sequence_and_missing_rank() -> None:
+    res = ringlet.spawn(_absent, 3, settings=Settings(timeout=1.0))
+    assert res[1] == "slept"
+    for r in (0, 2):
+        assert re.search(r"timed out after 1 s in all_reduce #1 .*rank 1 did not arrive",
+                         res[r]), res[r]
+    # the rank that timed out first names rank 1; the other learns of it by the abort
+    assert any("rank 1 has not entered any collective" in res[r] for r in (0, 2)), res
+
+
+def _wrong_order(comm: ringlet.Communicator) -> str:
+    try:
+        if comm.rank == 0:
+            comm.broadcast(np.ones(4))
+            comm.all_reduce(np.ones(4))
+        else:
+            comm.all_reduce(np.ones(4))
+            comm.broadcast(np.ones(4))
+    except ringlet.MismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_collective_order_mismatch_on_every_rank() -> None:
+    res = ringlet.spawn(_wrong_order, 3, settings=FAST)
+    for text in res:
+        assert "disagree about the collective #1: rank 0: broadcast; ranks 1, 2: all_reduce" \
+            in text, text
+
+
+SIGKILL_SCRIPT = textwrap.dedent("""
+    import os, signal, time
+    import numpy as np
+    import ringlet
+    comm = ringlet.init()
+    x = np.ones(1 << 16)
+    comm.all_reduce(x)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        comm.all_reduce(x)
+""")
+
+
+def test_sigkill_leaves_no_segments_and_run_exits_promptly(tmp_path: Path) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(SIGKILL_SCRIPT)
+    before = shm_files()
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", "--grace",
+                           "5", str(script)], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "rank 1 failed first" in proc.stderr and "SIGKILL" in proc.stderr, proc.stderr
+    assert "PeerError" in proc.stdout + proc.stderr
+    assert elapsed < 30, elapsed
+    assert shm_files() <= before, shm_files() - before
+
+
+def _log_line(comm: ringlet.Communicator) -> None:
+    comm.all_reduce(np.ones(8, np.float32), algorithm="ring")
+
+
+def test_debug_info_logs_algorithm_and_size(tmp_path: Path) -> None:
+    script = tmp_path / "debug.py"
+    script.write_text("import numpy as np, ringlet\ncomm = ringlet.init()\n"
+                      "comm.all_reduce(np.ones(8, np.float32), algorithm='ring')\n")
+    env = {**os.environ, "RINGLET_DEBUG": "INFO"}
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"rank 0: all_reduce #1 \(8 x float32\) algorithm ring, 32 B", proc.stderr), \
+        proc.stderr
+
+
+def test_unknown_setting_is_rejected(tmp_path: Path) -> None:
+    env = {**os.environ, "RINGLET_TIMEOUTT": "5"}
+    proc = subprocess.run([sys.executable, "-c", "import ringlet; ringlet.init()"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0
+    assert "unknown setting RINGLET_TIMEOUTT" in proc.stderr
+
+
+def test_sigterm_on_launcher_stops_everything(tmp_path: Path) -> None:
+    script = tmp_path / "forever.py"
+    script.write_text("import time, ringlet\ncomm = ringlet.init()\ncomm.barrier()\n"
+                      "print('ready', flush=True)\ntime.sleep(600)\n")
+    before = shm_files()
+    proc = subprocess.Popen([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    seen = 0
+    while seen < 2 and time.monotonic() < deadline:
+        if "ready" in proc.stdout.readline():
+            seen += 1
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert shm_files() <= before
