@@ -11,6 +11,7 @@ chunk at the first thing that is wrong; it never prints and returns False.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from .errors import VerificationError
@@ -18,6 +19,8 @@ from .schedule import COLLECTIVES, Buf, Kind, Ref, Schedule, Step
 
 Value = tuple[Any, int] | None
 State = dict[Buf, list[Value]]
+#: Called after each round with the round's index and every rank's state (copies).
+RoundHook = Callable[[int, list[State]], None]
 
 
 def initial_state(s: Schedule, rank: int) -> State:
@@ -84,7 +87,8 @@ def _fmt(v: Value) -> str:
     return f"{atom} from ranks {ranks}"
 
 
-def verify(s: Schedule, sizes: tuple[int, ...] | None = None) -> None:
+def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
+           on_round: RoundHook | None = None) -> None:
     """Run ``s`` symbolically and raise :class:`VerificationError` unless it meets its spec.
 
     Also checks that every send has a matching receive of the same size
@@ -94,6 +98,10 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None) -> None:
     association order (floating-point results are then bit-identical; the
     operators are commutative, so ``a (op) b`` on one rank and ``b (op) a`` on
     another count as the same).
+
+    ``on_round``, if given, is called after every round that passed its checks
+    with the round's index and what each rank then holds (``ringlet show``
+    draws from it).
     """
     n = s.nranks
     where = s.name
@@ -258,6 +266,9 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None) -> None:
             raise VerificationError(
                 f"{where}: round {rnd}: rank {src_rank} '{q[0][3]}' is never received by "
                 f"rank {dst_rank}")
+        if on_round is not None:
+            on_round(rnd, [{b: state[r][base[b]:base[b] + lay.nchunks]
+                            for b, lay in s.layouts.items()} for r in range(n)])
 
     for r in range(n):
         for buf, want in expected_final(s, r).items():
