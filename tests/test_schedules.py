@@ -7,7 +7,9 @@ the symbolic verifier.
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -49,6 +51,17 @@ EXPECTED = {
     "scatter": {"binomial", "linear", "naive"},
     "gather": {"binomial", "linear", "naive"},
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_cyclic_gc() -> Iterator[None]:
+    """The symbolic runs allocate millions of small, acyclic objects (steps, values) that
+    the cyclic collector would traverse again and again for nothing: half the time."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def roots(collective: str, n: int) -> list[int]:
@@ -120,6 +133,8 @@ def test_verifies_for_every_world_size(collective: str, name: str) -> None:
                          ids=[f"{c}/{a}" for c, a in PIPELINED])
 @pytest.mark.parametrize("pieces", [1, 2, 5])
 def test_verifies_pipelined(collective: str, name: str, pieces: int) -> None:
+    if pieces == entry(collective, name).params["pieces"]:
+        pytest.skip("the default: verified for every world size above")
     for n in [*range(1, 10), 12, 13, 16, 17, 24]:
         for root in roots(collective, n):
             verify(build(collective, name, n, root, pieces=pieces))
