@@ -48,6 +48,7 @@ from .errors import (
 from .executor import compile_program, execute
 from .ops import DTYPE_BY_CODE, ReduceOp, check_op, finish_avg, reducer
 from .schedule import Buf
+from .transport.fused import Fused
 from .transport.shm import P2P, RecvReq, SendReq, ShmTransport
 from .wait import Waiter
 
@@ -57,7 +58,11 @@ _COLL_CODES = {name: i for i, name in enumerate(
     ["none", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
      "all_to_all", "scatter", "gather", "barrier", "split"])}
 _COLL_NAMES = {v: k for k, v in _COLL_CODES.items()}
-_FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm")
+_FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm", "path")
+_GENERIC, _POST, _STAGE = 0, 1, 2
+_FUSED = {("all_reduce", "oneshot"): _POST, ("all_reduce", "direct"): _STAGE,
+          ("broadcast", "direct"): _STAGE, ("all_gather", "direct"): _STAGE,
+          ("reduce_scatter", "direct"): _STAGE, ("all_to_all", "direct"): _STAGE}
 _P2P_MAGIC = 0x50325031
 
 
@@ -149,14 +154,18 @@ class Communicator:
         self._seq = 0
         self._exec_lock = threading.RLock()
         self._submit_lock = threading.Lock()
-        self._queue: queue.Queue[tuple[int, str, tuple[int, ...], Callable[[], Any], Work]] \
-            | None = None
+        self._queue: queue.Queue[Any] | None = None
         self._inflight = 0
         self._broken: str | None = None
         self._closed = False
         self._scratch: dict[str, np.ndarray] = {}
+        self._chosen: dict[tuple[str, str | None, int], str] = {}
+        self._shm_digest = zlib.crc32(
+            f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
+            .encode()) & 0xFFFF
         self._p2p = _P2P(self)
-        self._current = "a collective"
+        self._cur: tuple[int, tuple[int, ...]] | None = None
+        self._fused = Fused(transport, lambda: self._current) if settings.fused else None
         transport.describe = lambda: self._current
         if settings.debug:
             _configure_logging(settings.debug)
@@ -182,18 +191,32 @@ class Communicator:
         check_op(rop, xb.dt)
         ob = self._out(out, xb, xb.count, "x")
         name = self._choose("all_reduce", algorithm, xb.nbytes)
+        path = self._path("all_reduce", name, xb.nbytes)
+        fused = self._fused
 
-        def run() -> Any:
+        def before(seq: int) -> None:
+            if path & 3 == _POST:
+                fused.post(seq, xb.flat)  # type: ignore[union-attr]
+
+        def run(seq: int) -> Any:
             dst = ob or xb
-            if ob is not None:
-                ob.flat[...] = xb.flat
-            self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
+            if xb.count and path & 3 == _POST:
+                fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
+                                         reducer(rop, xb.dt))
+            else:
+                if ob is not None:
+                    ob.flat[...] = xb.flat
+                if xb.count and path & 3 == _STAGE:
+                    fused.direct_all_reduce(dst.flat, reducer(rop, xb.dt))  # type: ignore[union-attr]
+                else:
+                    self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
             if rop is ReduceOp.AVG:
                 finish_avg(dst.flat, xb.dt, self.size)
             return dst.obj
 
-        return self._submit("all_reduce", (rop, xb.dt.code, xb.count, 0, _algo_code(name)),
-                            run, async_op, name, xb)
+        return self._submit("all_reduce",
+                            (rop, xb.dt.code, xb.count, 0, _algo_code(name), path),
+                            run, async_op, name, xb, before)
 
     @_collective
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
@@ -202,12 +225,17 @@ class Communicator:
         root = self._root(root)
         xb = as_buffer(x, "x", writable=self.rank != root)
         name = self._choose("broadcast", algorithm, xb.nbytes)
+        path = self._path("broadcast", name, xb.nbytes)
 
-        def run() -> Any:
-            self._run("broadcast", name, root, xb.count, {Buf.OUT: xb.flat}, xb.dt, None)
+        def run(seq: int) -> Any:
+            if xb.count and path & 3 == _STAGE:
+                self._fused.direct_broadcast(xb.flat, root)  # type: ignore[union-attr]
+            else:
+                self._run("broadcast", name, root, xb.count, {Buf.OUT: xb.flat}, xb.dt, None)
             return xb.obj
 
-        return self._submit("broadcast", (0, xb.dt.code, xb.count, root, _algo_code(name)),
+        return self._submit("broadcast",
+                            (0, xb.dt.code, xb.count, root, _algo_code(name), path),
                             run, async_op, name, xb)
 
     @_collective
@@ -226,7 +254,7 @@ class Communicator:
         ob = self._out(out, xb, xb.count, "x") if at_root else None
         name = self._choose("reduce", algorithm, xb.nbytes)
 
-        def run() -> Any:
+        def run(seq: int) -> Any:
             if at_root:
                 dst = (ob or xb).flat
                 src = xb.flat.copy() if ob is None else xb.flat
@@ -239,7 +267,7 @@ class Communicator:
                 finish_avg(dst, xb.dt, self.size)
             return (ob or xb).obj
 
-        return self._submit("reduce", (rop, xb.dt.code, xb.count, root, _algo_code(name)),
+        return self._submit("reduce", (rop, xb.dt.code, xb.count, root, _algo_code(name), 0),
                             run, async_op, name, xb)
 
     @_collective
@@ -250,13 +278,18 @@ class Communicator:
         ob = self._out(out, xb, xb.count * self.size, "size * x") or \
             new_buffer(xb, (self.size, *xb.shape))
         name = self._choose("all_gather", algorithm, xb.nbytes * self.size)
+        path = self._path("all_gather", name, xb.nbytes * self.size)
 
-        def run() -> Any:
-            self._run("all_gather", name, 0, xb.count, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
-                      xb.dt, None)
+        def run(seq: int) -> Any:
+            if xb.count and path & 3 == _STAGE:
+                self._fused.direct_all_gather(xb.flat, ob.flat)  # type: ignore[union-attr]
+            else:
+                self._run("all_gather", name, 0, xb.count, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
+                          xb.dt, None)
             return ob.obj
 
-        return self._submit("all_gather", (0, xb.dt.code, xb.count, 0, _algo_code(name)),
+        return self._submit("all_gather",
+                            (0, xb.dt.code, xb.count, 0, _algo_code(name), path),
                             run, async_op, name, xb)
 
     @_collective
@@ -269,16 +302,22 @@ class Communicator:
         shape = self._blocks(xb, "reduce_scatter")
         ob = self._out(out, xb, xb.count // self.size, "a block of x") or new_buffer(xb, shape)
         name = self._choose("reduce_scatter", algorithm, xb.nbytes)
+        path = self._path("reduce_scatter", name, xb.nbytes)
         m = xb.count // self.size
 
-        def run() -> Any:
-            self._run("reduce_scatter", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
-                      xb.dt, rop)
+        def run(seq: int) -> Any:
+            if m and path & 3 == _STAGE:
+                self._fused.direct_reduce_scatter(  # type: ignore[union-attr]
+                    xb.flat, ob.flat, reducer(rop, xb.dt))
+            else:
+                self._run("reduce_scatter", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
+                          xb.dt, rop)
             if rop is ReduceOp.AVG:
                 finish_avg(ob.flat, xb.dt, self.size)
             return ob.obj
 
-        return self._submit("reduce_scatter", (rop, xb.dt.code, xb.count, 0, _algo_code(name)),
+        return self._submit("reduce_scatter",
+                            (rop, xb.dt.code, xb.count, 0, _algo_code(name), path),
                             run, async_op, name, xb)
 
     @_collective
@@ -289,14 +328,19 @@ class Communicator:
         self._blocks(xb, "all_to_all")
         ob = self._out(out, xb, xb.count, "x") or new_buffer(xb, xb.shape)
         name = self._choose("all_to_all", algorithm, xb.nbytes)
+        path = self._path("all_to_all", name, xb.nbytes)
         m = xb.count // self.size
 
-        def run() -> Any:
-            self._run("all_to_all", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
-                      xb.dt, None)
+        def run(seq: int) -> Any:
+            if m and path & 3 == _STAGE:
+                self._fused.direct_all_to_all(xb.flat, ob.flat)  # type: ignore[union-attr]
+            else:
+                self._run("all_to_all", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
+                          xb.dt, None)
             return ob.obj
 
-        return self._submit("all_to_all", (0, xb.dt.code, xb.count, 0, _algo_code(name)),
+        return self._submit("all_to_all",
+                            (0, xb.dt.code, xb.count, 0, _algo_code(name), path),
                             run, async_op, name, xb)
 
     @_collective
@@ -325,14 +369,14 @@ class Communicator:
             xb = ob
         name = self._choose("scatter", algorithm, ob.nbytes * self.size)
 
-        def run() -> Any:
+        def run(seq: int) -> Any:
             bufs = {Buf.OUT: ob.flat}
             if at_root:
                 bufs[Buf.IN] = xb.flat
             self._run("scatter", name, root, ob.count, bufs, ob.dt, None)
             return ob.obj
 
-        return self._submit("scatter", (0, ob.dt.code, ob.count, root, _algo_code(name)),
+        return self._submit("scatter", (0, ob.dt.code, ob.count, root, _algo_code(name), 0),
                             run, async_op, name, ob)
 
     @_collective
@@ -348,19 +392,19 @@ class Communicator:
                 new_buffer(xb, (self.size, *xb.shape))
         name = self._choose("gather", algorithm, xb.nbytes * self.size)
 
-        def run() -> Any:
+        def run(seq: int) -> Any:
             bufs = {Buf.IN: xb.flat}
             if ob is not None:
                 bufs[Buf.OUT] = ob.flat
             self._run("gather", name, root, xb.count, bufs, xb.dt, None)
             return None if ob is None else ob.obj
 
-        return self._submit("gather", (0, xb.dt.code, xb.count, root, _algo_code(name)),
+        return self._submit("gather", (0, xb.dt.code, xb.count, root, _algo_code(name), 0),
                             run, async_op, name, xb)
 
     def barrier(self, async_op: bool = False) -> Any:
         """Wait until every rank has entered the barrier."""
-        return self._submit("barrier", (0, 0, 0, 0, 0), lambda: None, async_op, "", None)
+        return self._submit("barrier", (0, 0, 0, 0, 0, 0), lambda seq: None, async_op, "", None)
 
     # --- objects (pickled; trusted peers only) -----------------------------------------
 
@@ -463,9 +507,9 @@ class Communicator:
             return
         if self._queue is not None:
             done = Work("close")
-            self._queue.put((0, "", (), lambda: None, done))
+            self._queue.put((0, "", (), lambda seq: None, done, "", None, None))
             done.wait()
-            self._queue.put(None)  # type: ignore[arg-type]
+            self._queue.put(None)
         self._closed = True
         self._t.close()
 
@@ -519,10 +563,30 @@ class Communicator:
         return ob
 
     def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str:
-        from .algorithms.select import choose
+        key = (collective, algorithm, nbytes)
+        name = self._chosen.get(key)
+        if name is None:
+            from .algorithms.select import choose
 
-        return choose(collective, self.size, nbytes, requested=algorithm,
-                      setting=self.settings.algo)
+            name = choose(collective, self.size, nbytes, requested=algorithm,
+                          setting=self.settings.algo)
+            if len(self._chosen) > 4096:
+                self._chosen.clear()
+            self._chosen[key] = name
+        return name
+
+    def _path(self, collective: str, name: str, nbytes: int) -> int:
+        """How this rank runs the call: generic executor, or a fused shared-memory path.
+
+        The answer (with a digest of the sizes it depends on) goes into the
+        descriptor, so ranks whose settings differ get a MismatchError, not garbage.
+        """
+        path = _FUSED.get((collective, name), _GENERIC) if self._fused else _GENERIC
+        if path == _POST and not self._fused.fits_post(nbytes):  # type: ignore[union-attr]
+            path = _GENERIC
+        if path == _GENERIC:
+            return _GENERIC
+        return path | self._shm_digest << 2
 
     def _tmp(self, key: str, dtype: np.dtype[Any], count: int) -> np.ndarray:
         nbytes = count * dtype.itemsize
@@ -548,8 +612,9 @@ class Communicator:
         red = reducer(op, dt) if op is not None else None
         execute(prog, self._t, flat, red, lambda: self._current)
 
-    def _submit(self, coll: str, words: tuple[int, ...], run: Callable[[], Any],
-                async_op: bool, name: str, xb: Buffer | None) -> Any:
+    def _submit(self, coll: str, words: tuple[int, ...], run: Callable[[int], Any],
+                async_op: bool, name: str, xb: Buffer | None,
+                before: Callable[[int], None] | None = None) -> Any:
         """Number the call and run it inline, or queue it behind pending async work."""
         self._usable()
         full = (_COLL_CODES[coll], *words, 0)
@@ -558,10 +623,10 @@ class Communicator:
             seq = self._seq
             if not async_op and not self._inflight:
                 # nothing queued: run here (holding the lock keeps the numbering in order)
-                return self._execute(seq, coll, full, run, name, xb)
+                return self._execute(seq, coll, full, run, name, xb, before)
             work = Work(f"{coll} #{seq}")
             self._inflight += 1
-            self._worker().put((seq, coll, full, run, work))
+            self._worker().put((seq, coll, full, run, work, name, xb, before))
         return work if async_op else work.wait()
 
     def _reject(self, coll: str, exc: ArgumentError) -> None:
@@ -570,7 +635,7 @@ class Communicator:
 
         def publish() -> None:
             self._t.set_note(f"{exc}")
-            self._t.publish(seq, (code, 0, 0, 0, 0, 0, 1))
+            self._t.publish(seq, (code, 0, 0, 0, 0, 0, 0, 1))
 
         with self._submit_lock:
             self._seq += 1
@@ -579,7 +644,8 @@ class Communicator:
                 publish()
                 return
             self._inflight += 1
-            self._worker().put((seq, "reject", (), publish, Work(f"{coll} #{seq}")))
+            self._worker().put((seq, "reject", (), lambda _: publish(), Work(f"{coll} #{seq}"),
+                                "", None, None))
 
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
@@ -594,12 +660,12 @@ class Communicator:
             item = q.get()
             if item is None:
                 return
-            seq, coll, full, run, work = item
+            seq, coll, full, run, work, name, xb, before = item
             try:
                 if coll == "reject":
-                    res = run()
+                    res = run(seq)
                 else:
-                    res = self._execute(seq, coll, full, run, "", None) if coll else None
+                    res = self._execute(seq, coll, full, run, name, xb, before) if coll else None
                 work._finish(res)
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
@@ -614,6 +680,11 @@ class Communicator:
         if self._broken is not None:
             raise PeerError(f"the communicator was aborted earlier: {self._broken}")
 
+    @property
+    def _current(self) -> str:
+        """The call in progress, described for messages (formatted only when needed)."""
+        return "a collective" if self._cur is None else self._describe(*self._cur)
+
     def _describe(self, seq: int, full: tuple[int, ...]) -> str:
         coll = _COLL_NAMES.get(full[0], f"collective {full[0]}")
         if coll == "barrier":
@@ -624,17 +695,21 @@ class Communicator:
             text += f", root {full[4]}"
         return text + ")"
 
-    def _execute(self, seq: int, coll: str, full: tuple[int, ...], run: Callable[[], Any],
-                 name: str, xb: Buffer | None) -> Any:
+    def _execute(self, seq: int, coll: str, full: tuple[int, ...], run: Callable[[int], Any],
+                 name: str, xb: Buffer | None,
+                 before: Callable[[int], None] | None = None) -> Any:
         with self._exec_lock:
             self._usable()
-            self._current = self._describe(seq, full)
+            self._cur = (seq, full)
             try:
+                if before is not None:
+                    before(seq)
                 self._agree(seq, full)
                 if log.isEnabledFor(logging.INFO) and coll != "barrier":
-                    log.info("rank %d: %s algorithm %s, %d B", self.rank, self._current,
-                             name or _alg_name(coll, full[5]), xb.nbytes if xb else 0)
-                return run()
+                    log.info("rank %d: %s algorithm %s%s, %d B", self.rank, self._current,
+                             name or _alg_name(coll, full[5]),
+                             " (fused)" if full[6] else "", xb.nbytes if xb else 0)
+                return run(seq)
             except (MismatchError, ArgumentError):
                 raise
             except BaseException as exc:
@@ -667,7 +742,7 @@ class Communicator:
                     where.append(f"rank {q} is in {self._describe(last[0], last[1])}")
             return f"{self._current} ({'; '.join(where)})"
 
-        waiter = Waiter(self.settings, what, lambda: missing, lambda: t.check(missing))
+        waiter = None
         while missing:
             for q in list(missing):
                 d = t.peer_desc(q, seq)
@@ -675,16 +750,19 @@ class Communicator:
                     got[q] = d[:len(full)]
                     missing.remove(q)
             if missing:
+                if waiter is None:
+                    waiter = Waiter(self.settings, what, lambda: missing,
+                                    lambda: t.check(missing))
                 waiter.pause()
-        rejected = [q for q in sorted(got) if got[q][6] == 1]
+        ref = got[self.rank]
+        if all(d == ref for d in got.values()):
+            return
+        rejected = [q for q in sorted(got) if got[q][7] == 1]
         if rejected:
             why = "; ".join(f"rank {q}: {t.note(q)}" for q in rejected)
             raise MismatchError(
                 f"{self._current} cannot run: rank{'s' if len(rejected) > 1 else ''} "
                 f"{', '.join(map(str, rejected))} rejected the call's arguments ({why})")
-        ref = got[self.rank]
-        if all(d == ref for d in got.values()):
-            return
         for i, field in enumerate(_FIELDS):
             values: dict[str, list[int]] = {}
             for r in sorted(got):
@@ -706,6 +784,9 @@ class Communicator:
             return d.name if d else str(v)
         if field == "algorithm":
             return _alg_name(_COLL_NAMES.get(full[0], ""), v)
+        if field == "path":
+            kind = ("generic executor", "fused one-shot", "fused staged")[v & 3]
+            return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
         return str(v)
 
 

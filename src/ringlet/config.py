@@ -63,6 +63,18 @@ class Settings:
         "doc": "Bytes in one shared-memory message slot (a fragment). Accepts K/M/G."})
     shm_slots: int = field(default=4, metadata={
         "doc": "Slots per ordered pair of ranks (fragments in flight, >= 2)."})
+    shm_post_bytes: int = field(default=64 << 10, metadata={
+        "doc": "Bytes of each rank's one-shot area (x2): collectives up to this size per "
+               "rank run in a single publish-and-read step. Accepts K/M/G."})
+    shm_stage_bytes: int = field(default=4 << 20, metadata={
+        "doc": "Bytes of each rank's staging area (x2) for the pipelined shared-memory "
+               "paths; larger messages go through it in pieces. Accepts K/M/G."})
+    shm_piece_bytes: int = field(default=1 << 20, metadata={
+        "doc": "Bytes of one rank's block in one piece of a pipelined staged collective "
+               "(capped so a piece fits the staging area). Accepts K/M/G."})
+    fused: bool = field(default=True, metadata={
+        "doc": "Run the shared-memory transport's fused implementations of the one-shot "
+               "and direct algorithms (off: the generic step executor runs them)."})
     spin_us: float = field(default=50.0, metadata={
         "doc": "Microseconds a wait polls before it starts yielding the core."})
     yield_us: float = field(default=2000.0, metadata={
@@ -90,6 +102,10 @@ class Settings:
                 f"shm_slot_bytes must be a multiple of 64 and >= 4096, got {self.shm_slot_bytes}")
         if self.shm_slots < 2:
             raise ConfigError(f"shm_slots must be >= 2, got {self.shm_slots}")
+        for name in ("shm_post_bytes", "shm_stage_bytes", "shm_piece_bytes"):
+            v = getattr(self, name)
+            if v < 4096 or v % 64:
+                raise ConfigError(f"{name} must be a multiple of 64 and >= 4096, got {v}")
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -136,6 +152,13 @@ def _parse(f: dataclasses.Field[Any], var: str, text: str) -> Any:
             return parse_bytes(text) if f.name.endswith("_bytes") else int(text)
         if kind == "float":
             return float(text)
+        if kind == "bool":
+            t = text.strip().lower()
+            if t in ("1", "true", "yes", "on"):
+                return True
+            if t in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("write 1/0, true/false, yes/no or on/off")
     except (ValueError, ConfigError) as exc:
         raise ConfigError(f"{var}={text!r} is not a valid {kind}: {exc}") from None
     return text

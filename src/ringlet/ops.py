@@ -34,6 +34,9 @@ class ReduceOp(enum.IntEnum):
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
         if isinstance(op, ReduceOp):
             return op
+        hit = _OP_NAMES.get(op) if isinstance(op, str) else None
+        if hit is not None:
+            return hit
         if isinstance(op, str):
             name = op.strip().upper()
             name = {"PRODUCT": "PROD", "MEAN": "AVG", "AVERAGE": "AVG"}.get(name, name)
@@ -42,6 +45,9 @@ class ReduceOp(enum.IntEnum):
         raise ArgumentError(
             f"unknown reduction op {op!r}; use one of "
             f"{', '.join(m.lower() for m in cls.__members__)} or ringlet.ReduceOp")
+
+
+_OP_NAMES: dict[str, ReduceOp] = {}
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,17 @@ DTYPES: dict[str, DType] = {
     name: DType(name, i, np.dtype(name)) for i, name in enumerate(_NUMPY_NAMES)}
 DTYPES["bfloat16"] = DType("bfloat16", len(_NUMPY_NAMES), np.dtype("int16"))
 DTYPE_BY_CODE = {d.code: d for d in DTYPES.values()}
+_OP_NAMES.update({m.name.lower(): m for m in ReduceOp})
+
+
+_BY_NUMPY: dict[np.dtype[Any], DType] = {d.np_dtype: d for d in DTYPES.values()
+                                         if d.name != "bfloat16"}
 
 
 def dtype_of_numpy(dt: np.dtype[Any]) -> DType:
+    d = _BY_NUMPY.get(dt)
+    if d is not None:
+        return d
     d = DTYPES.get(dt.name) if dt.isnative or dt.itemsize == 1 else None
     if d is None:
         raise ArgumentError(

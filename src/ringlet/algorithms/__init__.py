@@ -50,12 +50,19 @@ def register(collective: str, name: str, *, aliases: tuple[str, ...] = (),
     return deco
 
 
+_loaded: list[bool] = []
+
+
 def _load() -> None:
-    # Importing the family modules registers their algorithms.
+    # Importing the family modules registers their algorithms (once: this is on every
+    # collective call's path).
+    if _loaded:
+        return
     import importlib
 
     for family in FAMILIES:
         importlib.import_module(f"{__name__}.{family}")
+    _loaded.append(True)
 
 
 def _check_collective(collective: str) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..config import Settings
-from ..errors import ArgumentError, CommTimeoutError, PeerError, RingletError
+from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
 from ..wait import Waiter
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
@@ -44,19 +44,30 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+#: counters of the staged (fused) paths, one cache line each, in the header
+STAGE_COUNTERS = 4
+
+
 class _Layout:
     """Byte offsets inside one rank's segment."""
 
-    def __init__(self, size: int, slots: int, slot_bytes: int) -> None:
+    def __init__(self, size: int, slots: int, slot_bytes: int, post_bytes: int,
+                 stage_bytes: int) -> None:
         self.size, self.K, self.F = size, slots, slot_bytes
         self.desc = 64
         self.attached = self.desc + 2 * DESC_WORDS * 8
         self.abort = _align(self.attached + 8 * size, 64)
         self.note = _align(self.abort + 16 + ABORT_BYTES, 64)
-        self.ctrl = _align(self.note + 8 + ABORT_BYTES, 64)
+        self.counters = _align(self.note + 8 + ABORT_BYTES, 64)
+        self.ctrl = self.counters + 64 * STAGE_COUNTERS
         self.ctrl_bytes = 128 + _align(8 * slots, 64)
         self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096)
-        self.total = self.data + 2 * size * slots * slot_bytes
+        # post: two halves for one-shot collectives, alternating by sequence number;
+        # stage: two halves for pipelined staged collectives, alternating by piece
+        self.post_bytes, self.stage_bytes = post_bytes, stage_bytes
+        self.post = _align(self.data + 2 * size * slots * slot_bytes, 4096)
+        self.stage = _align(self.post + 2 * post_bytes, 4096)
+        self.total = self.stage + 2 * stage_bytes
 
     def ctrl_off(self, kind: int, peer: int) -> int:
         return self.ctrl + (kind * self.size + peer) * self.ctrl_bytes
@@ -204,7 +215,8 @@ class ShmTransport:
 
     def __init__(self, rank: int, size: int, prefix: str, settings: Settings) -> None:
         self.rank, self.size, self.prefix, self.settings = rank, size, prefix, settings
-        self.lay = _Layout(size, settings.shm_slots, settings.shm_slot_bytes)
+        self.lay = _Layout(size, settings.shm_slots, settings.shm_slot_bytes,
+                           settings.shm_post_bytes, settings.shm_stage_bytes)
         self.maps: list[mmap.mmap | None] = [None] * size
         self._views: list[memoryview] = []
         self.pids = [0] * size
@@ -240,6 +252,8 @@ class ShmTransport:
         self.maps[self.rank] = mm
         hdr = self._words(self.rank, 0, 8)
         hdr[1] = os.getpid()
+        for i, v in enumerate(self._shape(), 2):
+            hdr[i] = v
         hdr[0] = MAGIC
         deadline = time.monotonic() + (self.settings.timeout if timeout is None else timeout)
         try:
@@ -262,16 +276,17 @@ class ShmTransport:
                 except FileNotFoundError:
                     continue
                 try:
-                    if os.fstat(fd).st_size < self.lay.total:
-                        continue  # created but not yet sized
+                    head = os.pread(fd, 64, 0)
+                    if len(head) < 64 or int.from_bytes(head[0:8], "little") != MAGIC:
+                        continue  # created, but not yet sized and described
+                    words = [int.from_bytes(head[i:i + 8], "little") for i in range(0, 64, 8)]
+                    if tuple(words[2:8]) != self._shape():
+                        raise ConfigError(self._shape_mismatch(q, tuple(words[2:8])))
                     mm = mmap.mmap(fd, self.lay.total)
                 finally:
                     os.close(fd)
-                if int.from_bytes(mm[0:8], "little") != MAGIC:
-                    mm.close()  # sized, but its header is not written yet
-                    continue
                 self.maps[q] = mm
-                self.pids[q] = int.from_bytes(mm[8:16], "little")
+                self.pids[q] = words[1]
                 self._words(q, self.lay.attached, self.size)[self.rank] = 1
                 pending.remove(q)
             if pending:
@@ -283,6 +298,19 @@ class ShmTransport:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.01)
         self.pids[self.rank] = os.getpid()
+
+    def _shape(self) -> tuple[int, ...]:
+        """What a peer must agree with to read this rank's segment."""
+        lay = self.lay
+        return (self.size, lay.K, lay.F, lay.post_bytes, lay.stage_bytes, lay.total)
+
+    def _shape_mismatch(self, q: int, theirs: tuple[int, ...]) -> str:
+        names = ("size", "RINGLET_SHM_SLOTS", "RINGLET_SHM_SLOT_BYTES", "RINGLET_SHM_POST_BYTES",
+                 "RINGLET_SHM_STAGE_BYTES", "segment bytes")
+        diffs = [f"{n}: rank {q} has {t}, rank {self.rank} has {m}"
+                 for n, t, m in zip(names, theirs, self._shape(), strict=True) if t != m]
+        return ("ranks must use the same shared-memory settings; " + "; ".join(diffs[:-1] or
+                                                                             diffs))
 
     def _await_attached(self, deadline: float) -> None:
         att = self._words(self.rank, self.lay.attached, self.size)
@@ -316,6 +344,17 @@ class ShmTransport:
                      for q in range(self.size)] for k in (COLL, P2P)]
         self._desc = [self._words(q, self.lay.desc, 2 * DESC_WORDS) for q in range(self.size)]
         self._abort = [self._words(q, self.lay.abort, 2) for q in range(self.size)]
+        #: counters[q][k]: rank q's k-th staged-path counter (word 8*k: one per cache line)
+        self.counters = [self._words(q, self.lay.counters, 8 * STAGE_COUNTERS)
+                         for q in range(self.size)]
+        lay = self.lay
+        #: post[q][h], stage[q][h]: rank q's halves as uint8 arrays (read by all, written by q)
+        self.post = [[np.frombuffer(self.maps[q], np.uint8, lay.post_bytes,  # type: ignore[arg-type]
+                                    lay.post + h * lay.post_bytes) for h in (0, 1)]
+                     for q in range(self.size)]
+        self.stage = [[np.frombuffer(self.maps[q], np.uint8, lay.stage_bytes,  # type: ignore[arg-type]
+                                     lay.stage + h * lay.stage_bytes) for h in (0, 1)]
+                      for q in range(self.size)]
 
     # --- collective descriptors -------------------------------------------------
 
@@ -480,6 +519,7 @@ class ShmTransport:
             v.release()
         self._views.clear()
         self.out, self.inn = [], []
+        self.post, self.stage, self.counters = [], [], []
         for i, mm in enumerate(self.maps):
             if mm is not None:
                 try:

@@ -1,0 +1,253 @@
+"""Fused shared-memory implementations of the one-shot and direct algorithms.
+
+On one host a collective is a memory problem, not a network one.  The
+generic executor moves each message through a channel (a copy in, a copy
+out); these paths let every rank read its peers' data where it lies, in the
+peers' shared segments, and run the same algorithm as the schedule of the
+same name with fewer copies and almost no per-step Python:
+
+``oneshot`` (all_reduce, small vectors)
+    Each rank copies its vector into its *post* area before it publishes the
+    call's descriptor, so agreeing on the call and exchanging the data are one
+    step; then every rank reduces all the vectors in rank order (so every rank
+    computes bit-identical results).  The post area alternates between two
+    halves by sequence number: a rank can only reuse a half once every peer
+    has published the next call, that is, has finished reading it.
+
+``direct`` (all_reduce, reduce_scatter, all_gather, all_to_all, broadcast)
+    The data goes through each rank's *stage* area in pieces (pipelined over
+    the two halves of the area).  Per piece, every rank copies in what its
+    peers need and raises its READY counter; then (reductions) it reduces its
+    own block reading every peer's copy in place, publishes the reduced block
+    and raises REDUCED; then it copies what it needs from the peers and raises
+    DONE.  A rank reuses a half only when every peer's DONE says it has
+    finished the piece that used it last.  Each reduced block is computed by
+    one rank and copied by the others, so all ranks hold the same bits.
+
+Counters only grow (they count pieces since the communicator was created),
+so no reset can race with a slow reader.  Every wait goes through
+:class:`~ringlet.wait.Waiter`: deadlines, dead peers and aborts behave as in
+the generic path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..wait import Waiter
+from .shm import ShmTransport
+
+READY, REDUCED, DONE = 0, 1, 2
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+
+def _blocks(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut into n blocks as even as possible."""
+    base, rem = divmod(hi - lo, n)
+    out, a = [], lo
+    for b in range(n):
+        e = a + base + (b < rem)
+        out.append((a, e))
+        a = e
+    return out
+
+
+class Fused:
+    """The fused paths of one communicator's shared-memory transport."""
+
+    def __init__(self, t: ShmTransport, what: Callable[[], str]) -> None:
+        self.t = t
+        self.what = what
+        self.piece = 0   # pieces run so far: the same on every rank
+        n = t.size
+        self.peers = [q for q in range(n) if q != t.rank]
+
+    # --- waiting -----------------------------------------------------------------------
+
+    def _wait(self, k: int, target: int, ranks: Sequence[int]) -> None:
+        """Until counter k of every rank in ``ranks`` is >= target."""
+        c = self.t.counters
+        w = 8 * k
+        pending = [q for q in ranks if c[q][w] < target]
+        if not pending:
+            return
+        name = ("READY", "REDUCED", "DONE")[k]
+        waiter = Waiter(self.t.settings, lambda: f"{self.what()} (staged piece, {name})",
+                        lambda: pending, lambda: self.t.check(pending))
+        while pending:
+            pending = [q for q in pending if c[q][w] < target]
+            if pending:
+                waiter.pause()
+
+    def _raise(self, k: int, value: int) -> None:
+        self.t.counters[self.t.rank][8 * k] = value
+
+    # --- one-shot all_reduce ---------------------------------------------------------------
+
+    def fits_post(self, nbytes: int) -> bool:
+        return nbytes <= self.t.lay.post_bytes
+
+    def post(self, seq: int, flat: np.ndarray) -> None:
+        """Copy this rank's vector into its post half for call ``seq`` (before agreeing)."""
+        self.t.post[self.t.rank][seq % 2][:flat.nbytes] = flat.view(np.uint8)
+
+    def oneshot_all_reduce(self, seq: int, x: np.ndarray, out: np.ndarray, red: Reducer) -> None:
+        """out = x0 (op) x1 (op) ... in rank order, reading every rank's post half."""
+        h, nb, dt = seq % 2, out.nbytes, out.dtype
+        post = self.t.post
+        if self.t.rank != 0:
+            out[...] = post[0][h][:nb].view(dt)
+        elif out is not x:
+            out[...] = x
+        for q in range(1, self.t.size):
+            red(out, post[q][h][:nb].view(dt))
+
+    # --- staged, pipelined ---------------------------------------------------------------------
+
+    def _pieces(self, total: int, cap: int, want: int) -> list[tuple[int, int]]:
+        """[0, total) cut into pieces of ``want`` elements, at most ``cap`` (what fits)."""
+        step = max(1, min(cap, want))
+        return [(a, min(a + step, total)) for a in range(0, total, step)]
+
+    def _widths(self, isz: int, slots: int) -> tuple[int, int]:
+        """(cap, want): elements per slot that fit a stage half holding ``slots`` slots,
+        and the configured piece width."""
+        s = self.t.settings
+        return self.t.lay.stage_bytes // (isz * slots), max(1, s.shm_piece_bytes // isz)
+
+    def _run_pieces(self, pieces: Sequence[tuple[int, int]],
+                    write: Callable[[int, int, int], None] | None,
+                    middle: Callable[[int, int, int], None] | None,
+                    read: Callable[[int, int, int], None] | None,
+                    writers: Sequence[int], readers: Sequence[int]) -> None:
+        """The piece protocol; ``writers`` fill their stage, ``readers`` read others'."""
+        r = self.t.rank
+        for a, b in pieces:
+            g = self.piece
+            h = g % 2
+            if write is not None and r in writers:
+                # the half was last used by piece g-2: every reader must be done with it
+                self._wait(DONE, g - 1, [q for q in readers if q != r])
+                write(h, a, b)
+            self._raise(READY, g + 1)
+            self._wait(READY, g + 1, [q for q in writers if q != r])
+            if middle is not None:
+                middle(h, a, b)
+                self._raise(REDUCED, g + 1)
+                self._wait(REDUCED, g + 1, self.peers)
+            if read is not None and r in readers:
+                read(h, a, b)
+            self._raise(DONE, g + 1)
+            self.piece = g + 1
+
+    def direct_all_reduce(self, x: np.ndarray, red: Reducer) -> None:
+        """All-reduce of the flat vector ``x`` in place (reduce-scatter + all-gather)."""
+        n, r, dt = self.t.size, self.t.rank, x.dtype
+        stage = self.t.stage
+        isz = x.itemsize
+        everyone = range(n)
+
+        def view(q: int, h: int, lo: int, hi: int) -> np.ndarray:
+            return stage[q][h][lo * isz:hi * isz].view(dt)
+
+        def write(h: int, a: int, b: int) -> None:
+            # copy in the blocks the peers reduce (offsets relative to the piece)
+            for q, (lo, hi) in enumerate(_blocks(a, b, n)):
+                if q != r:
+                    view(r, h, lo - a, hi - a)[...] = x[lo:hi]
+
+        def middle(h: int, a: int, b: int) -> None:
+            # reduce my block, starting from my own values, then each peer's in turn
+            lo, hi = _blocks(a, b, n)[r]
+            mine = x[lo:hi]
+            for k in range(1, n):
+                red(mine, view((r + k) % n, h, lo - a, hi - a))
+            view(r, h, lo - a, hi - a)[...] = mine   # publish the reduced block
+
+        def read(h: int, a: int, b: int) -> None:
+            for q, (lo, hi) in enumerate(_blocks(a, b, n)):
+                if q != r:
+                    x[lo:hi] = view(q, h, lo - a, hi - a)
+
+        cap, want = self._widths(isz, 1)
+        self._run_pieces(self._pieces(x.size, cap, n * want), write, middle, read, everyone,
+                         everyone)
+
+    def direct_reduce_scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer) -> None:
+        """out = block ``rank`` of x reduced over all ranks (x holds n blocks of out.size)."""
+        n, r, m, dt = self.t.size, self.t.rank, out.size, x.dtype
+        stage, isz = self.t.stage, x.itemsize
+
+        def write(h: int, a: int, b: int) -> None:
+            w = b - a
+            for q in self.peers:
+                stage[r][h][q * w * isz:(q + 1) * w * isz].view(dt)[...] = \
+                    x[q * m + a:q * m + b]
+
+        def read(h: int, a: int, b: int) -> None:
+            w = b - a
+            mine = out[a:b]
+            mine[...] = x[r * m + a:r * m + b]
+            for k in range(1, n):
+                q = (r + k) % n
+                red(mine, stage[q][h][r * w * isz:(r + 1) * w * isz].view(dt))
+
+        everyone = range(n)
+        self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,
+                         everyone)
+
+    def direct_all_gather(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out = every rank's x, in rank order (out holds n blocks of x.size)."""
+        n, r, m, dt = self.t.size, self.t.rank, x.size, x.dtype
+        stage, isz = self.t.stage, x.itemsize
+        out[r * m:(r + 1) * m] = x
+
+        def write(h: int, a: int, b: int) -> None:
+            stage[r][h][:(b - a) * isz].view(dt)[...] = x[a:b]
+
+        def read(h: int, a: int, b: int) -> None:
+            for q in self.peers:
+                out[q * m + a:q * m + b] = stage[q][h][:(b - a) * isz].view(dt)
+
+        everyone = range(n)
+        self._run_pieces(self._pieces(m, *self._widths(isz, 1)), write, None, read, everyone,
+                         everyone)
+
+    def direct_all_to_all(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Block q of x goes to rank q; block q of out comes from rank q."""
+        n, r, dt = self.t.size, self.t.rank, x.dtype
+        m = x.size // n
+        stage, isz = self.t.stage, x.itemsize
+        out[r * m:(r + 1) * m] = x[r * m:(r + 1) * m]
+
+        def write(h: int, a: int, b: int) -> None:
+            w = b - a
+            for q in self.peers:
+                stage[r][h][q * w * isz:(q + 1) * w * isz].view(dt)[...] = \
+                    x[q * m + a:q * m + b]
+
+        def read(h: int, a: int, b: int) -> None:
+            w = b - a
+            for q in self.peers:
+                out[q * m + a:q * m + b] = stage[q][h][r * w * isz:(r + 1) * w * isz].view(dt)
+
+        everyone = range(n)
+        self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,
+                         everyone)
+
+    def direct_broadcast(self, x: np.ndarray, root: int) -> None:
+        """Every rank's x = the root's x."""
+        n, dt = self.t.size, x.dtype
+        stage, isz = self.t.stage, x.itemsize
+
+        def write(h: int, a: int, b: int) -> None:
+            stage[root][h][:(b - a) * isz].view(dt)[...] = x[a:b]
+
+        def read(h: int, a: int, b: int) -> None:
+            x[a:b] = stage[root][h][:(b - a) * isz].view(dt)
+
+        others = [q for q in range(n) if q != root]
+        self._run_pieces(self._pieces(x.size, *self._widths(isz, 1)), write, None, read, [root],
+                         others)
