@@ -268,3 +268,24 @@ def test_verify_hook_sees_every_round() -> None:
     tr = trace(s)
     assert all(set(st) == set(s.layouts) for states in tr.after for st in states)
     assert tr.after[-1][3][Buf.OUT] == expected_final(s, 3)[Buf.OUT]
+
+
+# --- the gallery in docs/algorithms.md is the real output -----------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "algorithms.md"
+
+
+def _gallery() -> list[tuple[list[str], str]]:
+    """Each ```` ``` ```` block of the docs that starts ``$ ringlet show``: (argv, output)."""
+    blocks = re.findall(r"^```\n\$ ringlet (show .*?)\n(.*?)^```$", DOCS.read_text(),
+                        re.M | re.S)
+    return [(cmd.split(), out) for cmd, out in blocks]
+
+
+def test_docs_gallery_is_the_real_output(capsys: pytest.CaptureFixture[str]) -> None:
+    gallery = _gallery()
+    assert len(gallery) >= 4
+    for argv, want in gallery:
+        code, out, _ = run(capsys, *argv)
+        assert code == 0
+        assert out == want, f"docs/algorithms.md is stale for: ringlet {' '.join(argv)}"

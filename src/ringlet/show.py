@@ -282,6 +282,7 @@ def _spread(values: Sequence[float], m: float) -> str:
 
 
 def _bytes(n: float) -> str:
+    # imported here: importing ringlet.cost loads its cost model too
     from .cost.units import format_bytes
 
     return format_bytes(n)
@@ -646,7 +647,7 @@ def configure_show(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("collective", metavar="COLLECTIVE", help=", ".join(COLLECTIVES))
     p.add_argument("--algo", "--algorithm", dest="algo", metavar="NAME",
-                   help="the algorithm (see the error for the list if omitted)")
+                   help="the algorithm; without it, ringlet show lists the collective's")
     p.add_argument("-n", "--ranks", dest="ranks", type=int, default=4, metavar="N",
                    help=f"number of ranks, 1-{MAX_RANKS} (default 4)")
     p.add_argument("--root", type=int, default=0, metavar="R",
