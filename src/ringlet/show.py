@@ -12,9 +12,9 @@ and run it through the symbolic verifier (:func:`ringlet.verify.verify`).
 round (the verifier's own state), in the spirit of the seeds' diagrams::
 
     round 0: 4 messages (4 reduced)
-      rank  sends  receives  | c0  c1  c2  c3
-      0     c0->1  c3+<-3    | a   a   a   ad
-      1     c1->2  c0+<-0    | ab  b   b   b
+      rank  sends  receives  | c0   c1   c2   c3
+      0     c0->1  c3+<-3    | a    a    a    ad
+      1     c1->2  c0+<-0    | ab   b    b    b
 
 Letters are ranks' contributions (``a`` is rank 0's), ``ad`` a partial
 reduction over ranks 0 and 3, and upper case marks a chunk that is complete.
@@ -45,6 +45,8 @@ MAX_RANKS = 26
 #: Widest a steps column grows before its items wrap onto more lines.
 STEPS_WIDTH = 28
 
+#: The unit count the header's byte counts are for, unless ``--count``/``--itemsize``
+#: say otherwise: 2^20 elements of 4 bytes (float32).
 DEFAULT_COUNT = 1 << 20
 DEFAULT_ITEMSIZE = 4
 
@@ -126,6 +128,14 @@ def _runs(xs: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def drawable(n: int) -> None:
+    """Raise unless a diagram can show ``n`` ranks (one letter each)."""
+    if not 1 <= n <= MAX_RANKS:
+        raise ArgumentError(
+            f"-n {n}: ringlet show draws 1 to {MAX_RANKS} ranks (one letter each); check "
+            f"larger runs with `ringlet verify` and cost them with `ringlet predict`")
+
+
 def letter(rank: int) -> str:
     """Rank 0 is ``a``, rank 1 ``b``..."""
     return chr(ord("a") + rank)
@@ -168,7 +178,6 @@ class Notation:
     """
 
     def __init__(self, s: Schedule) -> None:
-        self.schedule = s
         self.full = (1 << s.nranks) - 1
         self.reducing = s.collective in REDUCING
         self.pieces = s.pieces
@@ -275,10 +284,11 @@ def _fraction(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _spread(values: Sequence[float], m: float) -> str:
-    """The range of per-rank ``values`` in units of ``m``: ``1.5 m`` or ``0.5-1 m``."""
+def _spread(values: Sequence[float], m: float) -> tuple[str, bool]:
+    """The range of per-rank ``values`` in units of ``m`` (``1.5 m`` or ``0.5-1 m``), and
+    whether they are all the same at that precision."""
     lo, hi = _fraction(min(values) / m), _fraction(max(values) / m)
-    return f"{hi} m" if lo == hi else f"{lo}-{hi} m"
+    return (f"{hi} m", True) if lo == hi else (f"{lo}-{hi} m", False)
 
 
 def _bytes(n: float) -> str:
@@ -303,13 +313,13 @@ def header(s: Schedule, count: int, itemsize: int, width: int = 120) -> list[str
     c = s.counts(count, itemsize)
     m = float(count * itemsize)
     if s.nranks > 1 and c.sent.max():
-        spread = _spread(c.sent.tolist(), m)
-        sent = f"each rank sends {spread}"
-        sent += (f" (at most {_bytes(int(c.sent.max()))})" if "-" in spread
-                 else f" = {_bytes(int(c.sent.max()))}")
+        spread, same = _spread(c.sent.tolist(), m)
+        most = _bytes(int(c.sent.max()))
+        sent = f"each rank sends {spread}" + (f" = {most}" if same else f" (at most {most})")
     else:
         sent = "nothing is sent"
-    gamma = f"reduces {_spread(c.reduced.tolist(), m)}" if c.reduced.max() else "no reductions"
+    gamma = f"reduces {_spread(c.reduced.tolist(), m)[0]}" if c.reduced.max() else \
+        "no reductions"
     counts = [f"alpha: {c.rounds} round{'s' * (c.rounds != 1)} with messages",
               f"beta: {sent}", f"gamma: {gamma}"]
     lines = textwrap.wrap(title, width, subsequent_indent="  ")
@@ -384,10 +394,7 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
     bytes), legend, the start, then every round; lines stay within ``width`` where
     the widest single item allows."""
     s = tr.schedule
-    if s.nranks > MAX_RANKS:
-        raise ArgumentError(
-            f"ringlet show draws at most {MAX_RANKS} ranks (one letter each), got N={s.nranks}; "
-            f"check larger runs with `ringlet verify` and cost them with `ringlet predict`")
+    drawable(s.nranks)
     n = s.nranks
     note = Notation(s)
     shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
@@ -397,6 +404,7 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
         return [[note.cell(v, r, b, i) for b in bufs for i, v in enumerate(states[r][b])]
                 for r in range(n)]
 
+    # (the cells first: the legend explains the "k:" prefix only if one was written)
     start_cells = cells(tr.start, start_bufs)
     round_cells = [cells(st, shown) for st in tr.after]
     items = [[step_items(s.steps(r)[i]) for r in range(n)] for i in range(len(tr.after))]
@@ -456,8 +464,11 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
     for i, rows in enumerate(round_cells):
         msgs = tr.messages[i]
         red = sum(m.reduce for m in msgs)
-        what = (f"{len(msgs)} message{'s' * (len(msgs) != 1)}"
-                + (f" ({red} reduced)" if red else "") if msgs else "local steps only")
+        if msgs:
+            what = f"{len(msgs)} message{'s' * (len(msgs) != 1)}" + (
+                f" ({red} reduced)" if red else "")
+        else:
+            what = "local steps only" if any(s.steps(r)[i] for r in range(n)) else "idle"
         table(f"round {i}: {what}", heads, widths, rows, items[i])
     lines.append("")
     if tr.error is not None:
@@ -468,12 +479,11 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
     return "\n".join(lines)
 
 
-
 # --- picture -------------------------------------------------------------------------
 
-#: Colours of the picture (matplotlib's defaults, so they read on screen and in print).
-EMPTY, PARTIAL_LO, PARTIAL_HI, TRANSIT, DONE = "#ffffff", "#deebf7", "#3182bd", "#fdd0a2", \
-    "#2ca02c"
+#: Colours of the picture (from matplotlib's tab10 and Blues/Oranges maps).
+EMPTY, TRANSIT, DONE = "#ffffff", "#fdd0a2", "#2ca02c"
+PARTIAL_LO, PARTIAL_HI = "#deebf7", "#3182bd"   # one rank's contribution .. all but one
 REDUCE_ARROW, COPY_ARROW = "#d62728", "#1f77b4"
 
 
@@ -505,6 +515,7 @@ def draw_png(tr: Trace, path: str, count: int = DEFAULT_COUNT,
             "--png needs matplotlib, which is not installed: pip install 'ringlet[plot]'"
         ) from None
     s = tr.schedule
+    drawable(s.nranks)
     n, R = s.nranks, len(tr.after)
     note = Notation(s)
     shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
@@ -676,10 +687,7 @@ def main_show(args: argparse.Namespace) -> int:
             f"choose an algorithm with --algo; {collective} has: "
             f"{', '.join(algorithms(collective))}")
     n = args.ranks
-    if not 1 <= n <= MAX_RANKS:
-        raise ArgumentError(
-            f"-n {n}: ringlet show draws 1 to {MAX_RANKS} ranks (one letter each); check "
-            f"larger runs with `ringlet verify` and cost them with `ringlet predict`")
+    drawable(n)
     if args.root and collective not in ROOTED:
         raise ArgumentError(
             f"--root {args.root}: {collective} has no root; only "
