@@ -1,0 +1,292 @@
+"""``ringlet bench``: nccl-tests-style measurements, with gloo and MPI side by side.
+
+::
+
+    ringlet bench all_reduce -n 2 -b 8 -e 64M -f 4
+    ringlet bench all_reduce -n 2 -b 8 -e 64M -f 8 --vs gloo,mpi --json ar.json --plot ar.png
+    ringlet bench broadcast -n 4 -b 16M -e 16M --vs mpi --root 1
+
+The command starts its own ranks (:func:`ringlet.spawn`), measures every size,
+then measures the same sizes with each peer of ``--vs`` in the peer's own
+processes (one implementation runs at a time, so they never compete for the
+cores), and prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import ArgumentError, RingletError
+from ..ops import DTYPES, ReduceOp, check_op
+from .core import (
+    BENCH_DTYPES,
+    COLLECTIVES,
+    Job,
+    Row,
+    cases,
+    collective,
+    parse_bytes,
+    sweep_sizes,
+)
+from .peers import INSTALL, PeerRun, check_supported, parse_vs, run_peer
+from .report import Progress, Result, environment, human_bytes, table, to_json, write_plot
+
+DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "iters": 20,
+            "warmup": 5, "budget": 0.5, "dtype": "float32", "op": "sum", "root": 0,
+            "algo": "auto"}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``ringlet bench``'s options to ``p``."""
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = (
+        "nccl-tests style benchmark of one collective over a range of sizes, on N local "
+        "ranks that it starts itself; with --vs, torch's gloo and MPI (mpi4py + MPICH) "
+        "measured at the same sizes in the same run.")
+    p.epilog = (
+        "sizes take K, M, G (binary, as nccl-tests: 64M = 64 MiB).\n"
+        "columns: time = max over ranks of the mean time per call (us); algbw = size/time; "
+        "busbw = algbw * nccl-tests' bus factor (GB/s); #wrong = elements that differ from "
+        "numpy's answer.\nratio (with --vs) = peer time / ringlet time in the same form: "
+        "> 1 means ringlet is faster.\n"
+        f"--vs needs the peers extra: {INSTALL}; --plot needs matplotlib "
+        "(pip install 'ringlet[plot]').\n"
+        "exit status: 0 if every checked element was right and every peer ran, 1 if not, "
+        "2 for bad arguments.")
+    p.add_argument("collective", metavar="COLLECTIVE",
+                   help=f"one of: {', '.join(COLLECTIVES)} (sendrecv: a ping-pong)")
+    p.add_argument("-n", "--nranks", type=int, default=DEFAULTS["nranks"], metavar="N",
+                   help="ranks to start (default %(default)s)")
+    p.add_argument("-b", "--minbytes", default=DEFAULTS["minbytes"], metavar="SIZE",
+                   help="smallest size in bytes (default %(default)s)")
+    p.add_argument("-e", "--maxbytes", default=DEFAULTS["maxbytes"], metavar="SIZE",
+                   help="largest size in bytes (default %(default)s)")
+    p.add_argument("-f", "--stepfactor", type=int, default=DEFAULTS["stepfactor"],
+                   metavar="F", help="multiply the size by F between rows (default %(default)s)")
+    p.add_argument("--algo", default=DEFAULTS["algo"], metavar="NAME",
+                   help="ringlet's algorithm (see ringlet.algorithms(collective)), or auto "
+                        "(default: ringlet's choice per size)")
+    p.add_argument("--op", default=DEFAULTS["op"],
+                   help="reduction: sum prod min max avg band bor bxor (default %(default)s)")
+    p.add_argument("--dtype", default=DEFAULTS["dtype"],
+                   help=f"element type: {', '.join(BENCH_DTYPES)} (default %(default)s)")
+    p.add_argument("--root", type=int, default=DEFAULTS["root"],
+                   help="root of broadcast, reduce, scatter, gather (default %(default)s)")
+    p.add_argument("--iters", type=int, default=DEFAULTS["iters"], metavar="N",
+                   help="timed calls per size and form, at most (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], metavar="N",
+                   help="warm-up calls per size and form, at most (default %(default)s); 0 "
+                        "times exactly --iters calls, unbounded by --budget")
+    p.add_argument("--budget", type=float, default=DEFAULTS["budget"], metavar="SECONDS",
+                   help="time allowed for the timed calls (and for the warm-up) of one size "
+                        "and form; fewer calls are made when they would not fit, at least "
+                        "one (default %(default)s)")
+    p.add_argument("--vs", metavar="PEERS",
+                   help="also measure these peers at the same sizes: gloo, mpi or gloo,mpi")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="check every size against numpy (default: on)")
+    p.add_argument("--json", metavar="FILE", help="write every row and the environment here")
+    p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size here")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="deadline for ringlet's sweep and for each peer's (default: 60 s plus "
+                        "2 * budget + 10 s per size and form)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (it is also off when stderr is not a terminal)")
+
+
+def make_job(args: argparse.Namespace) -> Job:
+    """Validate the options and build the :class:`Job`; ArgumentError before anything runs."""
+    coll = collective(args.collective)
+    n = args.nranks
+    if n < 1:
+        raise ArgumentError(f"-n/--nranks must be at least 1, got {n}")
+    if coll.name == "sendrecv" and n < 2:
+        raise ArgumentError("sendrecv is a ping-pong between rank pairs: give -n 2 or more")
+    if args.dtype not in BENCH_DTYPES:
+        raise ArgumentError(f"--dtype {args.dtype!r} is not one of {', '.join(BENCH_DTYPES)}")
+    op = "none"
+    if coll.reduces:
+        rop = ReduceOp.parse(args.op)
+        check_op(rop, DTYPES[args.dtype])
+        op = rop.name.lower()
+    if coll.rooted and not 0 <= args.root < n:
+        raise ArgumentError(f"--root {args.root} is not a rank of {n} (0..{n - 1})")
+    if args.iters < 1:
+        raise ArgumentError(f"--iters must be at least 1, got {args.iters}")
+    if args.warmup < 0:
+        raise ArgumentError(f"--warmup must be 0 or more, got {args.warmup}")
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        raise ArgumentError(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ArgumentError(f"--timeout must be a positive number of seconds, got "
+                            f"{args.timeout}")
+    sizes = sweep_sizes(parse_bytes(args.minbytes, "-b/--minbytes"),
+                        parse_bytes(args.maxbytes, "-e/--maxbytes"), args.stepfactor)
+    rows = cases(coll, sizes, DTYPES[args.dtype].itemsize, n)
+    algo = None if args.algo in (None, "auto") else args.algo
+    if coll.name == "sendrecv" and algo is not None:
+        raise ArgumentError("sendrecv is plain send/recv: it has no algorithms; drop --algo")
+    job = Job(coll.name, n, args.dtype, op, args.root if coll.rooted else 0, tuple(rows),
+              args.warmup, args.iters, args.budget, args.check, algo)
+    _check_memory(job)
+    return job
+
+
+def _check_memory(job: Job) -> None:
+    """Refuse a sweep whose buffers would not fit in this machine's memory."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    size = max(s for s, _ in job.cases)
+    # per rank: input, output, the expected answer, and the transport's copies
+    need = job.nranks * 4 * size
+    if need > 0.8 * phys:
+        raise ArgumentError(
+            f"{job.nranks} ranks at {human_bytes(size)} need about {human_bytes(need)} of "
+            f"memory; this machine has {human_bytes(phys)}: lower -e/--maxbytes or -n")
+
+
+def algorithms(job: Job, settings: Settings) -> list[str]:
+    """ringlet's algorithm for each row, chosen as the communicator chooses."""
+    if job.collective == "sendrecv":
+        return ["send/recv"] * len(job.cases)
+    from ..algorithms import build
+    from ..algorithms.select import choose
+
+    try:
+        names = [choose(job.collective, job.nranks, size, requested=job.algorithm,
+                        setting=settings.algo) for size, _ in job.cases]
+        for name in sorted(set(names)):  # an algorithm that cannot run on n ranks says so here
+            build(job.collective, name, job.nranks, job.root)
+    except RingletError as exc:
+        if job.algorithm is None:  # RINGLET_ALGO's own message names it
+            raise
+        raise ArgumentError(
+            f"--algo {job.algorithm}: {str(exc).removeprefix('algorithm=: ')}") from None
+    return names
+
+
+def default_timeout(job: Job, forms: int) -> float:
+    """60 s to start, and 2 budgets + 10 s per size and form."""
+    return 60.0 + len(job.cases) * forms * (2 * job.budget + 10.0)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The equivalent command, every option explicit (for RESULTS.md and the JSON)."""
+    parts = ["ringlet", "bench", args.collective, "-n", str(args.nranks), "-b", args.minbytes,
+             "-e", args.maxbytes, "-f", str(args.stepfactor)]
+    coll = COLLECTIVES[args.collective]
+    if args.algo not in (None, "auto"):
+        parts += ["--algo", args.algo]
+    if coll.reduces:
+        parts += ["--op", args.op]
+    parts += ["--dtype", args.dtype]
+    if coll.rooted:
+        parts += ["--root", str(args.root)]
+    parts += ["--iters", str(args.iters), "--warmup", str(args.warmup),
+              "--budget", f"{args.budget:g}"]
+    if args.vs:
+        parts += ["--vs", args.vs]
+    if not args.check:
+        parts.append("--no-check")
+    if args.json:
+        parts += ["--json", args.json]
+    if args.plot:
+        parts += ["--plot", args.plot]
+    return shlex.join(parts)
+
+
+def run_ringlet(job: Job, settings: Settings, timeout: float, progress: Progress) -> list[Row]:
+    """ringlet's sweep on ``job.nranks`` ranks started by :func:`ringlet.spawn`."""
+    from multiprocessing import get_context
+
+    from ..launch import spawn
+    from .suite import run_rank
+
+    q = get_context(settings.start_method).SimpleQueue()
+
+    def follow() -> None:
+        while (size := q.get()) is not None:
+            progress.step(f"ringlet {human_bytes(size)}")
+
+    watcher = threading.Thread(target=follow, name="ringlet-bench-progress", daemon=True)
+    watcher.start()
+    try:
+        rows = spawn(run_rank, job.nranks, job.to_json(), q, settings=settings,
+                     timeout=timeout)[0]
+    finally:
+        q.put(None)
+        watcher.join(timeout=5.0)
+        q.close()
+    if not isinstance(rows, list):
+        raise ArgumentError("internal: rank 0 returned no rows")
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``ringlet bench``; 0 if all is well, 1 if an element was wrong or a peer failed."""
+    job = make_job(args)
+    settings = Settings.from_env()
+    algos = algorithms(job, settings)  # also rejects an unknown --algo before anything runs
+    peers = parse_vs(args.vs) if args.vs else []
+    check_supported(peers, job)
+    if args.plot:
+        _check_plot(args.plot)
+    if args.json:
+        _check_writable(args.json, "--json")
+    coll = COLLECTIVES[job.collective]
+    timeout = args.timeout or default_timeout(job, len(coll.forms))
+    show = not args.quiet and sys.stderr.isatty()
+    progress = Progress(len(job.cases) * (1 + len(peers)), show)
+    runs: list[PeerRun] = []
+    try:
+        rows = run_ringlet(job, settings, timeout, progress)
+        for name in peers:
+            runs.append(run_peer(name, job, args.timeout or default_timeout(job, 1),
+                                 _stepper(progress, name)))
+    finally:
+        progress.close()
+    res = Result(job, rows, algos, runs, command_line(args), environment())
+    sys.stdout.write(table(res))
+    sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(res, sys.argv), indent=1) + "\n")
+    if args.plot:
+        write_plot(res, args.plot)
+    return 1 if res.failed() else 0
+
+
+def _stepper(progress: Progress, name: str) -> Callable[[Row], None]:
+    """Advance ``progress`` by one size of ``name``."""
+    return lambda row: progress.step(f"{name} {human_bytes(row.size)}")
+
+
+def _check_plot(path: str) -> None:
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ArgumentError("--plot needs matplotlib, which is not installed: "
+                            "pip install 'ringlet[plot]'")
+    _check_writable(path, "--plot")
+
+
+def _check_writable(path: str, option: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise ArgumentError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ArgumentError(f"{option} {path}: directory {parent} is not writable")
