@@ -360,13 +360,25 @@ def legend(s: Schedule, notation: Notation, width: int) -> list[str]:
         data.append("3:ab = chunk 3 of the vector, held in TMP or in another slot than its own")
     names = [f"{SLOT[b]}0 = {b.name} chunk 0" for b in (Buf.IN, Buf.OUT, Buf.TMP)
              if b in s.layouts]
-    kinds = {st.kind for r in range(n) for rnd in s.steps(r) for st in rnd}
-    ops = {Kind.SEND: "c0->1 = send c0 to rank 1", Kind.RECV: "c3<-3 = receive c3 from rank 3",
-           Kind.RRED: "c3+<-3 = receive from rank 3 and reduce into c3",
-           Kind.COPY: "c0=i0 = copy i0 to c0", Kind.LRED: "c0+=t0 = reduce t0 into c0"}
+    # each kind of step the schedule has, explained on its first one
+    first: dict[Kind, Step] = {}
+    for r in range(n):
+        for rnd in s.steps(r):
+            for st in rnd:
+                first.setdefault(st.kind, st)
+    ops = []
+    for kind in Kind:
+        st = first.get(kind)
+        if st is None:
+            continue
+        d, src, p = refs_text(st.dst), refs_text(st.src), st.peer
+        ops.append({Kind.SEND: f"{src}->{p} = send {src} to rank {p}",
+                    Kind.RECV: f"{d}<-{p} = receive {d} from rank {p}",
+                    Kind.RRED: f"{d}+<-{p} = receive from rank {p} and reduce into {d}",
+                    Kind.COPY: f"{d}={src} = copy {src} to {d}",
+                    Kind.LRED: f"{d}+={src} = reduce {src} into {d}"}[kind])
     lines = _pack_clauses(data, width, "legend: ", " " * 8)
-    lines += _pack_clauses(names + [text for k, text in ops.items() if k in kinds], width,
-                           " " * 8, " " * 8)
+    lines += _pack_clauses(names + ops, width, " " * 8, " " * 8)
     return lines
 
 
