@@ -368,10 +368,10 @@ def legend(s: Schedule, notation: Notation, width: int) -> list[str]:
                 first.setdefault(st.kind, st)
     ops = []
     for kind in Kind:
-        st = first.get(kind)
-        if st is None:
+        if kind not in first:
             continue
-        d, src, p = refs_text(st.dst), refs_text(st.src), st.peer
+        one = first[kind]
+        d, src, p = refs_text(one.dst), refs_text(one.src), one.peer
         ops.append({Kind.SEND: f"{src}->{p} = send {src} to rank {p}",
                     Kind.RECV: f"{d}<-{p} = receive {d} from rank {p}",
                     Kind.RRED: f"{d}+<-{p} = receive from rank {p} and reduce into {d}",
