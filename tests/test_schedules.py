@@ -42,12 +42,12 @@ IDS = [f"{c}/{a}" for c, a in ALGOS]
 
 EXPECTED = {
     "all_reduce": {"ring", "recursive_doubling", "rabenseifner", "binomial",
-                   "double_binary_tree", "hierarchical", "direct", "naive"},
-    "broadcast": {"binomial", "chain", "scatter_allgather", "naive"},
+                   "double_binary_tree", "hierarchical", "direct", "oneshot", "naive"},
+    "broadcast": {"binomial", "chain", "scatter_allgather", "direct", "naive"},
     "reduce": {"binomial", "rabenseifner", "naive"},
-    "all_gather": {"ring", "recursive_doubling", "bruck", "naive"},
-    "reduce_scatter": {"ring", "recursive_halving", "pairwise", "naive"},
-    "all_to_all": {"pairwise", "bruck", "naive"},
+    "all_gather": {"ring", "recursive_doubling", "bruck", "direct", "naive"},
+    "reduce_scatter": {"ring", "recursive_halving", "pairwise", "direct", "naive"},
+    "all_to_all": {"pairwise", "bruck", "direct", "naive"},
     "scatter": {"binomial", "linear", "naive"},
     "gather": {"binomial", "linear", "naive"},
 }
@@ -110,7 +110,8 @@ def test_other_aliases() -> None:
 
 def test_unknown_algorithm_lists_the_valid_ones() -> None:
     with pytest.raises(ArgumentError, match=r"unknown algorithm 'bruck' for broadcast; "
-                                            r"valid: binomial, chain, naive, scatter_allgather"):
+                                            r"valid: binomial, chain, direct, naive, "
+                                            r"scatter_allgather"):
         build("broadcast", "bruck", 4)
 
 

@@ -45,10 +45,10 @@ def test_parse_returns_a_fresh_dict() -> None:
     ("allreduce:ring", r"unknown collective 'allreduce'; valid: all_reduce, broadcast, reduce, "
                        r"all_gather, reduce_scatter, all_to_all, scatter, gather"),
     ("all_reduce:rng", r"all_reduce has no algorithm 'rng'; valid: binomial, direct, "
-                       r"double_binary_tree, hierarchical, naive, rabenseifner, "
+                       r"double_binary_tree, hierarchical, naive, oneshot, rabenseifner, "
                        r"recursive_doubling, ring"),
-    ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, naive, "
-                        r"scatter_allgather"),
+    ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, direct, "
+                        r"naive, scatter_allgather"),
     ("all_reduce", r"write collective:algorithm, e.g. all_reduce:ring"),
     ("all_reduce:", r"write collective:algorithm"),
     ("all_reduce:ring,tree", r"forces both 'ring' and 'tree'; force at most one"),
@@ -86,7 +86,9 @@ def test_the_setting_wins_over_the_heuristic(requested: str | None) -> None:
                   setting="all_reduce:direct") == "direct"
     # other collectives are untouched
     assert choose("broadcast", 8, 1 * KiB, requested=requested,
-                  setting="all_reduce:direct") == "binomial"
+                  setting="all_reduce:direct") == "direct"
+    assert choose("all_reduce", 8, 1 * KiB, requested=requested,
+                  setting="all_reduce:ring") == "ring"
 
 
 def test_requested_names_come_back_canonical() -> None:
@@ -97,7 +99,7 @@ def test_requested_names_come_back_canonical() -> None:
 
 def test_unknown_requested_name_lists_the_valid_ones() -> None:
     with pytest.raises(ArgumentError, match=r"algorithm=: all_to_all has no algorithm 'ring'; "
-                                            r"valid: bruck, naive, pairwise"):
+                                            r"valid: bruck, direct, naive, pairwise"):
         choose("all_to_all", 4, 10, requested="ring", setting="")
 
 
@@ -117,37 +119,57 @@ def test_bad_arguments() -> None:
 
 def test_all_reduce_by_size() -> None:
     auto = "all_reduce"
-    assert choose(auto, 16, 4 * KiB, requested=None, setting="") == "recursive_doubling"
-    assert choose(auto, 16, 64 * KiB - 1, requested=None, setting="") == "recursive_doubling"
-    assert choose(auto, 16, 64 * KiB, requested=None, setting="") == "rabenseifner"
-    assert choose(auto, 16, 16 * 256 * KiB, requested=None, setting="") == "ring"
-    assert choose(auto, 12, 1 * MiB, requested=None, setting="") == "ring"   # not a power of 2
-    assert choose(auto, 2, 1 << 30, requested=None, setting="") == "recursive_doubling"
+    assert choose(auto, 16, 4 * KiB, requested=None, setting="") == "oneshot"
+    assert choose(auto, 16, 32 * KiB, requested=None, setting="") == "oneshot"
+    assert choose(auto, 16, 32 * KiB + 1, requested=None, setting="") == "direct"
+    assert choose(auto, 2, 1 << 30, requested=None, setting="") == "direct"
+    # without the shared-memory algorithms: the alpha-beta fallbacks
+    plain = "all_reduce:^oneshot,^direct"
+    assert choose(auto, 16, 64 * KiB, requested=None, setting=plain) == "rabenseifner"
+    assert choose(auto, 16, 16 * 256 * KiB, requested=None, setting=plain) == "ring"
+    assert choose(auto, 12, 1 * MiB, requested=None, setting=plain) == "ring"   # not a power of 2
+
+
+def test_recursive_doubling_is_never_the_automatic_all_reduce() -> None:
+    # partners reduce a(op)b and b(op)a: not bit-identical for MIN/MAX of signed zeros
+    for n in (1, 2, 3, 8, 64):
+        for nbytes in (0, 8, 100, 64 * KiB, 100 * MiB):
+            for setting in ("", "all_reduce:^oneshot,^direct",
+                            "all_reduce:^oneshot,^direct,^rabenseifner,^ring,^binomial"):
+                assert choose("all_reduce", n, nbytes, requested=None,
+                              setting=setting) != "recursive_doubling"
 
 
 def test_other_collectives_by_size() -> None:
-    assert choose("broadcast", 8, 1 * KiB, requested=None, setting="") == "binomial"
-    assert choose("broadcast", 8, 4 * MiB, requested=None, setting="") == "scatter_allgather"
+    for coll in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+        for nbytes in (8, 100 * KiB, 16 * MiB):
+            assert choose(coll, 8, nbytes, requested=None, setting="") == "direct"
+    assert choose("broadcast", 8, 1 * KiB, requested=None,
+                  setting="broadcast:^direct") == "binomial"
+    assert choose("broadcast", 8, 4 * MiB, requested=None,
+                  setting="broadcast:^direct") == "scatter_allgather"
     assert choose("reduce", 8, 1 * KiB, requested=None, setting="") == "binomial"
     assert choose("reduce", 8, 4 * MiB, requested=None, setting="") == "rabenseifner"
-    assert choose("all_gather", 8, 100 * KiB, requested=None, setting="") == "recursive_doubling"
-    assert choose("all_gather", 6, 10 * KiB, requested=None, setting="") == "bruck"
-    assert choose("all_gather", 6, 100 * KiB, requested=None, setting="") == "ring"
-    assert choose("reduce_scatter", 8, 1 * KiB, requested=None, setting="") == \
+    ag = "all_gather:^direct"
+    assert choose("all_gather", 8, 100 * KiB, requested=None, setting=ag) == "recursive_doubling"
+    assert choose("all_gather", 6, 10 * KiB, requested=None, setting=ag) == "bruck"
+    assert choose("all_gather", 6, 100 * KiB, requested=None, setting=ag) == "ring"
+    rs = "reduce_scatter:^direct"
+    assert choose("reduce_scatter", 8, 1 * KiB, requested=None, setting=rs) == \
         "recursive_halving"
-    assert choose("reduce_scatter", 8, 1 * MiB, requested=None, setting="") == "ring"
-    assert choose("all_to_all", 16, 16 * 64, requested=None, setting="") == "bruck"
-    assert choose("all_to_all", 4, 4 * 64, requested=None, setting="") == "naive"
-    assert choose("all_to_all", 16, 16 * 64 * KiB, requested=None, setting="") == "pairwise"
+    assert choose("reduce_scatter", 8, 1 * MiB, requested=None, setting=rs) == "ring"
+    a2a = "all_to_all:^direct"
+    assert choose("all_to_all", 16, 16 * 64, requested=None, setting=a2a) == "bruck"
+    assert choose("all_to_all", 16, 16 * 64 * KiB, requested=None, setting=a2a) == "pairwise"
     assert choose("scatter", 16, 1 * MiB, requested=None, setting="") == "binomial"
     assert choose("gather", 16, 1, requested=None, setting="") == "binomial"
 
 
 def test_exclusion_falls_back_to_the_next_preference() -> None:
     assert choose("all_reduce", 16, 1 * KiB, requested=None,
-                  setting="all_reduce:^recursive_doubling") == "rabenseifner"
+                  setting="all_reduce:^oneshot") == "direct"
     assert choose("all_reduce", 16, 1 * KiB, requested=None,
-                  setting="all_reduce:^recursive_doubling,^rabenseifner,^ring") == "binomial"
+                  setting="all_reduce:^oneshot,^direct,^rabenseifner,^ring") == "binomial"
     assert choose("scatter", 4, 10, requested=None,
                   setting="scatter:^binomial,^linear") == "naive"
 

@@ -11,8 +11,19 @@ Linear scatter/gather is the root serving the ranks one at a time.
 
 from __future__ import annotations
 
-from ..schedule import Buf, Layout, Schedule, Step, copy, empty_rounds, recv, recv_reduce, send
-from . import register
+from ..schedule import (
+    Buf,
+    Layout,
+    Schedule,
+    Step,
+    copy,
+    empty_rounds,
+    local_reduce,
+    recv,
+    recv_reduce,
+    send,
+)
+from . import naive, register
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -120,3 +131,65 @@ def gather_linear(n: int, root: int = 0) -> Schedule:
 
     return Schedule("gather", "linear", n, R, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn,
                     root=root)
+
+
+# --- one-round direct exchange: what the shared-memory transport runs fused -------------------
+#
+# These are the naive schedules (everyone sends each peer what it needs, in one round,
+# reductions in rank order), under the names the tuner chooses.  On shared memory the
+# transport runs them fused (ringlet.transport.fused): a rank publishes its data once and
+# every peer reads it in place, so "p-1 messages" cost one copy in and one read each.
+# The naive names stay the oracle the tests compare against, always run step by step.
+
+
+def _renamed(s: Schedule, name: str) -> Schedule:
+    s.algorithm = name
+    return s
+
+
+@register("all_reduce", "oneshot")
+def all_reduce_oneshot(n: int, root: int = 0) -> Schedule:
+    """One round: every rank gets every vector and reduces all p in rank order (latency).
+
+    Every rank computes x0 (op) x1 (op) ... (op) x{p-1} in that order, so all
+    ranks hold the same bits.  The reduction is local, after the round, so the
+    round never overwrites the vector it sends.
+    """
+    R = 2 if n > 1 else 0
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        if n == 1:
+            return []
+        peers = [q for q in range(n) if q != r]
+        exchange = [send(q, (OUT, 0)) for q in peers] + [recv(q, (TMP, q)) for q in peers]
+        # local: OUT = TMP[0] (op) TMP[1] (op) ..., with this rank's own vector in TMP[r]
+        combine = [copy([(TMP, r)], [(OUT, 0)]), copy([(OUT, 0)], [(TMP, 0)])]
+        combine += [local_reduce([(OUT, 0)], [(TMP, q)]) for q in range(1, n)]
+        return [exchange, combine]
+
+    return Schedule("all_reduce", "oneshot", n, R, {OUT: Layout(1), TMP: Layout(n, 1, n)},
+                    rank_fn)
+
+
+@register("broadcast", "direct")
+def broadcast_direct(n: int, root: int = 0) -> Schedule:
+    """One round: the root's vector goes straight to every rank."""
+    return _renamed(naive.broadcast_naive(n, root), "direct")
+
+
+@register("all_gather", "direct")
+def all_gather_direct(n: int, root: int = 0) -> Schedule:
+    """One round: every rank's block goes straight to every rank."""
+    return _renamed(naive.all_gather_naive(n, root), "direct")
+
+
+@register("reduce_scatter", "direct")
+def reduce_scatter_direct(n: int, root: int = 0) -> Schedule:
+    """One round: block q of every rank goes to rank q, which reduces them in rank order."""
+    return _renamed(naive.reduce_scatter_naive(n, root), "direct")
+
+
+@register("all_to_all", "direct")
+def all_to_all_direct(n: int, root: int = 0) -> Schedule:
+    """One round: block q of every rank goes straight to rank q."""
+    return _renamed(naive.all_to_all_naive(n, root), "direct")

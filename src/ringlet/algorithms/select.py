@@ -105,61 +105,67 @@ def _pow2(n: int) -> bool:
 def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]) -> str:
     """The automatic choice: the first algorithm of a size/N preference list in ``allowed``.
 
-    The thresholds come from the alpha-beta costs of Thakur, Rabenseifner &
-    Gropp (2005) with shared-memory-class constants, alpha ~ 5 us per message
-    and beta ~ 0.2 ns/B (5 GB/s), so alpha/beta ~ 25 KB:
+    On one host (the shared-memory transport, ringlet's home) a collective is a
+    memory problem: the one-round direct algorithms, which the transport runs
+    fused (each rank publishes its data once, every peer reads it in place),
+    beat every multi-round algorithm at every size measured here
+    (``benchmarks/RESULTS.md``), so they come first:
 
-    * all_reduce: recursive doubling, lg p (alpha + n beta), beats Rabenseifner,
-      2 lg p alpha + 2 (p-1)/p n beta, while n < alpha/beta * lg p / (lg p - 2(p-1)/p):
-      about 40-100 KB for p = 4..64, hence 64 KiB.  Above that Rabenseifner on a
-      power of two (same bytes as the ring, 2 lg p rounds instead of 2(p-1)) until
-      a block (n/p) reaches 256 KiB, where the ring's alpha terms are below 10% of
-      its beta terms and its neighbour-only traffic is the better fit.
-    * broadcast and reduce: binomial below 64 KiB (latency: lg p rounds), then van de
-      Geijn's scatter + all-gather / Rabenseifner's reduce-scatter + gather, which
-      move 2 (p-1)/p n bytes instead of n lg p (MPICH's long-message choices).
-    * all_gather: MPICH's thresholds on the total: below 512 KiB recursive doubling on
-      a power of two; Bruck (ceil(lg p) rounds for any p) below 80 KiB; ring above.
-    * reduce_scatter: recursive halving below 512 KiB in total (MPICH), ring above.
-    * all_to_all: Bruck for blocks of at most 256 B on 8+ ranks (lg p rounds beat
-      p-1 when alpha dominates; MPICH), all messages at once (naive) for blocks
-      below 32 KiB, pairwise exchange above.
-    * scatter and gather: binomial (lg p rounds, the same bytes from the root).
+    * all_reduce: ``oneshot`` while the vector is small (every rank reduces all
+      p vectors itself: one synchronisation, p n bytes read), then ``direct``
+      (each rank reduces 1/p and reads the rest: 2 (p-1)/p n bytes, pipelined).
+      The crossover is where reading (p-1) n extra bytes costs more than the two
+      extra synchronisations, about 4 us each, at ~10 GB/s: 32 KiB.
+    * broadcast, all_gather, reduce_scatter, all_to_all: ``direct``.
+    * reduce, scatter, gather: binomial (lg p rounds, the same bytes from or to
+      the root as linear).
+
+    If those are excluded (``RINGLET_ALGO=all_reduce:^oneshot,^direct``), the
+    fallbacks follow the alpha-beta rules of Thakur, Rabenseifner & Gropp
+    (2005) with shared-memory-class constants (alpha ~ 5 us, beta ~ 0.2 ns/B,
+    alpha/beta ~ 25 KB): Rabenseifner on a power of two until a block (n/p)
+    reaches 256 KiB, then the ring; van de Geijn's scatter + all-gather for a
+    long broadcast and Rabenseifner's reduce-scatter + gather for a long reduce
+    (64 KiB); MPICH's all_gather thresholds (recursive doubling below 512 KiB on
+    a power of two, Bruck below 80 KiB, ring above); recursive halving below
+    512 KiB for reduce_scatter; Bruck for tiny all_to_all blocks on 8+ ranks.
+    Recursive doubling all_reduce is never chosen automatically: partners reduce
+    a (op) b and b (op) a, which differ in the last bit for MIN/MAX of signed
+    zeros and for NaN payloads, and all_reduce promises bit-identical results.
 
     A cost-model tuner replaces this; it is kept in one function for that.
     """
     p, n = nranks, nbytes
     prefs: list[str]
     if collective == "all_reduce":
-        if p <= 2 or n < 64 * KiB:
-            prefs = ["recursive_doubling", "rabenseifner", "ring"]
-        elif _pow2(p) and n // p < 256 * KiB:
-            prefs = ["rabenseifner", "ring", "recursive_doubling"]
+        first = ["oneshot", "direct"] if n <= 32 * KiB else ["direct", "oneshot"]
+        if _pow2(p) and n // p < 256 * KiB:
+            prefs = first + ["rabenseifner", "ring", "binomial"]
         else:
-            prefs = ["ring", "rabenseifner", "recursive_doubling"]
+            prefs = first + ["ring", "rabenseifner", "binomial"]
     elif collective == "broadcast":
         small = p <= 2 or n < 64 * KiB
-        prefs = ["binomial", "scatter_allgather"] if small else ["scatter_allgather", "binomial"]
+        prefs = ["direct"] + (["binomial", "scatter_allgather"] if small
+                              else ["scatter_allgather", "binomial"])
     elif collective == "reduce":
         small = p <= 2 or n < 64 * KiB
         prefs = ["binomial", "rabenseifner"] if small else ["rabenseifner", "binomial"]
     elif collective == "all_gather":
         if n < 512 * KiB and _pow2(p):
-            prefs = ["recursive_doubling", "bruck", "ring"]
+            prefs = ["direct", "recursive_doubling", "bruck", "ring"]
         elif n < 80 * KiB:
-            prefs = ["bruck", "recursive_doubling", "ring"]
+            prefs = ["direct", "bruck", "recursive_doubling", "ring"]
         else:
-            prefs = ["ring", "bruck", "recursive_doubling"]
+            prefs = ["direct", "ring", "bruck", "recursive_doubling"]
     elif collective == "reduce_scatter":
-        prefs = ["recursive_halving", "ring"] if n < 512 * KiB else ["ring", "recursive_halving"]
+        prefs = ["direct"] + (["recursive_halving", "ring"] if n < 512 * KiB
+                              else ["ring", "recursive_halving"])
     elif collective == "all_to_all":
         block = n // p
         if block <= 256 and p >= 8:
-            prefs = ["bruck", "naive", "pairwise"]
-        elif block < 32 * KiB:
-            prefs = ["naive", "pairwise", "bruck"]
+            prefs = ["direct", "bruck", "pairwise"]
         else:
-            prefs = ["pairwise", "naive", "bruck"]
+            prefs = ["direct", "pairwise", "bruck"]
     elif collective in ("scatter", "gather"):
         prefs = ["binomial", "linear"]
     else:
@@ -169,7 +175,7 @@ def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
         if name in allowed:
             return name
     # everything preferred is excluded: any other allowed one, the reference last
-    rest = sorted(allowed, key=lambda a: (a == "naive", a))
+    rest = sorted(allowed, key=lambda a: (a == "naive", a == "recursive_doubling", a))
     if not rest:
         raise ArgumentError(f"no algorithm of {collective} is allowed")
     return rest[0]
@@ -180,7 +186,7 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
     """The canonical name of the algorithm to run (see the module docs for the precedence).
 
     >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="")
-    'recursive_doubling'
+    'oneshot'
     >>> choose("all_reduce", 8, 1 << 10, requested="tree", setting="all_reduce:ring")
     'binomial'
     >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="all_reduce:ring")

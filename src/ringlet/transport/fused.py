@@ -159,11 +159,12 @@ class Fused:
                     view(r, h, lo - a, hi - a)[...] = x[lo:hi]
 
         def middle(h: int, a: int, b: int) -> None:
-            # reduce my block, starting from my own values, then each peer's in turn
+            # reduce my block: my own values, then rank r-1's, r-2's... (the order of the
+            # `direct` schedule, so the generic executor gives the same bits)
             lo, hi = _blocks(a, b, n)[r]
             mine = x[lo:hi]
             for k in range(1, n):
-                red(mine, view((r + k) % n, h, lo - a, hi - a))
+                red(mine, view((r - k) % n, h, lo - a, hi - a))
             view(r, h, lo - a, hi - a)[...] = mine   # publish the reduced block
 
         def read(h: int, a: int, b: int) -> None:
@@ -187,12 +188,18 @@ class Fused:
                     x[q * m + a:q * m + b]
 
         def read(h: int, a: int, b: int) -> None:
+            # reduce block r in rank order, like the `direct` (naive) schedule
             w = b - a
             mine = out[a:b]
-            mine[...] = x[r * m + a:r * m + b]
-            for k in range(1, n):
-                q = (r + k) % n
-                red(mine, stage[q][h][r * w * isz:(r + 1) * w * isz].view(dt))
+
+            def part(q: int) -> np.ndarray:
+                if q == r:
+                    return x[r * m + a:r * m + b]
+                return stage[q][h][r * w * isz:(r + 1) * w * isz].view(dt)
+
+            mine[...] = part(0)
+            for q in range(1, n):
+                red(mine, part(q))
 
         everyone = range(n)
         self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,

@@ -281,7 +281,9 @@ class ShmTransport:
                         continue  # created, but not yet sized and described
                     words = [int.from_bytes(head[i:i + 8], "little") for i in range(0, 64, 8)]
                     if tuple(words[2:8]) != self._shape():
-                        raise ConfigError(self._shape_mismatch(q, tuple(words[2:8])))
+                        msg = self._shape_mismatch(q, tuple(words[2:8]))
+                        self._poison(fd, words, msg)
+                        raise ConfigError(msg)
                     mm = mmap.mmap(fd, self.lay.total)
                 finally:
                     os.close(fd)
@@ -290,6 +292,7 @@ class ShmTransport:
                 self._words(q, self.lay.attached, self.size)[self.rank] = 1
                 pending.remove(q)
             if pending:
+                self._start_error()
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(
                         f"timed out starting the shared-memory transport ({self.prefix}): "
@@ -298,6 +301,33 @@ class ShmTransport:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.01)
         self.pids[self.rank] = os.getpid()
+
+    def _poison(self, fd: int, words: list[int], msg: str) -> None:
+        """Leave ``msg`` in a peer's abort mailbox (its layout read from its header), so
+        that it fails with the same ConfigError instead of waiting for this rank."""
+        theirs = _Layout(words[2], words[3], words[4], words[5], words[6])
+        try:
+            mm = mmap.mmap(fd, words[7])
+        except (OSError, ValueError):
+            return
+        data = msg.encode()[:ABORT_BYTES]
+        a = theirs.abort
+        mm[a + 16:a + 16 + len(data)] = data
+        mm[a + 8:a + 16] = len(data).to_bytes(8, "little")
+        mm[a:a + 8] = (3).to_bytes(8, "little")
+        mm.close()
+
+    def _start_error(self) -> None:
+        """Raise what a peer left in this rank's abort mailbox during start-up, if anything."""
+        mm = self.maps[self.rank]
+        if mm is None:
+            return
+        a = self.lay.abort
+        kind = int.from_bytes(mm[a:a + 8], "little")
+        if kind:
+            n = int.from_bytes(mm[a + 8:a + 16], "little")
+            msg = bytes(mm[a + 16:a + 16 + n]).decode(errors="replace")
+            raise ConfigError(msg) if kind == 3 else PeerError(msg)
 
     def _shape(self) -> tuple[int, ...]:
         """What a peer must agree with to read this rank's segment."""
@@ -319,6 +349,7 @@ class ShmTransport:
             missing = [q for q in range(self.size) if q != self.rank and att[q] != 1]
             if not missing:
                 return
+            self._start_error()
             for q in missing:
                 if self.pids[q] and not _pid_alive(self.pids[q]):
                     raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up")
@@ -424,7 +455,8 @@ class ShmTransport:
         off = self.lay.abort + 16
         mm = self.maps[self.rank]
         msg = bytes(mm[off:off + a[1]]).decode(errors="replace") if mm is not None else ""
-        return CommTimeoutError(msg) if a[0] == 2 else PeerError(msg)
+        kinds = {2: CommTimeoutError, 3: ConfigError}
+        return kinds.get(a[0], PeerError)(msg)
 
     def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
         """Raise if a peer aborted the communicator, or a watched peer died."""

@@ -1,0 +1,198 @@
+"""The fused shared-memory paths (one-shot and staged direct) against numpy.
+
+A world with tiny post and stage areas makes every size here cross the
+thresholds: messages that fit the post area or not, one piece or many,
+pieces that end mid-block, odd counts, every dtype.  The generic executor
+running the same schedules is the reference for bit-for-bit equality where
+the reduction order is the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_collectives import close, digest, make, valid_ops
+from world import World
+
+import ringlet
+from ringlet.config import Settings
+from ringlet.ops import DTYPES, ReduceOp, reference_reduce
+
+SMALL = Settings(timeout=60.0, shm_post_bytes=4096, shm_stage_bytes=8192, shm_piece_bytes=4096)
+SIZES_N = [1, 2, 3, 5, 8]
+#: element counts around the thresholds for 4- and 8-byte elements: the post area
+#: (4 KiB), one piece, one stage half (8 KiB), many pieces, odd remainders
+COUNTS = [1, 3, 511, 512, 1023, 1024, 1025, 2047, 2048, 2049, 6001]
+
+_worlds: dict[int, World] = {}
+
+
+@pytest.fixture(params=SIZES_N, ids=lambda n: f"N{n}")
+def small(request: pytest.FixtureRequest) -> Any:
+    n = request.param
+    if n not in _worlds:
+        _worlds[n] = World(n, SMALL)
+    yield _worlds[n]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close() -> Any:
+    yield
+    for w in _worlds.values():
+        w.close()
+    _worlds.clear()
+
+
+def _fused_all_reduce(comm: ringlet.Communicator) -> list[Any]:
+    n, r = comm.size, comm.rank
+    bad, digests = [], []
+    for algo in ("oneshot", "direct"):
+        for dtype in ("float32", "float64", "int32", "uint8", "complex64", "float16", "bool"):
+            for op in valid_ops(dtype):
+                for count in COUNTS:
+                    ins = [make(dtype, count, q, op, salt=3) for q in range(n)]
+                    ref = reference_reduce(np.stack(ins), op)
+                    x = ins[r].copy()
+                    out = np.empty_like(x) if count % 2 else None
+                    res = comm.all_reduce(x, op=op, out=out, algorithm=algo)
+                    if not close(res, ref):
+                        bad.append(f"{algo} {dtype} {op.name} count {count}: {res[:3]} != "
+                                   f"{ref[:3]}")
+                    if out is not None and not np.array_equal(x, ins[r]):
+                        bad.append(f"{algo} {dtype} {op.name} count {count}: x changed")
+                    digests.append(digest(res))
+    return [bad[:8], digests]
+
+
+def test_fused_all_reduce_every_threshold(small: World) -> None:
+    res = small.run(_fused_all_reduce)
+    for r, (bad, _) in enumerate(res):
+        assert not bad, f"rank {r}: " + "\n".join(bad)
+    for r, (_, d) in enumerate(res):
+        assert d == res[0][1], f"rank {r} holds different bits than rank 0"
+
+
+def _fused_others(comm: ringlet.Communicator) -> list[str]:
+    n, r = comm.size, comm.rank
+    bad: list[str] = []
+    for dtype in ("float32", "int64", "int8", "complex128"):
+        for count in [1, 5, 1000, 1024, 3001]:
+            ins = [make(dtype, count, q, salt=4) for q in range(n)]
+            # all_gather
+            g = comm.all_gather(ins[r], algorithm="direct")
+            if not np.array_equal(g, np.stack(ins)):
+                bad.append(f"all_gather {dtype} {count}")
+            # broadcast from every root
+            for root in sorted({0, n - 1}):
+                x = ins[r].copy()
+                comm.broadcast(x, root=root, algorithm="direct")
+                if not np.array_equal(x, ins[root]):
+                    bad.append(f"broadcast {dtype} {count} root {root}")
+            # reduce_scatter and all_to_all on n blocks of `count`
+            full = [make(dtype, count * n, q, salt=5) for q in range(n)]
+            rs = comm.reduce_scatter(full[r], algorithm="direct")
+            want = reference_reduce(np.stack(full), ReduceOp.SUM)[r * count:(r + 1) * count]
+            if not close(rs, want):
+                bad.append(f"reduce_scatter {dtype} {count}")
+            a2a = comm.all_to_all(full[r], algorithm="direct")
+            want = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
+            if not np.array_equal(a2a, want):
+                bad.append(f"all_to_all {dtype} {count}")
+    return bad[:8]
+
+
+def test_fused_staged_collectives(small: World) -> None:
+    for r, bad in enumerate(small.run(_fused_others)):
+        assert not bad, f"rank {r}: {bad}"
+
+
+def _same_bits_as_generic(comm: ringlet.Communicator, dtype: str) -> list[str]:
+    """oneshot reduces in rank order, like the generic executor running its schedule."""
+    bad = []
+    for count in (7, 500):
+        x = make(dtype, count, comm.rank, salt=6)
+        fused = comm.all_reduce(x.copy(), algorithm="oneshot")
+        generic = comm.all_reduce(x.copy(), algorithm="naive")
+        if digest(fused) != digest(generic):
+            bad.append(f"{dtype} {count}: fused one-shot differs from rank-order reduction")
+    return bad
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64"])
+def test_oneshot_equals_rank_order_reduction(small: World, dtype: str) -> None:
+    for r, bad in enumerate(small.run(_same_bits_as_generic, dtype)):
+        assert not bad, f"rank {r}: {bad}"
+
+
+def _bf16(comm: ringlet.Communicator) -> list[str]:
+    import torch
+
+    bad = []
+    for algo in ("oneshot", "direct"):
+        for count in (3, 3000):
+            t = torch.arange(count, dtype=torch.float32).to(torch.bfloat16) * (comm.rank + 1)
+            comm.all_reduce(t, algorithm=algo)
+            want = torch.arange(count, dtype=torch.float32) * sum(range(1, comm.size + 1))
+            if not torch.allclose(t.float(), want, rtol=2e-2):
+                bad.append(f"{algo} bfloat16 {count}")
+    return bad
+
+
+def test_fused_bfloat16(small: World) -> None:
+    pytest.importorskip("torch")
+    for r, bad in enumerate(small.run(_bf16)):
+        assert not bad, f"rank {r}: {bad}"
+
+
+def _init_with(rank: int, job: str, settings: Settings, q: Any) -> None:
+    from ringlet.comm import init
+
+    try:
+        comm = init(settings=settings, rank=rank, size=2, job_id=job)
+        comm.all_reduce(np.ones(5000, np.float32), algorithm="direct")
+        q.put((rank, "ok", ""))
+        comm.close()
+    except ringlet.RingletError as exc:
+        q.put((rank, type(exc).__name__, str(exc)))
+
+
+def _two_ranks(s0: Settings, s1: Settings) -> dict[int, tuple[str, str]]:
+    import multiprocessing as mp
+    import secrets
+
+    ctx = mp.get_context("forkserver")
+    q = ctx.Queue()
+    job = secrets.token_hex(16)
+    procs = [ctx.Process(target=_init_with, args=(r, job, s, q)) for r, s in enumerate((s0, s1))]
+    for p in procs:
+        p.start()
+    out = {}
+    for _ in procs:
+        r, kind, msg = q.get(timeout=60)
+        out[r] = (kind, msg)
+    for p in procs:
+        p.join(10)
+    return out
+
+
+def test_ranks_with_different_shm_layouts_fail_at_start() -> None:
+    base = Settings(timeout=20.0)
+    res = _two_ranks(base, base.replace(shm_slot_bytes=512 << 10))
+    for r in (0, 1):
+        kind, msg = res[r]
+        assert kind == "ConfigError", res
+        assert "RINGLET_SHM_SLOT_BYTES" in msg and "same shared-memory settings" in msg, msg
+
+
+def test_ranks_with_different_piece_sizes_get_a_mismatch() -> None:
+    base = Settings(timeout=20.0)
+    res = _two_ranks(base, base.replace(shm_piece_bytes=8192))
+    for r in (0, 1):
+        kind, msg = res[r]
+        assert kind == "MismatchError" and "disagree about the path" in msg, res
+
+
+def test_dtype_table_is_complete() -> None:
+    assert set(DTYPES) >= {"bool", "int8", "uint64", "float16", "complex128", "bfloat16"}
