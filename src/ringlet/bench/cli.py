@@ -71,7 +71,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--maxbytes", default=DEFAULTS["maxbytes"], metavar="SIZE",
                    help="largest size in bytes (default %(default)s)")
     p.add_argument("-f", "--stepfactor", type=int, default=DEFAULTS["stepfactor"],
-                   metavar="F", help="multiply the size by F between rows (default %(default)s)")
+                   metavar="F", help="multiply the size by F between rows; the last row "
+                                     "is always -e (default %(default)s)")
     p.add_argument("--algo", default=DEFAULTS["algo"], metavar="NAME",
                    help="ringlet's algorithm (see ringlet.algorithms(collective)), or auto "
                         "(default: ringlet's choice per size)")

@@ -113,12 +113,13 @@ def parse_bytes(text: str, what: str = "size") -> int:
 
 
 def sweep_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
-    """nccl-tests' sweep: ``minbytes``, then times ``factor`` while at most ``maxbytes``.
+    """nccl-tests' sweep, ``minbytes`` times ``factor`` while at most ``maxbytes``, then
+    ``maxbytes`` itself if the steps missed it (nccl-tests would stop short of it).
 
     >>> sweep_sizes(8, 64, 2)
     [8, 16, 32, 64]
-    >>> sweep_sizes(8, 100, 4)
-    [8, 32]
+    >>> sweep_sizes(8, 64 << 20, 8)[-3:]
+    [2097152, 16777216, 67108864]
     """
     if minbytes < 1:
         raise ArgumentError(f"-b/--minbytes must be at least 1 byte, got {minbytes}")
@@ -131,6 +132,8 @@ def sweep_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     sizes = [minbytes]
     while sizes[-1] * factor <= maxbytes and factor >= 2:
         sizes.append(sizes[-1] * factor)
+    if sizes[-1] != maxbytes:
+        sizes.append(maxbytes)
     return sizes
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from ..errors import ArgumentError
 from .core import Job, Row
@@ -166,6 +166,7 @@ def run_peer(peer: str, job: Job, timeout: float,
         errs = [stack.enter_context(tempfile.TemporaryFile("w+b")) for _ in cmds]
         procs: list[subprocess.Popen[bytes]] = []
         culprit = 0
+        reader: threading.Thread | None = None
         try:
             for i, cmd in enumerate(cmds):
                 procs.append(subprocess.Popen(
@@ -173,16 +174,18 @@ def run_peer(peer: str, job: Job, timeout: float,
                     stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
                     start_new_session=True))
             events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-            stdout = procs[0].stdout
-            if stdout is None:
-                raise ArgumentError("internal: rank 0 of the peer has no stdout pipe")
+            stdout = cast(IO[bytes], procs[0].stdout)  # a pipe: stdout=PIPE above
             reader = threading.Thread(target=_read_events, args=(stdout, events),
                                       name=f"ringlet-bench-{peer}", daemon=True)
             reader.start()
             culprit = _follow(result, procs, events, start + timeout, timeout, on_row)
-            reader.join(timeout=KILL_AFTER)
         finally:
             _stop(procs)
+            if reader is not None:
+                reader.join(timeout=KILL_AFTER)  # the pipe ends with the processes
+            for p in procs:
+                if p.stdout is not None:
+                    p.stdout.close()
         if result.error is not None:
             text = _stderr(errs, culprit)
             if " failed (" in result.error and (why := _exception(text)):
@@ -205,6 +208,8 @@ def _read_events(stream: IO[bytes], events: queue.Queue[dict[str, Any] | None]) 
                     events.put(json.loads(line[len(PREFIX):]))
                 except json.JSONDecodeError:
                     continue
+    except (OSError, ValueError):  # the pipe was closed under us: the peer was stopped
+        pass
     finally:
         events.put(None)
 
@@ -289,9 +294,6 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=KILL_AFTER)
-    for p in procs:
-        if p.stdout is not None:
-            p.stdout.close()
 
 
 def _stderr(errs: Sequence[IO[bytes]], i: int) -> str:
