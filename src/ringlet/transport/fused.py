@@ -142,6 +142,20 @@ class Fused:
             self._raise(DONE, g + 1)
             self.piece = g + 1
 
+    def _blocks_in(self, x: np.ndarray, m: int) -> Callable[[int, int, int], None]:
+        """The write phase when x holds one block of m elements per rank: elements a:b of
+        block q go to slot q of this rank's stage half, for every peer q."""
+        r, dt, isz = self.t.rank, x.dtype, x.itemsize
+        stage = self.t.stage
+
+        def write(h: int, a: int, b: int) -> None:
+            w = b - a
+            for q in self.peers:
+                stage[r][h][q * w * isz:(q + 1) * w * isz].view(dt)[...] = \
+                    x[q * m + a:q * m + b]
+
+        return write
+
     def direct_all_reduce(self, x: np.ndarray, red: Reducer) -> None:
         """All-reduce of the flat vector ``x`` in place (reduce-scatter + all-gather)."""
         n, r, dt = self.t.size, self.t.rank, x.dtype
@@ -181,11 +195,7 @@ class Fused:
         n, r, m, dt = self.t.size, self.t.rank, out.size, x.dtype
         stage, isz = self.t.stage, x.itemsize
 
-        def write(h: int, a: int, b: int) -> None:
-            w = b - a
-            for q in self.peers:
-                stage[r][h][q * w * isz:(q + 1) * w * isz].view(dt)[...] = \
-                    x[q * m + a:q * m + b]
+        write = self._blocks_in(x, m)
 
         def read(h: int, a: int, b: int) -> None:
             # reduce block r in rank order, like the `direct` (naive) schedule
@@ -228,12 +238,7 @@ class Fused:
         m = x.size // n
         stage, isz = self.t.stage, x.itemsize
         out[r * m:(r + 1) * m] = x[r * m:(r + 1) * m]
-
-        def write(h: int, a: int, b: int) -> None:
-            w = b - a
-            for q in self.peers:
-                stage[r][h][q * w * isz:(q + 1) * w * isz].view(dt)[...] = \
-                    x[q * m + a:q * m + b]
+        write = self._blocks_in(x, m)
 
         def read(h: int, a: int, b: int) -> None:
             w = b - a
