@@ -196,3 +196,80 @@ def test_ranks_with_different_piece_sizes_get_a_mismatch() -> None:
 
 def test_dtype_table_is_complete() -> None:
     assert set(DTYPES) >= {"bool", "int8", "uint64", "float16", "complex128", "bfloat16"}
+
+
+# --- zero-copy buffers from comm.empty ---------------------------------------------------------
+
+def _zero_copy(comm: ringlet.Communicator) -> list[str]:
+    n, r = comm.size, comm.rank
+    bad = []
+    for dtype in ("float32", "int64", "complex128", "uint8"):
+        for op in valid_ops(dtype)[:3]:
+            for count in (1, 7, 1000, 4097):
+                g = comm.empty((count,), dtype)
+                ins = [make(dtype, count, q, op, salt=11) for q in range(n)]
+                g[...] = ins[r]
+                res = comm.all_reduce(g, op=op, algorithm="direct")
+                ref = reference_reduce(np.stack(ins), op)
+                if res is not g or not close(g, ref):
+                    bad.append(f"{dtype} {op.name} {count}: {g[:3]} != {ref[:3]}")
+    # a slice at the same place on every rank, and a 2-d buffer
+    g = comm.empty((40, 25), np.float64)
+    g[...] = r
+    part = g[10:20]
+    comm.all_reduce(part, algorithm="direct")
+    if not (part == sum(range(n))).all() or not (g[:10] == r).all():
+        bad.append("slice of a shared buffer")
+    return bad[:6]
+
+
+def test_zero_copy_all_reduce(small: World) -> None:
+    for r, bad in enumerate(small.run(_zero_copy)):
+        assert not bad, f"rank {r}: {bad}"
+
+
+def _shared_and_private(comm: ringlet.Communicator) -> str:
+    g = comm.empty(100, np.float32)
+    x = g if comm.rank == 0 else np.ones(100, np.float32)
+    try:
+        comm.all_reduce(x, algorithm="direct")
+    except ringlet.MismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_shared_on_one_rank_private_on_another_is_a_mismatch() -> None:
+    from conftest import get_world
+
+    res = get_world(2).run(_shared_and_private)
+    for text in res:
+        assert "disagree about the path" in text and "zero-copy" in text, text
+
+
+def _empty_disagree(comm: ringlet.Communicator) -> str:
+    try:
+        comm.empty(10 + comm.rank)
+    except ringlet.MismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_empty_with_different_shapes_is_a_mismatch() -> None:
+    from conftest import get_world
+
+    for text in get_world(3).run(_empty_disagree):
+        assert "ranks asked for different buffers: rank 0: (10,) float32" in text, text
+
+
+def _empty_torch(comm: ringlet.Communicator) -> bool:
+    import torch
+
+    t = torch.from_numpy(comm.empty(5000, np.float32))
+    t.fill_(comm.rank + 1)
+    comm.all_reduce(t, algorithm="direct")
+    return bool((t == sum(range(1, comm.size + 1))).all())
+
+
+def test_empty_as_a_torch_tensor(small: World) -> None:
+    pytest.importorskip("torch")
+    assert all(small.run(_empty_torch))

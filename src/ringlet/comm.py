@@ -48,8 +48,16 @@ from .errors import (
 from .executor import compile_program, execute
 from .ops import DTYPE_BY_CODE, ReduceOp, check_op, finish_avg, reducer
 from .schedule import Buf
-from .transport.fused import Fused
-from .transport.shm import P2P, RecvReq, SendReq, ShmTransport
+from .transport.fused import Fused, shared_all_reduce
+from .transport.shm import (
+    P2P,
+    SHM_DIR,
+    RecvReq,
+    SendReq,
+    ShmTransport,
+    create_region,
+    open_region,
+)
 from .wait import Waiter
 
 log = logging.getLogger("ringlet")
@@ -59,7 +67,7 @@ _COLL_CODES = {name: i for i, name in enumerate(
      "all_to_all", "scatter", "gather", "barrier", "split"])}
 _COLL_NAMES = {v: k for k, v in _COLL_CODES.items()}
 _FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm", "path")
-_GENERIC, _POST, _STAGE = 0, 1, 2
+_GENERIC, _POST, _STAGE, _SHARED = 0, 1, 2, 3
 _FUSED = {("all_reduce", "oneshot"): _POST, ("all_reduce", "direct"): _STAGE,
           ("broadcast", "direct"): _STAGE, ("all_gather", "direct"): _STAGE,
           ("reduce_scatter", "direct"): _STAGE, ("all_to_all", "direct"): _STAGE}
@@ -166,6 +174,9 @@ class Communicator:
         self._p2p = _P2P(self)
         self._cur: tuple[int, tuple[int, ...]] | None = None
         self._fused = Fused(transport, lambda: self._current) if settings.fused else None
+        #: shared buffers from empty(): (start address, stop address, every rank's region)
+        self._regions: list[tuple[int, int, list[np.ndarray]]] = []
+        self._region_maps: list[Any] = []
         transport.describe = lambda: self._current
         if settings.debug:
             _configure_logging(settings.debug)
@@ -193,6 +204,9 @@ class Communicator:
         name = self._choose("all_reduce", algorithm, xb.nbytes)
         path = self._path("all_reduce", name, xb.nbytes)
         fused = self._fused
+        shared = self._shared_view(xb.flat) if ob is None and path & 3 == _STAGE else None
+        if shared is not None:
+            path = _SHARED | shared[0] << 2 | shared[1] << 12
 
         def before(seq: int) -> None:
             if path & 3 == _POST:
@@ -200,7 +214,12 @@ class Communicator:
 
         def run(seq: int) -> Any:
             dst = ob or xb
-            if xb.count and path & 3 == _POST:
+            if shared is not None:
+                peers = [region[shared[1]:shared[1] + xb.nbytes].view(xb.flat.dtype)
+                         for region in self._regions[shared[0]][2]]
+                shared_all_reduce(fused, xb.flat, peers,  # type: ignore[arg-type]
+                                  reducer(rop, xb.dt))
+            elif xb.count and path & 3 == _POST:
                 fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
                                          reducer(rop, xb.dt))
             else:
@@ -499,6 +518,72 @@ class Communicator:
             self.barrier()
         return Communicator(ranks.index(self.rank), len(ranks), t, self.settings, self.job_id)
 
+    # --- shared buffers -------------------------------------------------------------------
+
+    @_collective
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array in shared memory, for zero-copy collectives.  Collective.
+
+        Every rank calls it with the same shape and dtype and gets its own
+        array; every peer maps it too, so an in-place ``all_reduce`` of it (or
+        of a contiguous slice at the same place on every rank) with the
+        ``direct`` algorithm (the automatic choice for large vectors) reads the
+        peers' data where it lies instead of copying it through the staging
+        area.  ``torch.from_numpy(a)`` shares the memory, so tensors work too.
+        The array lives as long as the communicator (mode 0600; its file is
+        unlinked as soon as every rank has mapped it)::
+
+            g = comm.empty(1 << 24)      # every rank
+            g[...] = local_gradients
+            comm.all_reduce(g)           # zero-copy
+        """
+        try:
+            dt = np.dtype(dtype)
+            shp = (int(shape),) if isinstance(shape, (int, np.integer)) else \
+                tuple(int(d) for d in shape)
+        except TypeError as exc:
+            raise ArgumentError(f"empty: bad shape or dtype ({exc})") from None
+        from .ops import dtype_of_numpy
+
+        dtype_of_numpy(dt)
+        if any(d < 0 for d in shp):
+            raise ArgumentError(f"empty: shape {shp} has a negative dimension")
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        spec = self.all_gather_object((shp, dt.str))
+        if any(sp != spec[0] for sp in spec):
+            raise MismatchError(
+                "empty: ranks asked for different buffers: " + "; ".join(
+                    f"rank {q}: {sp[0]} {np.dtype(sp[1]).name}" for q, sp in enumerate(spec)))
+        token = self.broadcast_object(secrets.token_hex(8) if self.rank == 0 else None)
+        path = os.path.join(SHM_DIR, f"ringlet-{self.job_id}-buf{token}-{{}}")
+        maps: list[Any] = [None] * self.size
+        try:
+            maps[self.rank] = create_region(path.format(self.rank), nbytes)
+            self.barrier()                        # every file exists
+            for q in range(self.size):
+                if q != self.rank:
+                    maps[q] = open_region(path.format(q), nbytes)
+            self.barrier()                        # every rank has mapped every file
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.format(self.rank))
+        regions = [np.frombuffer(mm, np.uint8, max(nbytes, 1)) for mm in maps]
+        mine = regions[self.rank]
+        start = mine.__array_interface__["data"][0]
+        self._regions.append((start, start + nbytes, regions))
+        self._region_maps.extend(maps)
+        return mine[:nbytes].view(dt).reshape(shp)
+
+    def _shared_view(self, flat: np.ndarray) -> tuple[int, int] | None:
+        """(region index, byte offset) if ``flat`` lies inside a buffer from empty()."""
+        if not self._regions or flat.size == 0:
+            return None
+        addr = flat.__array_interface__["data"][0]
+        for i, (lo, hi, _) in enumerate(self._regions):
+            if lo <= addr and addr + flat.nbytes <= hi and i < 1024:
+                return i, addr - lo
+        return None
+
     # --- life cycle ---------------------------------------------------------------------
 
     def close(self) -> None:
@@ -511,6 +596,11 @@ class Communicator:
             done.wait()
             self._queue.put(None)
         self._closed = True
+        self._regions.clear()
+        for mm in self._region_maps:
+            with contextlib.suppress(BufferError):  # the user still holds the array
+                mm.close()
+        self._region_maps.clear()
         self._t.close()
 
     def __enter__(self) -> Communicator:
@@ -785,7 +875,10 @@ class Communicator:
         if field == "algorithm":
             return _alg_name(_COLL_NAMES.get(full[0], ""), v)
         if field == "path":
-            kind = ("generic executor", "fused one-shot", "fused staged")[v & 3]
+            kind = ("generic executor", "fused one-shot", "fused staged",
+                    "zero-copy (buffer from comm.empty)")[v & 3]
+            if v & 3 == _SHARED:
+                return f"{kind}, buffer #{v >> 2 & 0x3FF} at byte {v >> 12}"
             return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
         return str(v)
 

@@ -263,3 +263,32 @@ class Fused:
         others = [q for q in range(n) if q != root]
         self._run_pieces(self._pieces(x.size, *self._widths(isz, 1)), write, None, read, [root],
                          others)
+
+
+def shared_all_reduce(f: Fused, mine: np.ndarray, peers: Sequence[np.ndarray],
+                      red: Reducer) -> None:
+    """Zero-copy all_reduce of buffers that live in shared memory (``comm.empty``).
+
+    ``peers[q]`` is rank q's buffer (the same offset in its region), mapped here;
+    ``mine`` is this rank's.  Agreeing on the call was the entry barrier (every
+    rank's data is in place).  Each rank reduces its own block in place reading
+    the peers' blocks where they lie (the `direct` order), then copies the peers'
+    reduced blocks; a final barrier keeps every rank's buffer untouched until
+    every peer has read it.
+    """
+    n, r = f.t.size, f.t.rank
+    g = f.piece
+    blocks = _blocks(0, mine.size, n)
+    lo, hi = blocks[r]
+    acc = mine[lo:hi]
+    for k in range(1, n):
+        red(acc, peers[(r - k) % n][lo:hi])
+    f._raise(READY, g + 1)
+    f._raise(REDUCED, g + 1)
+    f._wait(REDUCED, g + 1, f.peers)
+    for q in f.peers:
+        a, b = blocks[q]
+        mine[a:b] = peers[q][a:b]
+    f._raise(DONE, g + 1)
+    f._wait(DONE, g + 1, f.peers)
+    f.piece = g + 1

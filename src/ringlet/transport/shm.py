@@ -567,6 +567,27 @@ class ShmTransport:
             pass
 
 
+def create_region(path: str, nbytes: int) -> mmap.mmap:
+    """Create and map a new private (0600) shared-memory file of ``nbytes`` (>= 1)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        return mmap.mmap(fd, max(nbytes, 1))
+    finally:
+        os.close(fd)
+
+
+def open_region(path: str, nbytes: int) -> mmap.mmap:
+    """Map a peer's shared-memory file created by :func:`create_region`."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size < max(nbytes, 1):
+            raise RingletError(f"shared buffer {path} is smaller than {nbytes} bytes")
+        return mmap.mmap(fd, max(nbytes, 1))
+    finally:
+        os.close(fd)
+
+
 def cleanup(job_id: str) -> list[str]:
     """Remove every segment file of ``job_id`` left behind (the launcher's backstop)."""
     removed: list[str] = []
