@@ -20,6 +20,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -48,20 +49,21 @@ DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "i
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``ringlet bench``'s options to ``p``."""
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.description = (
+    p.description = textwrap.fill(
         "nccl-tests style benchmark of one collective over a range of sizes, on N local "
         "ranks that it starts itself; with --vs, torch's gloo and MPI (mpi4py + MPICH) "
-        "measured at the same sizes in the same run.")
-    p.epilog = (
-        "sizes take K, M, G (binary, as nccl-tests: 64M = 64 MiB).\n"
+        "measured at the same sizes in the same run.", 79)
+    p.epilog = "\n".join(textwrap.fill(para, 79, subsequent_indent="  ") for para in [
+        "sizes take K, M, G (binary, as nccl-tests: 64M = 64 MiB).",
         "columns: time = max over ranks of the mean time per call (us); algbw = size/time; "
         "busbw = algbw * nccl-tests' bus factor (GB/s); #wrong = elements that differ from "
-        "numpy's answer.\nratio (with --vs) = peer time / ringlet time in the same form: "
-        "> 1 means ringlet is faster.\n"
+        "numpy's answer.",
+        "ratio (with --vs) = peer time / ringlet time in the same form: > 1 means ringlet "
+        "is faster.",
         f"--vs needs the peers extra: {INSTALL}; --plot needs matplotlib "
-        "(pip install 'ringlet[plot]').\n"
+        "(pip install 'ringlet[plot]').",
         "exit status: 0 if every checked element was right and every peer ran, 1 if not, "
-        "2 for bad arguments.")
+        "2 for bad arguments."])
     p.add_argument("collective", metavar="COLLECTIVE",
                    help=f"one of: {', '.join(COLLECTIVES)} (sendrecv: a ping-pong)")
     p.add_argument("-n", "--nranks", type=int, default=DEFAULTS["nranks"], metavar="N",
