@@ -72,7 +72,11 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
 
     lg p rounds of n bytes on a power of two (two more otherwise).  Both
     partners compute the same sum from the same two operands (a+b on one side,
-    b+a on the other), so every rank ends bit-identical.
+    b+a on the other), so every rank ends bit-identical as long as the op is
+    commutative bit for bit: true for integers, bitwise ops, SUM/PROD/AVG of
+    ordinary floats (ringlet's complex PROD kernel is written to be), but not
+    for MIN/MAX of +0.0 and -0.0 or for NaNs with different payloads.  That is
+    why the automatic choice never picks it for all_reduce.
     """
     f = Fold(n)
     k = f.steps
