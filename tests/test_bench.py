@@ -313,6 +313,14 @@ def test_real_run(coll: str, extra: list[str], capsys: pytest.CaptureFixture[str
                 assert r[form]["wrong"] == 0 and r[form]["iters"] >= 1
 
 
+def test_shared_buffers(capsys: pytest.CaptureFixture[str]) -> None:
+    """--buffers shared: ringlet's buffers from comm.empty, one pool reused by every row."""
+    assert main(["bench", "all_reduce", *TINY, "-e", "64K", "--buffers", "shared"]) == 0
+    out = capsys.readouterr().out
+    assert "ringlet's buffers: shared memory from comm.empty" in out
+    assert "# #wrong in total: 0  OK" in out and len(_rows(out)) == 6   # 8 B .. 32K, 64K
+
+
 def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     if peers.missing("gloo") or peers.missing("mpi"):
         pytest.skip("the peers extra is not installed")
@@ -342,6 +350,7 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     (["all_reduce", "--vs", "nccl"], "--vs: unknown peer 'nccl'"),
     (["all_reduce", "--op", "avg", "--vs", "gloo"], "gloo has no AVG reduction"),
     (["all_reduce", "--json", "/nonexistent/dir/x.json"], "directory /nonexistent/dir does not"),
+    (["gather", "--buffers", "shared"], "--buffers shared: gather's buffers differ"),
 ])
 def test_bad_arguments(argv: list[str], message: str,
                        capsys: pytest.CaptureFixture[str]) -> None:

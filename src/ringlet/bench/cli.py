@@ -31,6 +31,7 @@ from ..ops import DTYPES, ReduceOp, check_op
 from .core import (
     BENCH_DTYPES,
     COLLECTIVES,
+    SHARED_OK,
     Job,
     Row,
     cases,
@@ -93,6 +94,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="time allowed for the timed calls (and for the warm-up) of one size "
                         "and form; fewer calls are made when they would not fit, at least "
                         "one (default %(default)s)")
+    p.add_argument("--buffers", choices=("private", "shared"), default="private",
+                   help="ringlet's buffers: private numpy arrays (default), or shared: "
+                        "allocated with comm.empty, in shared memory, for the zero-copy "
+                        "paths (all_reduce in place); the peers always use private arrays")
     p.add_argument("--vs", metavar="PEERS",
                    help="also measure these peers at the same sizes: gloo, mpi or gloo,mpi")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
@@ -138,8 +143,13 @@ def make_job(args: argparse.Namespace) -> Job:
     algo = None if args.algo in (None, "auto") else args.algo
     if coll.name == "sendrecv" and algo is not None:
         raise ArgumentError("sendrecv is plain send/recv: it has no algorithms; drop --algo")
+    if args.buffers == "shared" and coll.name not in SHARED_OK:
+        raise ArgumentError(
+            f"--buffers shared: {coll.name}'s buffers differ between the root and the other "
+            f"ranks, and comm.empty needs the same on every rank; it works with "
+            f"{', '.join(SHARED_OK)}")
     job = Job(coll.name, n, args.dtype, op, args.root if coll.rooted else 0, tuple(rows),
-              args.warmup, args.iters, args.budget, args.check, algo)
+              args.warmup, args.iters, args.budget, args.check, algo, args.buffers)
     _check_memory(job)
     return job
 
@@ -151,8 +161,9 @@ def _check_memory(job: Job) -> None:
     except (ValueError, OSError, AttributeError):
         return
     size = max(s for s, _ in job.cases)
-    # per rank: input, output, the expected answer, and the transport's copies
-    need = job.nranks * 4 * size
+    # per rank: input, output, the expected answer, and the transport's copies (and the
+    # shared buffers)
+    need = job.nranks * (6 if job.buffers == "shared" else 4) * size
     if need > 0.8 * phys:
         raise ArgumentError(
             f"{job.nranks} ranks at {human_bytes(size)} need about {human_bytes(need)} of "
@@ -198,6 +209,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--root", str(args.root)]
     parts += ["--iters", str(args.iters), "--warmup", str(args.warmup),
               "--budget", f"{args.budget:g}"]
+    if args.buffers != "private":
+        parts += ["--buffers", args.buffers]
     if args.vs:
         parts += ["--vs", args.vs]
     if not args.check:

@@ -81,6 +81,11 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in [
     Collective("sendrecv", False, False, False, "1", (OUT,), messages=2),
 ]}
 
+#: collectives whose buffers have the same shapes on every rank, so that they can come
+#: from the collective ``comm.empty`` (``--buffers shared``)
+SHARED_OK = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+             "sendrecv")
+
 
 def collective(name: str) -> Collective:
     """The :class:`Collective` called ``name``; ArgumentError listing the valid names."""
@@ -178,6 +183,7 @@ class Job:
     budget: float                             # seconds of timed calls per row and form
     check: bool
     algorithm: str | None = None              # ringlet's algorithm= (None: its own choice)
+    buffers: str = "private"                  # ringlet's: private numpy or "shared" (comm.empty)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -463,14 +469,16 @@ BenchFn = Callable[[Ctx, dict[str, np.ndarray | None], str], Callable[[], object
 
 
 def sweep(fn: BenchFn[Ctx], ctx: Ctx, job: Job, rank: int, forms: Sequence[str], sync: Sync,
-          on_row: Callable[[Row], None] | None = None) -> list[Row]:
+          on_row: Callable[[Row], None] | None = None,
+          place: Callable[[Layout], None] | None = None) -> list[Row]:
     """Run ``job``'s rows with benchmark function ``fn``: time every form, then check it.
 
     Every rank calls this with the same job; each returns the same rows
     (times and wrong counts are reduced over the ranks).  The check loads the
     inputs again, fills the outputs with values that differ from the expected
     ones everywhere, makes one call and counts the wrong elements on every
-    rank.
+    rank.  ``place(layout)``, if given, may move the layout's arrays elsewhere
+    (same shapes and contents) before they are used.
     """
     data = Data(job.dtype, job.op, job.nranks)
     messages = COLLECTIVES[job.collective].messages
@@ -479,6 +487,8 @@ def sweep(fn: BenchFn[Ctx], ctx: Ctx, job: Job, rank: int, forms: Sequence[str],
         row = Row(size, count)
         for form in forms:
             lay = layout(job, data, rank, count, form)
+            if place is not None:
+                place(lay)
             call = fn(ctx, lay.arrays, form)
             seconds, iters = measure(call, sync, job)
             wrong: int | None = None

@@ -128,6 +128,9 @@ def legend(res: Result) -> list[str]:
     if missing:
         lines.append(f"#   {' and '.join(missing)}: n/a, ringlet's {job.collective} has no "
                      f"such form")
+    if job.buffers == "shared":
+        lines.append("#   ringlet's buffers: shared memory from comm.empty (zero-copy paths); "
+                     "the peers' are private numpy arrays")
     if job.collective != "sendrecv":
         lines.append("#   algorithm: ringlet's choice for the size"
                      + ("" if job.algorithm is None else f" (--algo {job.algorithm})"))

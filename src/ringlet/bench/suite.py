@@ -14,7 +14,18 @@ from typing import Any
 import numpy as np
 
 from ..comm import Communicator
-from .core import COLLECTIVES, IN, BenchFn, Job, Row, pingpong_partner, sweep
+from .core import (
+    COLLECTIVES,
+    IN,
+    BenchFn,
+    Data,
+    Job,
+    Layout,
+    Row,
+    layout,
+    pingpong_partner,
+    sweep,
+)
 
 Arrays = dict[str, np.ndarray | None]
 
@@ -133,6 +144,33 @@ class CommSync:
         return int(self.comm.all_reduce(np.array([value], np.int64), "sum")[0])
 
 
+def shared_placer(comm: Communicator, job: Job) -> Callable[[Layout], None]:
+    """Move a layout's arrays into shared memory from ``comm.empty`` (``--buffers shared``).
+
+    One buffer per array name, as large as the largest row needs, allocated
+    once (``comm.empty`` is collective and its memory lives as long as the
+    communicator); each row uses the leading part of it, at the same place on
+    every rank, which is what the zero-copy paths need.
+    """
+    data = Data(job.dtype, job.op, job.nranks)
+    count = max(c for _, c in job.cases)
+    need: dict[str, int] = {}
+    for form in COLLECTIVES[job.collective].forms:
+        for name, a in layout(job, data, comm.rank, count, form).arrays.items():
+            if a is not None:
+                need[name] = max(need.get(name, 0), a.size)
+    pool = {name: comm.empty(need[name], data.dtype) for name in sorted(need)}
+
+    def place(lay: Layout) -> None:
+        for name, a in lay.arrays.items():
+            if a is not None:
+                buf = pool[name][:a.size].reshape(a.shape)
+                buf[...] = a
+                lay.arrays[name] = buf
+
+    return place
+
+
 def run_rank(comm: Communicator, job_json: str, progress: Any = None) -> list[Row] | None:
     """The body of each rank of ``ringlet bench`` (started by :func:`ringlet.spawn`).
 
@@ -145,6 +183,7 @@ def run_rank(comm: Communicator, job_json: str, progress: Any = None) -> list[Ro
         if progress is not None and comm.rank == 0:
             progress.put(row.size)
 
+    place = shared_placer(comm, job) if job.buffers == "shared" else None
     rows = sweep(SUITE[job.collective], Ctx(comm, job), job, comm.rank,
-                 COLLECTIVES[job.collective].forms, CommSync(comm), on_row)
+                 COLLECTIVES[job.collective].forms, CommSync(comm), on_row, place)
     return rows if comm.rank == 0 else None
