@@ -120,8 +120,10 @@ def test_bad_arguments() -> None:
 def test_all_reduce_by_size() -> None:
     auto = "all_reduce"
     assert choose(auto, 16, 4 * KiB, requested=None, setting="") == "oneshot"
-    assert choose(auto, 16, 32 * KiB, requested=None, setting="") == "oneshot"
-    assert choose(auto, 16, 32 * KiB + 1, requested=None, setting="") == "direct"
+    assert choose(auto, 2, 256 * KiB, requested=None, setting="") == "oneshot"
+    assert choose(auto, 2, 256 * KiB + 1, requested=None, setting="") == "direct"
+    assert choose(auto, 5, 64 * KiB, requested=None, setting="") == "oneshot"
+    assert choose(auto, 5, 64 * KiB + 1, requested=None, setting="") == "direct"
     assert choose(auto, 2, 1 << 30, requested=None, setting="") == "direct"
     # without the shared-memory algorithms: the alpha-beta fallbacks
     plain = "all_reduce:^oneshot,^direct"

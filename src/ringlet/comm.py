@@ -222,13 +222,13 @@ class Communicator:
             elif xb.count and path & 3 == _POST:
                 fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
                                          reducer(rop, xb.dt))
+            elif xb.count and path & 3 == _STAGE:
+                fused.direct_all_reduce(xb.flat, reducer(rop, xb.dt),  # type: ignore[union-attr]
+                                        None if ob is None else ob.flat)
             else:
                 if ob is not None:
                     ob.flat[...] = xb.flat
-                if xb.count and path & 3 == _STAGE:
-                    fused.direct_all_reduce(dst.flat, reducer(rop, xb.dt))  # type: ignore[union-attr]
-                else:
-                    self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
+                self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
             if rop is ReduceOp.AVG:
                 finish_avg(dst.flat, xb.dt, self.size)
             return dst.obj
@@ -660,6 +660,11 @@ class Communicator:
 
             name = choose(collective, self.size, nbytes, requested=algorithm,
                           setting=self.settings.algo)
+            if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
+                    and not self._fused.fits_post(nbytes):
+                # the automatic choice runs oneshot fused or not at all: past the post area
+                # the staged direct path is the fast one (every rank has the same settings)
+                name = "direct"
             if len(self._chosen) > 4096:
                 self._chosen.clear()
             self._chosen[key] = name

@@ -63,7 +63,7 @@ class Settings:
         "doc": "Bytes in one shared-memory message slot (a fragment). Accepts K/M/G."})
     shm_slots: int = field(default=4, metadata={
         "doc": "Slots per ordered pair of ranks (fragments in flight, >= 2)."})
-    shm_post_bytes: int = field(default=64 << 10, metadata={
+    shm_post_bytes: int = field(default=256 << 10, metadata={
         "doc": "Bytes of each rank's one-shot area (x2): collectives up to this size per "
                "rank run in a single publish-and-read step. Accepts K/M/G."})
     shm_stage_bytes: int = field(default=4 << 20, metadata={

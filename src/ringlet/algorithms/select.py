@@ -112,10 +112,14 @@ def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
     (``benchmarks/RESULTS.md``), so they come first:
 
     * all_reduce: ``oneshot`` while the vector is small (every rank reduces all
-      p vectors itself: one synchronisation, p n bytes read), then ``direct``
-      (each rank reduces 1/p and reads the rest: 2 (p-1)/p n bytes, pipelined).
-      The crossover is where reading (p-1) n extra bytes costs more than the two
-      extra synchronisations, about 4 us each, at ~10 GB/s: 32 KiB.
+      p vectors itself: one synchronisation, (p-1) n bytes read and reduced),
+      then ``direct`` (each rank reduces 1/p and copies the rest: 2 (p-1)/p n
+      bytes, three synchronisations per piece).  Measured on 2 ranks
+      (``benchmarks/RESULTS.md``), oneshot is still ahead at 64 KiB and direct
+      at 1 MiB; the crossover moves down as p grows because oneshot reads
+      (p-1) n bytes: oneshot while (p-1) n <= 256 KiB.  (The communicator
+      also falls back to direct when the vector does not fit its post area,
+      ``RINGLET_SHM_POST_BYTES``.)
     * broadcast, all_gather, reduce_scatter, all_to_all: ``direct``.
     * reduce, scatter, gather: binomial (lg p rounds, the same bytes from or to
       the root as linear).
@@ -138,7 +142,7 @@ def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
     p, n = nranks, nbytes
     prefs: list[str]
     if collective == "all_reduce":
-        first = ["oneshot", "direct"] if n <= 32 * KiB else ["direct", "oneshot"]
+        first = ["oneshot", "direct"] if (p - 1) * n <= 256 * KiB else ["direct", "oneshot"]
         if _pow2(p) and n // p < 256 * KiB:
             prefs = first + ["rabenseifner", "ring", "binomial"]
         else:

@@ -156,9 +156,12 @@ class Fused:
 
         return write
 
-    def direct_all_reduce(self, x: np.ndarray, red: Reducer) -> None:
-        """All-reduce of the flat vector ``x`` in place (reduce-scatter + all-gather)."""
+    def direct_all_reduce(self, x: np.ndarray, red: Reducer, out: np.ndarray | None = None
+                          ) -> None:
+        """All-reduce of the flat vector ``x`` (reduce-scatter + all-gather), into ``out``
+        (default: in place).  Out of place costs one extra copy of 1/p of the vector."""
         n, r, dt = self.t.size, self.t.rank, x.dtype
+        y = x if out is None else out
         stage = self.t.stage
         isz = x.itemsize
         everyone = range(n)
@@ -176,7 +179,9 @@ class Fused:
             # reduce my block: my own values, then rank r-1's, r-2's... (the order of the
             # `direct` schedule, so the generic executor gives the same bits)
             lo, hi = _blocks(a, b, n)[r]
-            mine = x[lo:hi]
+            mine = y[lo:hi]
+            if y is not x:
+                mine[...] = x[lo:hi]
             for k in range(1, n):
                 red(mine, view((r - k) % n, h, lo - a, hi - a))
             view(r, h, lo - a, hi - a)[...] = mine   # publish the reduced block
@@ -184,7 +189,7 @@ class Fused:
         def read(h: int, a: int, b: int) -> None:
             for q, (lo, hi) in enumerate(_blocks(a, b, n)):
                 if q != r:
-                    x[lo:hi] = view(q, h, lo - a, hi - a)
+                    y[lo:hi] = view(q, h, lo - a, hi - a)
 
         cap, want = self._widths(isz, 1)
         self._run_pieces(self._pieces(x.size, cap, n * want), write, middle, read, everyone,
