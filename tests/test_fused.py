@@ -21,7 +21,7 @@ from ringlet.config import Settings
 from ringlet.ops import DTYPES, ReduceOp, reference_reduce
 
 SMALL = Settings(timeout=60.0, shm_post_bytes=4096, shm_stage_bytes=8192, shm_piece_bytes=4096)
-SIZES_N = [1, 2, 3, 5, 8]
+SIZES_N = [1, 2, 3, 4, 5, 8]
 #: element counts around the thresholds for 4- and 8-byte elements: the post area
 #: (4 KiB), one piece, one stage half (8 KiB), many pieces, odd remainders
 COUNTS = [1, 3, 511, 512, 1023, 1024, 1025, 2047, 2048, 2049, 6001]
