@@ -73,9 +73,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,8 @@ from ..algorithms import build, entry
 from ..errors import ArgumentError
 from ..ops import DTYPES, DType
 from ..schedule import COLLECTIVES, Kind, Schedule
+from .host import Host, Paths
+from .host import predict as host_predict
 
 #: Where a calibration stores this machine's profile (``Profile.save()``/``Profile.load()``).
 DEFAULT_PROFILE_PATH = Path("~/.cache/ringlet/profile.json")
@@ -184,15 +187,67 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Fit:
+    """One fitted term of a calibration: its value, unit, the points it was fitted to
+    and the residuals relative to the measured times (root mean square and largest)."""
+
+    term: str
+    value: float
+    unit: str
+    points: int
+    rms: float
+    worst: float
+    how: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """When, where, with what and how well a profile was calibrated
+    (:mod:`ringlet.cost.calibrate`)."""
+
+    date: str
+    host: str
+    cores: int
+    llc_bytes: int
+    nranks: int
+    seconds: float
+    python: str
+    numpy: str
+    ringlet: str
+    paths: dict[str, Any]
+    fits: tuple[Fit, ...]
+    quick: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fits"] = [asdict(f) for f in self.fits]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        return cls(str(data["date"]), str(data["host"]), int(data["cores"]),
+                   int(data["llc_bytes"]), int(data["nranks"]), float(data["seconds"]),
+                   str(data.get("python", "")), str(data.get("numpy", "")),
+                   str(data.get("ringlet", "")), dict(data.get("paths", {})),
+                   tuple(Fit(**f) for f in data.get("fits", ())), bool(data.get("quick", False)))
+
+
+@dataclass(frozen=True)
 class Profile:
     """The links a job runs on: one level (``intra`` only) or two (``intra``, ``inter``
     and ``gpus_per_node``; rank ``r`` is on node ``r // gpus_per_node``).
 
-    A calibration produces one and stores it as JSON::
+    A calibration (``ringlet predict --calibrate``) produces a one-level profile
+    with ``host`` (the costs of ringlet's shared-memory transport on this machine,
+    :class:`~ringlet.cost.host.Host`) and ``calibration`` (when, where, how well),
+    and stores it as JSON::
 
         profile = Profile(Link(alpha=4e-6, beta=1 / 6e9, gamma=1 / 8e9, source="calibrated"))
         profile.save()                     # ~/.cache/ringlet/profile.json
         Profile.load()                     # the same profile back
+
+    With ``host``, one-level predictions use the host model
+    (:func:`ringlet.cost.host.predict`); without it, the link model.
     """
 
     intra: Link
@@ -200,6 +255,8 @@ class Profile:
     gpus_per_node: int = 0
     name: str = ""
     source: str = ""
+    host: Host | None = None
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         if self.inter is not None and self.gpus_per_node < 1:
@@ -215,29 +272,46 @@ class Profile:
             return 1
         return 2
 
+    def uses_host(self, nranks: int) -> bool:
+        """Whether predictions at ``nranks`` ranks use the host model."""
+        return self.host is not None and self.levels_for(nranks) == 1
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "gpus_per_node": self.gpus_per_node,
                 "intra": asdict(self.intra),
-                "inter": None if self.inter is None else asdict(self.inter)}
+                "inter": None if self.inter is None else asdict(self.inter),
+                "host": None if self.host is None else self.host.to_dict(),
+                "calibration": None if self.calibration is None else self.calibration.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         try:
             inter = data.get("inter")
+            host = data.get("host")
+            cal = data.get("calibration")
             return cls(intra=Link(**data["intra"]),
                        inter=None if inter is None else Link(**inter),
                        gpus_per_node=int(data.get("gpus_per_node", 0)),
-                       name=str(data.get("name", "")), source=str(data.get("source", "")))
-        except (KeyError, TypeError, AttributeError) as exc:
+                       name=str(data.get("name", "")), source=str(data.get("source", "")),
+                       host=None if host is None else Host.from_dict(host),
+                       calibration=None if cal is None else Calibration.from_dict(cal))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ArgumentError(
-                f"not a ringlet profile ({exc}); expected keys intra{{alpha, beta, gamma, "
-                f"source}}, inter (or null), gpus_per_node, name, source") from None
+                f"not a ringlet profile ({type(exc).__name__}: {exc}); expected keys "
+                f"intra{{alpha, beta, gamma, source}}, inter (or null), gpus_per_node, name, "
+                f"source, and optionally host and calibration (from a calibration)") from None
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the profile as JSON to ``path`` (default :data:`DEFAULT_PROFILE_PATH`)."""
+        """Write the profile as JSON to ``path`` (default :data:`DEFAULT_PROFILE_PATH`).
+
+        The file is replaced in one step (written aside, then renamed), so ranks
+        reading it meanwhile see the old profile or the new one, never half of it.
+        """
         p = Path(path if path is not None else DEFAULT_PROFILE_PATH).expanduser()
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, p)
         return p
 
     @classmethod
@@ -817,7 +891,8 @@ _ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})
 
 def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: Profile,
             dtype: str | DType = "float32", root: int = 0, pieces: int | None = None,
-            params: dict[str, int] | None = None, rails: bool = False) -> Prediction:
+            params: dict[str, int] | None = None, rails: bool = False,
+            paths: Paths | None = None) -> Prediction:
     """Predict one call: ``collective`` of ``nbytes`` (nccl-tests' size) with ``algorithm``.
 
     ``pieces=None`` picks the best piece count for pipelined algorithms;
@@ -825,6 +900,12 @@ def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: 
     On a two-level profile a ``group`` parameter defaults to the ranks per node,
     and ``rails=True`` counts the schedule as NCCL's per-NIC channels (see
     :func:`count`).  Raises ArgumentError if the algorithm cannot run on ``nranks`` ranks.
+
+    A calibrated profile (one with ``host``) predicts the call as the
+    communicator runs it on this host (:func:`ringlet.cost.host.predict`): with
+    the algorithm's default parameters (``pieces`` as given, else the
+    registry's) and on the path ``paths`` (the shared-memory settings; default
+    :class:`~ringlet.cost.host.Paths`) gives it.
 
     >>> p = predict("all_reduce", "ring", 8, 14 * 10**9,
     ...             Profile(Link.from_bandwidth(450e9)), dtype="float16")
@@ -834,15 +915,50 @@ def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: 
     if nranks < 1:
         raise ArgumentError(f"nranks must be >= 1, got {nranks}")
     d = dtype_of(dtype)
+    if profile.uses_host(nranks):
+        return _host(collective, algorithm, nranks, nbytes, profile, d, root, pieces, params,
+                     paths or Paths())
     est = _estimator_for(collective, algorithm, nranks, root, profile, params, rails)
     m = unit_count(collective, nbytes, nranks, d.itemsize)
     return est.predict(m, d.itemsize, profile, d.name, pieces)
 
 
+def _host(collective: str, algorithm: str, nranks: int, nbytes: int, profile: Profile, d: DType,
+          root: int, pieces: int | None, params: dict[str, int] | None,
+          paths: Paths) -> Prediction:
+    """:func:`predict` with the host model of a calibrated profile."""
+    _check_collective(collective)
+    e = entry(collective, algorithm)
+    fixed = {k: int(v) for k, v in (params or {}).items() if k in e.params and k != "pieces"}
+    if pieces is not None:
+        if pieces < 1 or "pieces" not in e.params:
+            raise ArgumentError(
+                f"{collective}/{e.name}: pieces must be 1"
+                f"{' or more' if 'pieces' in e.params else ' (it is not pipelined)'}, "
+                f"got {pieces}")
+        fixed["pieces"] = int(pieces)
+    m = unit_count(collective, nbytes, nranks, d.itemsize)
+    size = m * d.itemsize * (nranks if _scaled(collective) else 1)
+    host = profile.host
+    if host is None:  # pragma: no cover - uses_host() checked it
+        raise ArgumentError("this profile has no host model")
+    hp = host_predict(host, collective, e.name, nranks, m, d, paths, size,
+                      root if collective in _ROOTED else 0, tuple(sorted(fixed.items())))
+    algbw = size / hp.seconds if hp.seconds > 0 else math.inf
+    rule = ("the shared-memory transport's pieces (RINGLET_SHM_STAGE_BYTES, "
+            "RINGLET_SHM_PIECE_BYTES)" if hp.path == "staged" else "")
+    return Prediction(collective, e.name, nranks, int(size), d.name, hp.pieces, hp.seconds,
+                      hp.rounds, int(round(hp.bytes_per_rank)), int(round(hp.critical_bytes)),
+                      hp.fixed_seconds, hp.move_seconds, hp.reduce_seconds, algbw,
+                      algbw * bus_factor(collective, nranks), hp.how, rule,
+                      {**e.params, **fixed})
+
+
 def predict_all(collective: str, nranks: int, nbytes: int, profile: Profile,
                 dtype: str | DType = "float32", root: int = 0,
                 names: Iterable[str] | None = None, params: dict[str, int] | None = None,
-                rails: bool = False) -> list[Prediction | Inapplicable]:
+                rails: bool = False, paths: Paths | None = None
+                ) -> list[Prediction | Inapplicable]:
     """:func:`predict` for every registered algorithm (or ``names``), fastest first;
     algorithms that cannot run this call come last, as :class:`Inapplicable`."""
     out: list[Prediction] = []
@@ -850,7 +966,7 @@ def predict_all(collective: str, nranks: int, nbytes: int, profile: Profile,
     for name in (registered_algorithms(collective) if names is None else names):
         try:
             out.append(predict(collective, name, nranks, nbytes, profile, dtype, root,
-                               params=params, rails=rails))
+                               params=params, rails=rails, paths=paths))
         except ArgumentError as exc:
             bad.append(Inapplicable(collective, name, str(exc)))
     out.sort(key=lambda p: (p.seconds, p.algorithm))
@@ -860,10 +976,10 @@ def predict_all(collective: str, nranks: int, nbytes: int, profile: Profile,
 def fastest(collective: str, nranks: int, nbytes: int, profile: Profile,
             dtype: str | DType = "float32", root: int = 0,
             names: Iterable[str] | None = None, params: dict[str, int] | None = None,
-            rails: bool = False) -> Prediction:
+            rails: bool = False, paths: Paths | None = None) -> Prediction:
     """The fastest applicable algorithm's prediction (ArgumentError if none applies)."""
     preds = predict_all(collective, nranks, nbytes, profile, dtype, root, names, params,
-                        rails)
+                        rails, paths)
     if not preds or isinstance(preds[0], Inapplicable):
         reasons = "; ".join(f"{p.algorithm}: {p.reason}" for p in preds
                             if isinstance(p, Inapplicable))
@@ -872,6 +988,13 @@ def fastest(collective: str, nranks: int, nbytes: int, profile: Profile,
     if not isinstance(best, Prediction):  # pragma: no cover - Inapplicable entries sort last
         raise ArgumentError(f"no algorithm can run {collective} on {nranks} ranks")
     return best
+
+
+def _host_seconds(collective: str, name: str, nranks: int, per: int, profile: Profile,
+                  d: DType, root: int, params: dict[str, int] | None, paths: Paths | None,
+                  m: int) -> float:
+    return predict(collective, name, nranks, m * per, profile, d, root, params=params,
+                   paths=paths).seconds
 
 
 @dataclass(frozen=True)
@@ -889,24 +1012,33 @@ class Crossover:
 def crossovers(collective: str, nranks: int, profile: Profile, dtype: str | DType = "float32",
                root: int = 0, names: Iterable[str] | None = None, lo: int = 1,
                hi: int = 1 << 40, params: dict[str, int] | None = None,
-               rails: bool = False) -> list[Crossover]:
+               rails: bool = False, paths: Paths | None = None) -> list[Crossover]:
     """Sizes between ``lo`` and ``hi`` bytes where the fastest algorithm changes.
 
     Scans powers of two, then bisects each change down to one unit count.
     """
     d = dtype_of(dtype)
-    ests: list[Estimator] = []
+    per = d.itemsize * (nranks if _scaled(collective) else 1)
+    timers: list[tuple[str, Any]] = []
     for name in (registered_algorithms(collective) if names is None else names):
         try:
-            ests.append(_estimator_for(collective, name, nranks, root, profile, params, rails))
+            timer: Callable[[int], float]
+            if profile.uses_host(nranks):
+                predict(collective, name, nranks, per, profile, d, root, params=params,
+                        paths=paths)   # raises if it cannot run
+                timer = partial(_host_seconds, collective, name, nranks, per, profile, d, root,
+                                params, paths)
+            else:
+                est = _estimator_for(collective, name, nranks, root, profile, params, rails)
+                timer = partial(est.seconds, itemsize=d.itemsize, profile=profile)
+            timers.append((entry(collective, name).name, timer))
         except ArgumentError:
             continue
-    if len(ests) < 2:
+    if len(timers) < 2:
         return []
-    per = d.itemsize * (nranks if _scaled(collective) else 1)
 
     def winner(m: int) -> str:
-        return min(ests, key=lambda e: (e.seconds(m, d.itemsize, profile), e.algorithm)).algorithm
+        return min(timers, key=lambda t: (t[1](m), t[0]))[0]
 
     m_lo = max(1, lo // per)
     m_hi = max(m_lo + 1, hi // per)

@@ -1,0 +1,540 @@
+"""The calibrated model of ringlet's own shared-memory transport on this host.
+
+On one host the "link" is the CPUs themselves: every byte a collective moves
+is copied (or reduced) by a core, a rank waiting for a peer polls shared
+memory, and with more ranks than cores the ranks take turns.  The link model
+of :mod:`ringlet.cost.model` (alpha per round, beta per byte on full-duplex
+links) does not describe that well enough to choose between algorithms, so a
+calibrated profile carries a :class:`Host` and :func:`predict` counts each
+call the way the communicator really runs it, on one of three paths
+(:func:`path_of`: the rules of ``Communicator._path``), from the same
+schedule the executor runs (:func:`host_counts`):
+
+``generic``
+    The step executor runs the schedule over per-pair channels: the sender
+    copies a message into channel slots, the receiver copies it out or
+    reduces straight out of them (that pull *is* the reduction).  Per round
+    with messages, for the busiest rank::
+
+        round + endpoint * (messages sent and received)
+              + channel * max(bytes out, bytes in) + duplex * min(bytes out, bytes in)
+              + copy * bytes copied locally + reduce * bytes reduced locally
+
+    A one-way transfer is paced by the hand-over of slots between the two
+    cores, so a rank moving bytes both ways at once pays ``duplex`` (measured:
+    between nothing, a full-duplex link, and ``channel``, a half-duplex one)
+    for the smaller direction.
+
+``staged`` (the ``direct`` algorithms, fused)
+    The same schedule, run on shared buffers: a rank *publishes* what it sends
+    once, however many peers read it (a send of the same chunk to k peers in
+    one round costs one copy), and peers read it in place (a receive is one
+    copy out of the peer's area, a receive-and-reduce one reduction reading
+    it).  A chunk received into the scratch buffer ``TMP`` stays in the
+    peer's area: the local steps that read it later are the reads.  The data
+    goes through the stage area in pieces (:func:`staged_pieces`, cut as
+    ``ringlet.transport.fused`` cuts them), and every round of the schedule
+    is one synchronisation of all ranks per piece (the READY / REDUCED
+    counters).  Per round::
+
+        pieces * piece_sync + shared * (bytes published + read + copied)
+                            + reduce * bytes reduced
+
+``post`` (``oneshot`` all_reduce up to ``RINGLET_SHM_POST_BYTES``, fused)
+    As staged, in one piece; the exchange round needs no synchronisation of
+    its own (each rank copies its vector into its post area before it
+    publishes the call's descriptor, so the agreement on the call is the
+    exchange), but it still costs one ``piece_sync``: reading the peers'
+    areas.
+
+Every call also pays ``call[collective:path]`` (its Python, measured at one
+rank) and one ``sync`` (the agreement on the call's descriptor).  With more
+ranks than cores the ranks' work in a round shares the cores: a round's data
+work is ``max(busiest rank, total work / cores)``.
+
+Per-byte costs depend on where the data lives: a :class:`Curve` has one
+figure while the call's :func:`working_set` fits in half the last-level cache
+and another from twice its size on, interpolated in log(size) between.
+
+Everything is measured by :mod:`ringlet.cost.calibrate`; the fixed costs
+(``sync``, ``piece_sync``, ``round``, ``endpoint``) at every rank count from
+1 to the calibrated one (:class:`Level`).  Beyond it the synchronisations are
+scaled by (p - 1) from the largest calibrated count and every prediction
+says so (:attr:`HostPrediction.extrapolated`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..algorithms import build
+from ..errors import ArgumentError
+from ..ops import DType
+from ..schedule import COLLECTIVES, Buf, Kind
+
+KiB, MiB = 1 << 10, 1 << 20
+
+#: (collective, algorithm) -> the fused path the shared-memory transport runs it on
+#: (mirrors ``ringlet.comm._FUSED``; a test keeps the two equal).
+FUSED: dict[tuple[str, str], str] = {
+    ("all_reduce", "oneshot"): "post", ("all_reduce", "direct"): "staged",
+    ("broadcast", "direct"): "staged", ("all_gather", "direct"): "staged",
+    ("reduce_scatter", "direct"): "staged", ("all_to_all", "direct"): "staged"}
+PATHS = ("generic", "staged", "post")
+
+#: How each staged collective cuts its data into pieces (``ringlet.transport.fused``):
+#: (the extent cut: the "vector" or one rank's "block", stage slots per piece,
+#: whether the piece width is per rank block of an all_reduce piece).
+_STAGING: dict[str, tuple[str, int, bool]] = {
+    "all_reduce": ("vector", 1, True), "broadcast": ("vector", 1, False),
+    "all_gather": ("block", 1, False), "reduce_scatter": ("block", 0, False),
+    "all_to_all": ("block", 0, False)}
+
+#: element types by the speed of their reduction kernel
+DTYPE_CLASSES = ("float", "half", "int", "complex", "bool")
+#: the element type calibration measures for each class
+CLASS_DTYPES = {"float": "float32", "half": "float16", "int": "int32", "complex": "complex64",
+                "bool": "bool"}
+
+
+def dtype_class(d: DType) -> str:
+    """The reduction class of an element type: float, half, int, complex or bool."""
+    if d.name in ("float16", "bfloat16"):
+        return "half"
+    kind = d.np_dtype.kind
+    return {"f": "float", "c": "complex", "b": "bool"}.get(kind, "int")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The communicator settings that decide how a call runs on shared memory."""
+
+    fused: bool = True
+    post_bytes: int = 64 * KiB
+    stage_bytes: int = 4 * MiB
+    piece_bytes: int = 1 * MiB
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Paths:
+        """The paths of a :class:`~ringlet.config.Settings` (its shm_* and fused fields)."""
+        return cls(bool(settings.fused), int(settings.shm_post_bytes),
+                   int(settings.shm_stage_bytes), int(settings.shm_piece_bytes))
+
+
+def path_of(collective: str, algorithm: str, nbytes: int, paths: Paths) -> str:
+    """``generic``, ``staged`` or ``post``: how the communicator runs this call
+    (``nbytes``: the collective's size as :func:`~ringlet.algorithms.select.choose` takes it)."""
+    kind = FUSED.get((collective, algorithm), "generic") if paths.fused else "generic"
+    if kind == "post" and nbytes > paths.post_bytes:
+        return "generic"
+    return kind
+
+
+def staged_pieces(collective: str, nranks: int, count: int, itemsize: int,
+                  paths: Paths) -> int:
+    """How many pieces the staged path cuts a call into (as ``ringlet.transport.fused``).
+
+    ``count`` is the unit count of the schedule: the vector's elements
+    (all_reduce, broadcast) or one rank's block (the others).
+    """
+    extent, slots, per_block = _STAGING[collective]
+    slots = slots or nranks
+    cap = paths.stage_bytes // (itemsize * slots)
+    want = max(1, paths.piece_bytes // itemsize)
+    if per_block:
+        want *= nranks
+    step = max(1, min(cap, want))
+    return max(1, -(-count // step)) if count else 0
+
+
+# --- calibrated costs -------------------------------------------------------------------------
+
+
+def cache_limits(llc: int) -> tuple[float, float]:
+    """Working sets up to the first figure run from the cache, from the second on from
+    memory (bytes; ``llc`` is the last-level cache's size)."""
+    return llc / 2, 2.0 * llc
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds per byte while the working set fits in the cache and once it does not.
+
+    Up to ``llc / 2`` bytes of working set (:func:`working_set`) the ``cache``
+    figure holds, from ``2 * llc`` on the ``memory`` one; in between the two are
+    interpolated in log(size).  (On the machine this was written on, a 32 MiB
+    last-level cache, copies slow down between 16 and 24 MiB of working set and
+    settle from about 64 MiB.)
+    """
+
+    cache: float
+    memory: float
+
+    def __post_init__(self) -> None:
+        for name in ("cache", "memory"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ArgumentError(f"Curve.{name} must be a finite number >= 0, got {v!r}")
+
+    def at(self, working_set: float, llc: int) -> float:
+        """Seconds per byte for a call whose buffers total ``working_set`` bytes."""
+        lo, hi = cache_limits(llc)
+        if working_set <= lo or llc <= 0:
+            return self.cache
+        if working_set >= hi:
+            return self.memory
+        f = math.log(working_set / lo) / math.log(hi / lo)
+        return self.cache + f * (self.memory - self.cache)
+
+
+@dataclass(frozen=True)
+class Level:
+    """The fixed costs at ``nranks`` ranks, in seconds.
+
+    ``sync``: one synchronisation of every rank (a barrier's, less its call);
+    ``piece_sync``: one round of one piece of a staged path; ``round``: one
+    round of the step executor; ``endpoint``: one message sent or received by
+    the busiest rank of a round.
+    """
+
+    nranks: int
+    sync: float
+    piece_sync: float
+    round: float
+    endpoint: float
+
+
+@dataclass(frozen=True)
+class Host:
+    """What calibration measured about the shared-memory transport (see the module docs).
+
+    ``calls`` maps ``"collective:path"`` to the seconds of one call of that
+    collective on that path at one rank (its Python, no waiting);
+    ``reduce`` maps a dtype class (:data:`DTYPE_CLASSES`) to its reduction curve.
+    """
+
+    cores: int
+    llc_bytes: int
+    channel: Curve
+    duplex: Curve
+    copy: Curve
+    shared: Curve
+    reduce: dict[str, Curve]
+    calls: dict[str, float]
+    levels: tuple[Level, ...]
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ArgumentError(f"Host.cores must be >= 1, got {self.cores}")
+        if not self.levels:
+            raise ArgumentError("Host.levels needs the fixed costs of at least one rank count")
+        missing = sorted(set(DTYPE_CLASSES) - set(self.reduce))
+        if missing:
+            raise ArgumentError(f"Host.reduce lacks the dtype classes {missing}")
+
+    @property
+    def calibrated_ranks(self) -> int:
+        """The largest rank count whose fixed costs were measured."""
+        return max(lv.nranks for lv in self.levels)
+
+    def level(self, nranks: int) -> tuple[Level, bool]:
+        """The fixed costs at ``nranks`` ranks, and whether they are extrapolated."""
+        by = {lv.nranks: lv for lv in self.levels}
+        if nranks in by:
+            return by[nranks], False
+        top = by[self.calibrated_ranks]
+        if nranks < top.nranks:   # a gap in the table: the next calibrated count up
+            return by[min(k for k in by if k > nranks)], True
+        scale = (nranks - 1) / max(1, top.nranks - 1)
+        return Level(nranks, top.sync * scale, top.piece_sync * scale, top.round,
+                     top.endpoint), True
+
+    def call(self, collective: str, path: str) -> float:
+        """Seconds of one call's own work on ``path`` (the generic figure if unmeasured)."""
+        key = f"{collective}:{path}"
+        if key in self.calls:
+            return self.calls[key]
+        return self.calls.get(f"{collective}:generic", max(self.calls.values(), default=0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cores": self.cores, "llc_bytes": self.llc_bytes,
+                "channel": asdict(self.channel), "duplex": asdict(self.duplex),
+                "copy": asdict(self.copy),
+                "shared": asdict(self.shared),
+                "reduce": {k: asdict(v) for k, v in self.reduce.items()},
+                "calls": dict(self.calls), "levels": [asdict(lv) for lv in self.levels]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Host:
+        return cls(int(data["cores"]), int(data["llc_bytes"]), Curve(**data["channel"]),
+                   Curve(**data["duplex"]), Curve(**data["copy"]), Curve(**data["shared"]),
+                   {k: Curve(**v) for k, v in data["reduce"].items()},
+                   {k: float(v) for k, v in data["calls"].items()},
+                   tuple(Level(**lv) for lv in data["levels"]))
+
+
+# --- counting a schedule for the host -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostCounts:
+    """One schedule, counted per round and rank, in bytes per element of the unit count.
+
+    Message view (the step executor): ``sent``, ``recv`` (copied out of a
+    channel), ``rred`` (reduced out of a channel), ``lcopy``, ``lred`` (local
+    copies and reductions) and ``ends`` (non-empty messages sent plus received).
+    Shared-buffer view (the fused paths): ``publish`` (distinct chunks sent),
+    ``copy`` (local copies of this rank's own data into IN/OUT), ``read``
+    (copies out of a peer's area), ``rreduce`` (reductions reading a peer's
+    area) and ``lreduce`` (reductions of this rank's own data).  A chunk
+    received into ``TMP`` stays in the peer's area: the steps that later read
+    it are the reads.  Arrays are ``(rounds, ranks walked)``; ``weight``
+    scales a sum over the walked ranks to all ranks.
+    """
+
+    nranks: int
+    unit: int                 # the unit count the bytes were counted at
+    sent: np.ndarray
+    recv: np.ndarray
+    rred: np.ndarray
+    lcopy: np.ndarray
+    lred: np.ndarray
+    ends: np.ndarray
+    publish: np.ndarray
+    copy: np.ndarray
+    read: np.ndarray
+    rreduce: np.ndarray
+    lreduce: np.ndarray
+    messages: np.ndarray      # per round: whether any rank sends a non-empty message in it
+    weight: float
+    buffers: float            # elements of IN + OUT per element of m, on one rank
+    scratch: float            # elements of TMP per element of m, on one rank
+
+
+#: rank-rounds a count may walk before it switches to a sample of ranks
+_WALK_BUDGET = 40_000
+_FIELDS = ("sent", "recv", "rred", "lcopy", "lred", "ends", "publish", "copy", "read",
+           "rreduce", "lreduce")
+
+
+@lru_cache(maxsize=4096)
+def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
+                params: tuple[tuple[str, int], ...] = (), m: int = 0) -> HostCounts:
+    """The :class:`HostCounts` of one algorithm (its registry defaults unless ``params``).
+
+    ``m = 0`` counts at the smallest unit count that cuts every chunk evenly, so
+    the figures scale to any size; a given ``m`` counts that size exactly (below
+    the even size some chunks are empty, and empty messages are never sent).
+    """
+    from .model import _m_ref, _sample
+
+    s = build(collective, algorithm, nranks, root, **dict(params))
+    unit = m if m > 0 else _m_ref(s)
+    bounds = {b: lay.bounds(unit).tolist() for b, lay in s.layouts.items()}
+    tmp_chunks = s.layouts[Buf.TMP].nchunks if Buf.TMP in s.layouts else 0
+    steps0 = sum(len(rnd) for rnd in s.steps(0))
+    ranks = list(range(nranks)) if steps0 * nranks <= _WALK_BUDGET else \
+        _sample(nranks, s.root, 0)
+    R, k = s.nrounds, len(ranks)
+    acc = {name: np.zeros((R, k)) for name in _FIELDS}
+    messages = np.zeros(R, bool)
+
+    def nbytes(refs: tuple[tuple[Buf, int, int], ...]) -> int:
+        return sum(bounds[b][e] - bounds[b][st] for b, st, e in refs)
+
+    def split(refs: tuple[tuple[Buf, int, int], ...], remote: list[bool]) -> tuple[int, int]:
+        """(own bytes, bytes in a peer's area) that ``refs`` read."""
+        own = far = 0
+        for b, st, e in refs:
+            if b is Buf.TMP:
+                for ch in range(st, e):
+                    size = bounds[b][ch + 1] - bounds[b][ch]
+                    if remote[ch]:
+                        far += size
+                    else:
+                        own += size
+            else:
+                own += bounds[b][e] - bounds[b][st]
+        return own, far
+
+    for j, r in enumerate(ranks):
+        remote = [False] * tmp_chunks     # TMP chunks that hold a peer's data (in its area)
+        for i, rnd in enumerate(s.steps(r)):
+            published: set[tuple[tuple[Buf, int, int], ...]] = set()
+            for st in rnd:
+                kind = st.kind
+                if kind is Kind.SEND:
+                    b = nbytes(st.src)
+                    if not b:
+                        continue
+                    acc["sent"][i, j] += b
+                    acc["ends"][i, j] += 1
+                    messages[i] = True
+                    if st.src not in published:
+                        published.add(st.src)
+                        acc["publish"][i, j] += b
+                elif kind is Kind.RECV or kind is Kind.RRED:
+                    b = nbytes(st.dst)
+                    if not b:
+                        continue
+                    acc["ends"][i, j] += 1
+                    if kind is Kind.RRED:
+                        acc["rred"][i, j] += b
+                        acc["rreduce"][i, j] += b
+                        continue
+                    acc["recv"][i, j] += b
+                    for buf, st0, e0 in st.dst:
+                        if buf is Buf.TMP:
+                            for ch in range(st0, e0):
+                                remote[ch] = True
+                        else:
+                            acc["read"][i, j] += bounds[buf][e0] - bounds[buf][st0]
+                elif kind is Kind.COPY:
+                    own, far = split(st.src, remote)
+                    acc["lcopy"][i, j] += own + far
+                    if all(ref[0] is Buf.TMP for ref in st.dst):
+                        for _, st0, e0 in st.dst:   # an alias of the source, no copy
+                            for ch in range(st0, e0):
+                                remote[ch] = far > 0
+                        continue
+                    acc["copy"][i, j] += own
+                    acc["read"][i, j] += far
+                elif kind is Kind.LRED:
+                    own, far = split(st.src, remote)
+                    acc["lred"][i, j] += own + far
+                    acc["lreduce"][i, j] += own
+                    acc["rreduce"][i, j] += far
+    out = {name: a / unit for name, a in acc.items()}
+    out["ends"] = acc["ends"]
+    lay = s.layouts
+    buffers = sum(lay[b].scale for b in (Buf.IN, Buf.OUT) if b in lay)
+    scratch = float(lay[Buf.TMP].scale) if Buf.TMP in lay else 0.0
+    return HostCounts(nranks, unit, out["sent"], out["recv"], out["rred"], out["lcopy"],
+                      out["lred"], out["ends"], out["publish"], out["copy"], out["read"],
+                      out["rreduce"], out["lreduce"], messages, nranks / k, float(buffers),
+                      scratch)
+
+
+def counts_at(collective: str, algorithm: str, nranks: int, m: int, root: int = 0,
+              params: tuple[tuple[str, int], ...] = ()) -> HostCounts:
+    """:func:`host_counts` for unit count ``m``: exact below the even size, scaled above."""
+    c = host_counts(collective, algorithm, nranks, root, params)
+    if m < c.unit:
+        return host_counts(collective, algorithm, nranks, root, params, m)
+    return c
+
+
+# --- predicting --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPrediction:
+    """The host model's answer for one call (seconds and what they are made of)."""
+
+    seconds: float
+    path: str
+    pieces: int
+    syncs: int                 # synchronisations of all ranks (the agreement included)
+    rounds: int                # rounds with messages
+    fixed_seconds: float       # call, synchronisations, rounds and messages
+    move_seconds: float        # copies: through channels or shared buffers
+    reduce_seconds: float
+    bytes_per_rank: float      # the most bytes a rank sends (generic) or publishes (fused)
+    critical_bytes: float      # per round, the busiest rank's bytes moved, summed
+    working_set: float
+    extrapolated: bool
+    how: str = field(default="")
+
+
+def working_set(c: HostCounts, path: str, m: int, itemsize: int) -> float:
+    """Bytes a call touches, summed over the ranks: each rank's bytes moved, copied and
+    reduced, at most its buffers (with the scratch buffer on the generic path)."""
+    if path == "generic":
+        per = c.sent + c.recv + c.rred + c.lcopy + c.lred
+        own = c.buffers + c.scratch
+    else:
+        per = c.publish + c.copy + c.read + c.rreduce + c.lreduce
+        own = c.buffers
+    touched = np.minimum(per.sum(axis=0), own) if per.size else np.zeros(0)
+    return float(touched.sum()) * c.weight * m * itemsize
+
+
+def round_work(host: Host, c: HostCounts, path: str, i: int, size: float, ws: float,
+               red: Curve) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per walked rank, round ``i``'s (moving, reducing, per-message) seconds at ``size``
+    bytes per unit (= m * itemsize) and working set ``ws``."""
+    llc = host.llc_bytes
+    g = red.at(ws, llc)
+    if path == "generic":
+        ch, dx, cp = (x.at(ws, llc) for x in (host.channel, host.duplex, host.copy))
+        incoming = c.recv[i] + c.rred[i]
+        mv = (ch * np.maximum(c.sent[i], incoming) + dx * np.minimum(c.sent[i], incoming)
+              + cp * c.lcopy[i]) * size
+        rd = g * c.lred[i] * size      # a receive reduces as it pulls: the pull is the reduction
+        return mv, rd, c.ends[i]
+    sh = host.shared.at(ws, llc)
+    mv = sh * (c.publish[i] + c.copy[i] + c.read[i]) * size
+    rd = g * (c.rreduce[i] + c.lreduce[i]) * size
+    return mv, rd, np.zeros_like(mv)
+
+
+def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dtype: DType,
+            paths: Paths, nbytes: int, root: int = 0,
+            params: tuple[tuple[str, int], ...] = ()) -> HostPrediction:
+    """Seconds of one call: ``collective`` with ``algorithm`` at unit count ``m`` on
+    ``nranks`` ranks (``nbytes``: the size the path rules look at)."""
+    if collective not in COLLECTIVES:
+        raise ArgumentError(f"unknown collective {collective!r}")
+    c = counts_at(collective, algorithm, nranks, m, root, params)
+    path = path_of(collective, algorithm, nbytes, paths)
+    lv, extrapolated = host.level(nranks)
+    isz = dtype.itemsize
+    size = float(m) * isz
+    ws = working_set(c, path, m, isz)
+    red = host.reduce.get(dtype_class(dtype), host.reduce["float"])
+    fixed = host.call(collective, path) + (lv.sync if nranks > 1 else 0.0)
+    syncs = 1 if nranks > 1 else 0
+    pieces = staged_pieces(collective, nranks, m, isz, paths) if path == "staged" else 1
+    move = reduce = crit = 0.0
+    rounds = 0
+    for i in range(c.sent.shape[0]):
+        mv, rd, ends = round_work(host, c, path, i, size, ws, red)
+        per = mv + rd + host.level(nranks)[0].endpoint * ends
+        if not per.any() and not c.messages[i]:
+            continue
+        j = int(np.argmax(per))
+        busiest = float((mv + rd)[j])
+        shared = float((mv + rd).sum()) * c.weight / host.cores
+        f = shared / busiest if busiest > 0 and shared > busiest else 1.0
+        move += float(mv[j]) * f          # more ranks than cores: they take turns
+        reduce += float(rd[j]) * f
+        moved = (c.sent[i] + c.recv[i] + c.lcopy[i] if path == "generic"
+                 else c.publish[i] + c.copy[i] + c.read[i]) * size
+        crit += float(moved.max()) if moved.size else 0.0
+        if c.messages[i]:
+            rounds += 1
+            if path == "generic":
+                fixed += lv.round + lv.endpoint * float(ends[j])
+            else:   # a round of the shared-buffer protocol, once per piece
+                fixed += pieces * lv.piece_sync
+                syncs += pieces if path == "staged" else 0
+    total = fixed + move + reduce
+    sent = c.sent if path == "generic" else c.publish
+    bytes_per_rank = float(sent.sum(axis=0).max()) * size if sent.size else 0.0
+    what = {"generic": "step executor over channels",
+            "staged": f"fused staged path, {pieces} piece{'s' if pieces != 1 else ''}",
+            "post": "fused one-shot path through the post area"}[path]
+    how = (f"host model, {what}; fixed costs at {nranks} ranks "
+           + (f"extrapolated from {host.calibrated_ranks}" if extrapolated else "calibrated"))
+    return HostPrediction(total, path, pieces, syncs, rounds, fixed, move, reduce,
+                          bytes_per_rank, crit, ws, extrapolated, how)
+
+
+__all__ = ["CLASS_DTYPES", "DTYPE_CLASSES", "FUSED", "PATHS", "Curve", "Host", "HostCounts",
+           "HostPrediction", "Level", "Paths", "cache_limits", "counts_at", "dtype_class",
+           "host_counts", "path_of", "predict", "round_work", "staged_pieces", "working_set"]

@@ -1,0 +1,206 @@
+"""Timing collectives on live ranks: what the calibration, the regret and the validation measure.
+
+A :class:`Case` is one collective of one size with one algorithm (``None``:
+the communicator's automatic choice).  :func:`run` starts ``nranks`` ranks
+with :func:`ringlet.spawn` and times every case the way nccl-tests does: a
+barrier, a batch of calls, and the batch's mean time per call on the slowest
+rank.  Cases of one collective and size are timed in turns (case 1, case 2,
+..., case 1, case 2, ...) ``reps`` times, so a burst of load from another
+process hits every algorithm alike, and :attr:`Sample.seconds` is the median
+over the batches.
+
+Sizes follow nccl-tests (and :func:`ringlet.algorithms.select.choose`): the
+vector of all_reduce, broadcast and reduce; the whole output of all_gather
+and gather; the whole input of reduce_scatter, scatter and all_to_all.  A
+size is rounded down to whole float32 elements (whole blocks for the
+per-rank collectives), and up to one element per rank.  Buffers hold zeros,
+so repeated reductions neither overflow nor slow down.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import ArgumentError
+from ..schedule import COLLECTIVES
+
+#: the collectives whose size counts every rank's block (nccl-tests' per-rank convention)
+PER_RANK = frozenset({"all_gather", "reduce_scatter", "all_to_all", "scatter", "gather"})
+#: the element type every case uses
+DTYPE = np.dtype(np.float32)
+#: where every buffer starts, in bytes past a 4 KiB page boundary (see :func:`aligned`)
+OFFSET = 256
+
+
+def aligned(shape: int | tuple[int, ...], dtype: Any = DTYPE, offset: int = OFFSET
+            ) -> np.ndarray:
+    """Zeros of ``shape`` starting ``offset`` bytes past a page boundary.
+
+    Where a buffer starts matters on some CPUs: copying out of a page-aligned
+    shared-memory area into a buffer that starts 16 bytes past a page boundary
+    (what a fresh numpy array of 128 KiB or more gets from glibc) runs an order
+    of magnitude slower than into one that starts elsewhere.  Measurements
+    allocate every buffer at the same offset so that they are repeatable.
+
+    The zeros are written, not left to the allocator: untouched zeroed memory
+    is one shared zero page to the CPU, which reads as if it were in the cache.
+    """
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.empty(n + 8192, np.uint8)
+    raw.fill(0)
+    start = (offset - raw.ctypes.data) % 4096
+    return raw[start:start + n].view(dt).reshape(shape)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One collective call to time: ``collective`` of ``nbytes`` with ``algorithm``
+    (``None``: the communicator's automatic choice).  ``barrier`` ignores the size."""
+
+    collective: str
+    nbytes: int
+    algorithm: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES and self.collective != "barrier":
+            raise ArgumentError(
+                f"unknown collective {self.collective!r}; valid: {', '.join(COLLECTIVES)} "
+                f"or barrier")
+        if self.nbytes < 1:
+            raise ArgumentError(f"a case needs nbytes >= 1, got {self.nbytes}")
+
+
+@dataclass
+class Sample:
+    """A timed :class:`Case`: median seconds per call, every batch, and calls per batch."""
+
+    case: Case
+    nranks: int
+    nbytes: int                 # the size actually run (whole elements / blocks)
+    seconds: float              # median over the batches
+    batches: list[float] = field(default_factory=list)
+    calls: int = 1              # calls per batch
+
+    @property
+    def spread(self) -> float:
+        """(largest - smallest batch) / median: how noisy the measurement was."""
+        if not self.batches or self.seconds <= 0:
+            return 0.0
+        return (max(self.batches) - min(self.batches)) / self.seconds
+
+
+def rounded(collective: str, nbytes: int, nranks: int) -> tuple[int, int]:
+    """``(nbytes actually run, count per rank or block)`` for a requested size."""
+    unit = DTYPE.itemsize * (nranks if collective in PER_RANK else 1)
+    count = max(1, int(nbytes) // unit)
+    return count * unit, count
+
+
+def _call(comm: Any, collective: str, count: int, algorithm: str | None
+          ) -> Callable[[], object]:
+    """One rank's buffers for ``collective`` and a function making one call on them."""
+    n, r = comm.size, comm.rank
+    z = aligned
+    a = algorithm
+    x: np.ndarray | None
+    y: np.ndarray | None
+    if collective == "barrier":
+        return comm.barrier
+    if collective == "all_reduce":
+        x = z(count, DTYPE)
+        return lambda: comm.all_reduce(x, algorithm=a)
+    if collective == "broadcast":
+        x = z(count, DTYPE)
+        return lambda: comm.broadcast(x, 0, algorithm=a)
+    if collective == "reduce":
+        x, y = z(count, DTYPE), (z(count, DTYPE) if r == 0 else None)
+        return lambda: comm.reduce(x, 0, out=y, algorithm=a)
+    if collective == "all_gather":
+        x, y = z(count, DTYPE), z((n, count), DTYPE)
+        return lambda: comm.all_gather(x, out=y, algorithm=a)
+    if collective == "reduce_scatter":
+        x, y = z(n * count, DTYPE), z(count, DTYPE)
+        return lambda: comm.reduce_scatter(x, out=y, algorithm=a)
+    if collective == "all_to_all":
+        x, y = z(n * count, DTYPE), z(n * count, DTYPE)
+        return lambda: comm.all_to_all(x, out=y, algorithm=a)
+    if collective == "scatter":
+        x, y = (z(n * count, DTYPE) if r == 0 else None), z(count, DTYPE)
+        return lambda: comm.scatter(x, 0, out=y, algorithm=a)
+    if collective == "gather":
+        x, y = z(count, DTYPE), (z((n, count), DTYPE) if r == 0 else None)
+        return lambda: comm.gather(x, 0, out=y, algorithm=a)
+    raise ArgumentError(f"no buffers for collective {collective!r}")
+
+
+def _max(comm: Any, values: Sequence[float]) -> np.ndarray:
+    """Element-wise maximum over the ranks (outside any timed region)."""
+    v = np.array(values, np.float64)
+    if v.size:
+        comm.all_reduce(v, "max")
+    return v
+
+
+def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
+              max_calls: int = 1000) -> list[tuple[int, list[float], int]]:
+    """The body every rank runs: ``(nbytes run, per-batch seconds, calls per batch)`` per case.
+
+    Cases are grouped by (collective, size); within a group they are timed in
+    turns.  A batch is as many calls as fit in ``budget`` seconds (at least one,
+    at most ``max_calls``), sized from a warm-up call timed on every rank.
+    """
+    if reps < 1:
+        raise ArgumentError(f"reps must be >= 1, got {reps}")
+    out: list[tuple[int, list[float], int]] = [(0, [], 0)] * len(cases)
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, c in enumerate(cases):
+        groups.setdefault((c.collective, c.nbytes), []).append(i)
+    for (coll, nbytes), idx in groups.items():
+        real, count = rounded(coll, nbytes, comm.size)
+        calls = [_call(comm, coll, count, cases[i].algorithm) for i in idx]
+        warm: list[float] = []
+        for f in calls:
+            f()                                  # first touch of the buffers, choice cached
+            comm.barrier()
+            t0 = time.perf_counter()
+            f()
+            warm.append(time.perf_counter() - t0)
+        ks = [max(1, min(max_calls, int(budget / t) if t > 0 else max_calls))
+              for t in _max(comm, warm)]
+        local = np.zeros((reps, len(calls)))
+        for rep in range(reps):
+            for j, f in enumerate(calls):
+                comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(ks[j]):
+                    f()
+                local[rep, j] = (time.perf_counter() - t0) / ks[j]
+        worst = _max(comm, local.ravel().tolist()).reshape(reps, len(calls))
+        for j, i in enumerate(idx):
+            out[i] = (real, worst[:, j].tolist(), ks[j])
+        del calls
+    return out
+
+
+def run(nranks: int, cases: Sequence[Case], *, reps: int = 5, budget: float = 0.02,
+        settings: Settings | None = None, max_calls: int = 1000) -> list[Sample]:
+    """Time ``cases`` on ``nranks`` fresh local ranks; one :class:`Sample` per case."""
+    from ..launch import spawn
+
+    res = spawn(time_rank, nranks, list(cases), reps, budget, max_calls, settings=settings)
+    samples = []
+    for c, (real, batches, k) in zip(cases, res[0], strict=True):
+        samples.append(Sample(c, nranks, real, statistics.median(batches), batches, k))
+    return samples
+
+
+__all__ = ["DTYPE", "OFFSET", "PER_RANK", "Case", "Sample", "aligned", "rounded", "run",
+           "time_rank"]
