@@ -4,27 +4,39 @@ Precedence, most specific first:
 
 1. the call's ``algorithm=`` (``None`` or ``"auto"`` means: choose);
 2. a name the ``RINGLET_ALGO`` setting forces for the collective;
-3. :func:`heuristic`, a small size/N rule, never picking a name the setting
-   excludes with ``^name``.
+3. with a calibrated profile (the ``RINGLET_PROFILE`` setting, by default
+   ``~/.cache/ringlet/profile.json``, written by ``ringlet predict
+   --calibrate``), the :class:`Tuner`: the allowed algorithm with the least
+   predicted time; without one, :func:`heuristic`, a small size/N rule.
+   Neither picks a name the setting excludes with ``^name``, nor
+   ``recursive_doubling`` for all_reduce (:data:`NEVER_AUTO`) unless the
+   setting excludes everything else.
 
 ``RINGLET_ALGO`` is ``collective:item,item;collective:...``; an item is an
 algorithm name or alias (force it) or ``^name`` (exclude it from the automatic
 choice), e.g. ``all_reduce:ring;broadcast:tree`` or ``all_reduce:^naive,^direct``.
 
-Everything here is a pure function of its arguments, so every rank that asks
-the same question gets the same answer.  ``nbytes`` is the size of the
-collective's whole buffer on one rank, as nccl-tests counts it: the vector of
-all_reduce, broadcast and reduce; the output of all_gather and gather; the
-input of reduce_scatter, all_to_all and scatter.
+Everything here is a pure function of its arguments (and of the profile's
+contents), so every rank that asks the same question gets the same answer.
+``nbytes`` is the size of the collective's whole buffer on one rank, as
+nccl-tests counts it: the vector of all_reduce, broadcast and reduce; the
+output of all_gather and gather; the input of reduce_scatter, all_to_all and
+scatter.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ConfigError
 from ..schedule import COLLECTIVES
 from . import algorithms, canonical
+
+if TYPE_CHECKING:
+    from ..cost.host import Paths
+    from ..cost.model import Profile
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -96,6 +108,13 @@ def parse_algo_setting(text: str) -> Setting:
     (None, frozenset({'naive'}))
     """
     return {c: (f, e) for c, f, e in _parse(text)}
+
+
+#: Algorithms the automatic choice never picks (the user may still ask for them).
+#: Recursive doubling all_reduce: partners reduce a (op) b and b (op) a, which differ in
+#: the last bit for MIN/MAX of signed zeros and for NaN payloads, and all_reduce promises
+#: bit-identical results on every rank.
+NEVER_AUTO: dict[str, frozenset[str]] = {"all_reduce": frozenset({"recursive_doubling"})}
 
 
 def _pow2(n: int) -> bool:
@@ -179,15 +198,109 @@ def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
         if name in allowed:
             return name
     # everything preferred is excluded: any other allowed one, the reference last
-    rest = sorted(allowed, key=lambda a: (a == "naive", a == "recursive_doubling", a))
+    never = NEVER_AUTO.get(collective, frozenset())
+    rest = sorted(allowed, key=lambda a: (a in never, a == "naive", a == "recursive_doubling", a))
     if not rest:
         raise ArgumentError(f"no algorithm of {collective} is allowed")
     return rest[0]
 
 
+class Tuner:
+    """The automatic choice by predicted time, from a calibrated profile.
+
+    For a collective of ``nbytes`` on ``nranks`` ranks, every allowed algorithm
+    (less :data:`NEVER_AUTO`) is predicted with
+    :func:`ringlet.cost.model.predict` on ``profile`` (the host model of a
+    calibrated profile, on the path ``paths`` gives the call), and the least
+    time wins; ties go to the name first in alphabetical order, so every rank
+    with the same profile picks the same.  Predictions use float32 elements
+    (the choice is per size, as the communicator caches it, not per dtype).
+    Answers are cached per (collective, nranks, nbytes, allowed set).
+
+    >>> from ringlet.cost.model import Link, Profile
+    >>> slow_links = Tuner(Profile(Link(alpha=1e-3, beta=1e-12)))
+    >>> slow_links.choose("broadcast", 8, 1 << 10, frozenset({"binomial", "chain"}))
+    'binomial'
+    """
+
+    def __init__(self, profile: Profile, paths: Paths | None = None) -> None:
+        from ..cost.host import Paths
+
+        self.profile = profile
+        self.paths = Paths() if paths is None else paths
+        self._cache: dict[tuple[str, int, int, frozenset[str]], str] = {}
+
+    def times(self, collective: str, nranks: int, nbytes: int,
+              allowed: frozenset[str]) -> dict[str, float]:
+        """Predicted seconds of every allowed algorithm that can run this call."""
+        from ..cost.model import predict
+
+        out: dict[str, float] = {}
+        for name in sorted(allowed - NEVER_AUTO.get(collective, frozenset())):
+            try:
+                out[name] = predict(collective, name, nranks, max(1, nbytes), self.profile,
+                                    "float32", paths=self.paths).seconds
+            except ArgumentError:
+                continue   # cannot run on this many ranks (e.g. a group size that divides)
+        return out
+
+    def choose(self, collective: str, nranks: int, nbytes: int, allowed: frozenset[str]) -> str:
+        """The allowed algorithm with the least predicted time (the heuristic's pick if
+        none can be predicted)."""
+        key = (collective, nranks, nbytes, allowed)
+        name = self._cache.get(key)
+        if name is None:
+            times = self.times(collective, nranks, nbytes, allowed)
+            if times:
+                name = min(times, key=lambda a: (times[a], a))
+            else:
+                name = heuristic(collective, nranks, nbytes, allowed)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = name
+        return name
+
+
+def tuner_for(settings: Any) -> Tuner | None:
+    """The :class:`Tuner` of a :class:`~ringlet.config.Settings`: its ``profile`` file
+    read (once per version of the file) with its shared-memory paths, or None if the
+    setting is empty or the file does not exist.  A file that is not a profile raises
+    ConfigError."""
+    text = settings.profile
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"RINGLET_PROFILE={text!r}: cannot read it ({exc})") from None
+    from ..cost.host import Paths
+
+    return _tuner(str(path), st.st_mtime_ns, st.st_size, Paths.from_settings(settings))
+
+
+@lru_cache(maxsize=8)
+def _tuner(path: str, mtime_ns: int, size: int, paths: Paths) -> Tuner:
+    from ..cost.model import Profile
+
+    try:
+        profile = Profile.load(path)
+    except ArgumentError as exc:
+        raise ConfigError(
+            f"RINGLET_PROFILE={path!r} is not a usable profile ({exc}); recalibrate with "
+            f"`ringlet predict --calibrate`, or set RINGLET_PROFILE='' to choose by the "
+            f"built-in size rules") from None
+    return Tuner(profile, paths)
+
+
 def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
-           setting: str) -> str:
+           setting: str, tuner: Tuner | None = None) -> str:
     """The canonical name of the algorithm to run (see the module docs for the precedence).
+
+    ``tuner`` (see :func:`tuner_for`) makes the automatic choice by predicted
+    time; without it, :func:`heuristic` does.
 
     >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="")
     'oneshot'
@@ -208,4 +321,7 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
     forced, excluded = parse_algo_setting(setting).get(collective, (None, frozenset()))
     if forced is not None:
         return forced
-    return heuristic(collective, nranks, nbytes, frozenset(algorithms(collective)) - excluded)
+    allowed = frozenset(algorithms(collective)) - excluded
+    if tuner is not None:
+        return tuner.choose(collective, nranks, nbytes, allowed)
+    return heuristic(collective, nranks, nbytes, allowed)

@@ -371,7 +371,7 @@ def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
             cases = _tiny_cases(size)
             got = time_rank(sub, cases, p.reps, p.budget)
             raw["tiny"][size] = [(c.collective, c.algorithm, real, float(np.median(b)))
-                                 for c, (real, b, _) in zip(cases, got, strict=True)]
+                                 for c, (real, b, _, _) in zip(cases, got, strict=True)]
             sub.close()
         comm.barrier()
     # 2. ping-pong between ranks 0 and 1
@@ -387,7 +387,7 @@ def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
         raw["throughput"] = _throughput(group, p.copy_sizes, p.reps, p.budget)
         got = time_rank(group, p.size_cases, p.reps, p.budget)
         raw["sized"] = [(c.collective, c.algorithm, real, float(np.median(b)))
-                        for c, (real, b, _) in zip(p.size_cases, got, strict=True)]
+                        for c, (real, b, _, _) in zip(p.size_cases, got, strict=True)]
         group.close()
     comm.barrier()
     return raw if comm.rank == 0 else None
@@ -577,7 +577,7 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
            + (" (quick: rough)" if p.quick else ""))
     link = Link(alpha, beta, reduce["float"].cache, f"{src}: send/recv ping-pong; gamma: "
                 f"float32 in-place add in cache")
-    return Profile(link, name="local", source=src, host=done, calibration=cal)
+    return Profile(link, name="this host", source=src, host=done, calibration=cal)
 
 
 def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,

@@ -5,6 +5,7 @@
     ringlet predict all_reduce --bytes 14GB --ranks 8 --link nvlink4
     ringlet predict all_reduce --bytes 1GB --link dgx_h100 --nodes 16
     ringlet predict broadcast --bytes 64MB --ranks 32 --bandwidth 25GB/s --latency 5us --json
+    ringlet predict --calibrate -n 2          # measure this host, save the profile
 
 The link options (:func:`add_link_options`, :func:`resolve_links`) are shared
 with ``ringlet plan``.
@@ -20,8 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import Settings
 from ..errors import ArgumentError
 from ..schedule import COLLECTIVES, UNIT
+from .host import Paths
 from .model import (
     DEFAULT_PROFILE_PATH,
     Crossover,
@@ -102,8 +105,9 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--line-rate", action="store_true",
                    help="use the presets' raw line rates, not their achievable efficiency")
     g.add_argument("--profile", metavar="PATH",
-                   help=f"the profile --link local uses (JSON saved by a calibration; default "
-                        f"{DEFAULT_PROFILE_PATH} if it exists, else a conservative default)")
+                   help=f"the profile --link local uses (JSON saved by --calibrate; default: "
+                        f"the RINGLET_PROFILE setting, {DEFAULT_PROFILE_PATH}, if the file "
+                        f"exists, else a conservative default)")
 
 
 def _custom_link(text: str, what: str, gamma: float) -> tuple[Link, float, str]:
@@ -184,8 +188,9 @@ def resolve_links(args: argparse.Namespace) -> Links:
         return _with_nodes(args, Links(prof, desc, shape.intra.marketing, shape.inter.marketing,
                                        None))
     if name == "local":
-        # an explicit --profile must exist; the default path falls back to the default link
-        prof = Profile.load(args.profile) if args.profile else local_profile()
+        # an explicit --profile must exist; the setting's path falls back to the default link
+        prof = Profile.load(args.profile) if args.profile else \
+            local_profile(Settings.from_env().profile)
         where = f"local: {prof.name or 'profile'}: {prof.source}"
         line = prof.intra.bandwidth if prof.inter is None else None
         return _with_nodes(args, Links(prof, [where], prof.intra.bandwidth,
@@ -256,12 +261,16 @@ def configure(p: argparse.ArgumentParser) -> None:
         "  ringlet predict all_reduce --bytes 14GB --ranks 8 --link nvlink4\n"
         "  ringlet predict all_reduce --bytes 1GiB --link dgx_h100 --nodes 16 --rails\n"
         "  ringlet predict broadcast --bytes 64MB --ranks 32 --bandwidth 25GB/s --latency 5us\n"
+        "  ringlet predict --calibrate -n 4           # this host, up to 4 ranks\n"
+        "  ringlet predict all_reduce --bytes 1MiB --ranks 4   # then: with the profile\n"
         "sizes: --bytes is nccl-tests' size: the vector for all_reduce, broadcast and reduce; "
         "the whole output of all_gather and gather; the whole input of reduce_scatter and "
         "scatter; a rank's whole buffer for all_to_all.")
-    p.add_argument("collective", choices=list(COLLECTIVES), help="the collective")
-    p.add_argument("--bytes", required=True, metavar="SIZE", dest="nbytes",
-                   help="size in bytes: 14GB (10^9), 1.5GiB (2^30), 25MiB, 4096")
+    p.add_argument("collective", nargs="?", choices=list(COLLECTIVES),
+                   help="the collective (not with --calibrate)")
+    p.add_argument("--bytes", metavar="SIZE", dest="nbytes",
+                   help="size in bytes: 14GB (10^9), 1.5GiB (2^30), 25MiB, 4096 "
+                        "(required unless --calibrate)")
     p.add_argument("--ranks", type=int, metavar="N", help="number of ranks")
     p.add_argument("--dtype", default="float32",
                    help="element type (float32, float16/fp16, bfloat16/bf16, ...; "
@@ -280,8 +289,30 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-crossovers", action="store_true",
                    help="skip the search for the sizes where the fastest algorithm changes")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON list, one object per algorithm")
+                   help="print a JSON list, one object per algorithm (with --calibrate: the "
+                        "profile)")
     add_link_options(p)
+    c = p.add_argument_group("calibration", textwrap.fill(
+        "--calibrate measures this host's shared-memory transport on live ranks (fixed "
+        "costs in seconds at every rank count up to -n, ping-pong, copy and reduction "
+        "throughput in bytes/s, data through the fused and the step-executor paths), fits "
+        "them by least squares, prints every term with its fit error and saves the "
+        "profile: the automatic algorithm choice then predicts with it. About 10 s at -n 2 "
+        "on two cores; run it on a quiet machine.", 78))
+    c.add_argument("--calibrate", action="store_true",
+                   help="calibrate this host and save the profile (no collective, no --bytes)")
+    c.add_argument("-n", "--nranks", type=int, metavar="N",
+                   help="ranks to calibrate with (default 2); fixed costs are measured at "
+                        "every count from 1 to N, so use at least the largest job you run "
+                        "here (beyond N they are extrapolated)")
+    c.add_argument("--out", metavar="PATH",
+                   help=f"where to save the profile (default: the RINGLET_PROFILE setting, "
+                        f"{DEFAULT_PROFILE_PATH})")
+    c.add_argument("--reps", type=int, metavar="R",
+                   help="timed batches per measurement, the median is kept (default 5)")
+    c.add_argument("--quick", action="store_true",
+                   help="a tiny sweep for smoke tests: a few seconds, rough figures (not for "
+                        "real use)")
 
 
 def _ranges(cross: list[Crossover], name: str, lo: int, hi: int, first: str
@@ -298,8 +329,44 @@ def _ranges(cross: list[Crossover], name: str, lo: int, hi: int, first: str
     return out
 
 
+def calibrate(args: argparse.Namespace) -> int:
+    """Run ``ringlet predict --calibrate``: measure, fit, report and save the profile."""
+    from .calibrate import calibrate as run_calibration
+    from .calibrate import report
+
+    given = [n for n, v in (("a collective", args.collective), ("--bytes", args.nbytes))
+             if v is not None]
+    if given:
+        raise ArgumentError(f"--calibrate takes no {' or '.join(given)}; it measures this "
+                            f"host (ringlet predict --calibrate [-n N] [--out PATH])")
+    settings = Settings.from_env()
+    out = args.out or settings.profile
+    if not out:
+        raise ArgumentError("RINGLET_PROFILE is '' (no tuner): give --out PATH to say where "
+                            "the profile goes")
+    profile = run_calibration(2 if args.nranks is None else args.nranks, quick=args.quick,
+                              reps=5 if args.reps is None else args.reps, settings=settings)
+    path = profile.save(out)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+        return 0
+    for line in report(profile):
+        print(line)
+    print(f"\nsaved to {path}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run ``ringlet predict``."""
+    """Run ``ringlet predict`` (or, with ``--calibrate``, the calibration)."""
+    if args.calibrate:
+        return calibrate(args)
+    extra = [n for n, v in (("-n", args.nranks), ("--out", args.out), ("--reps", args.reps))
+             if v is not None] + (["--quick"] if args.quick else [])
+    if extra:
+        raise ArgumentError(f"{', '.join(extra)} go with --calibrate")
+    if args.collective is None or args.nbytes is None:
+        raise ArgumentError("give a collective and --bytes (e.g. ringlet predict all_reduce "
+                            "--bytes 1MiB --ranks 4), or --calibrate")
     started = time.perf_counter()
     links = resolve_links(args)
     n = resolve_ranks(args, links)
@@ -310,8 +377,9 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.root < n:
         raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
     params = _params(args.param)
+    paths = Paths.from_settings(Settings.from_env())
     preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
-                        args.algorithm, params, args.rails)
+                        args.algorithm, params, args.rails, paths)
     ok = [p for p in preds if isinstance(p, Prediction)]
     bad = [p for p in preds if isinstance(p, Inapplicable)]
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
@@ -322,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
     if ok and not args.no_crossovers and len(ok) > 1:
         names_ok = [p.algorithm for p in ok]
         cross = crossovers(args.collective, n, links.profile, d, args.root, names_ok, lo, hi,
-                           params, args.rails)
+                           params, args.rails, paths)
         first = cross[0].below if cross else ok[0].algorithm
     tb_s = (textbook_seconds(args.collective, ok[0].nbytes, links.textbook_bandwidth)
             if ok and args.textbook and links.textbook_bandwidth else None)
@@ -397,4 +465,5 @@ def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
         headline_bidirectional=links.headline_bidirectional)
 
 
-__all__ = ["Links", "add_link_options", "configure", "main", "resolve_links", "resolve_ranks"]
+__all__ = ["Links", "add_link_options", "calibrate", "configure", "main", "resolve_links",
+           "resolve_ranks"]

@@ -73,11 +73,10 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import build
+from ..config import Settings
 from ..errors import ArgumentError
 from ..ops import DType
 from ..schedule import COLLECTIVES, Buf, Kind
-
-KiB, MiB = 1 << 10, 1 << 20
 
 #: (collective, algorithm) -> the fused path the shared-memory transport runs it on
 #: (mirrors ``ringlet.comm._FUSED``; a test keeps the two equal).
@@ -110,14 +109,18 @@ def dtype_class(d: DType) -> str:
     return {"f": "float", "c": "complex", "b": "bool"}.get(kind, "int")
 
 
+_DEFAULTS = Settings()
+
+
 @dataclass(frozen=True)
 class Paths:
-    """The communicator settings that decide how a call runs on shared memory."""
+    """The communicator settings that decide how a call runs on shared memory
+    (defaults: :class:`~ringlet.config.Settings`' defaults)."""
 
-    fused: bool = True
-    post_bytes: int = 64 * KiB
-    stage_bytes: int = 4 * MiB
-    piece_bytes: int = 1 * MiB
+    fused: bool = _DEFAULTS.fused
+    post_bytes: int = _DEFAULTS.shm_post_bytes
+    stage_bytes: int = _DEFAULTS.shm_stage_bytes
+    piece_bytes: int = _DEFAULTS.shm_piece_bytes
 
     @classmethod
     def from_settings(cls, settings: Any) -> Paths:
@@ -504,7 +507,7 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     rounds = 0
     for i in range(c.sent.shape[0]):
         mv, rd, ends = round_work(host, c, path, i, size, ws, red)
-        per = mv + rd + host.level(nranks)[0].endpoint * ends
+        per = mv + rd + lv.endpoint * ends
         if not per.any() and not c.messages[i]:
             continue
         j = int(np.argmax(per))

@@ -80,7 +80,8 @@ class Case:
 
 @dataclass
 class Sample:
-    """A timed :class:`Case`: median seconds per call, every batch, and calls per batch."""
+    """A timed :class:`Case`: median seconds per call, every batch, calls per batch, and
+    the algorithm the communicator ran (its own choice for ``algorithm=None``)."""
 
     case: Case
     nranks: int
@@ -88,6 +89,7 @@ class Sample:
     seconds: float              # median over the batches
     batches: list[float] = field(default_factory=list)
     calls: int = 1              # calls per batch
+    ran: str = ""
 
     @property
     def spread(self) -> float:
@@ -150,8 +152,9 @@ def _max(comm: Any, values: Sequence[float]) -> np.ndarray:
 
 
 def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
-              max_calls: int = 1000) -> list[tuple[int, list[float], int]]:
-    """The body every rank runs: ``(nbytes run, per-batch seconds, calls per batch)`` per case.
+              max_calls: int = 1000) -> list[tuple[int, list[float], int, str]]:
+    """The body every rank runs: ``(nbytes run, per-batch seconds, calls per batch,
+    algorithm run)`` per case.
 
     Cases are grouped by (collective, size); within a group they are timed in
     turns.  A batch is as many calls as fit in ``budget`` seconds (at least one,
@@ -159,7 +162,7 @@ def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
     """
     if reps < 1:
         raise ArgumentError(f"reps must be >= 1, got {reps}")
-    out: list[tuple[int, list[float], int]] = [(0, [], 0)] * len(cases)
+    out: list[tuple[int, list[float], int, str]] = [(0, [], 0, "")] * len(cases)
     groups: dict[tuple[str, int], list[int]] = {}
     for i, c in enumerate(cases):
         groups.setdefault((c.collective, c.nbytes), []).append(i)
@@ -185,7 +188,9 @@ def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
                 local[rep, j] = (time.perf_counter() - t0) / ks[j]
         worst = _max(comm, local.ravel().tolist()).reshape(reps, len(calls))
         for j, i in enumerate(idx):
-            out[i] = (real, worst[:, j].tolist(), ks[j])
+            # the communicator's own (cached) answer: what the calls above ran
+            ran = "" if coll == "barrier" else comm._choose(coll, cases[i].algorithm, real)
+            out[i] = (real, worst[:, j].tolist(), ks[j], ran)
         del calls
     return out
 
@@ -197,10 +202,82 @@ def run(nranks: int, cases: Sequence[Case], *, reps: int = 5, budget: float = 0.
 
     res = spawn(time_rank, nranks, list(cases), reps, budget, max_calls, settings=settings)
     samples = []
-    for c, (real, batches, k) in zip(cases, res[0], strict=True):
-        samples.append(Sample(c, nranks, real, statistics.median(batches), batches, k))
+    for c, (real, batches, k, ran) in zip(cases, res[0], strict=True):
+        samples.append(Sample(c, nranks, real, statistics.median(batches), batches, k, ran))
     return samples
 
 
-__all__ = ["DTYPE", "OFFSET", "PER_RANK", "Case", "Sample", "aligned", "rounded", "run",
-           "time_rank"]
+def applicable(collective: str, nranks: int) -> list[str]:
+    """The registered algorithms of ``collective`` that can run on ``nranks`` ranks."""
+    from ..algorithms import algorithms, build
+
+    out = []
+    for name in algorithms(collective):
+        try:
+            build(collective, name, nranks)
+        except ArgumentError:
+            continue
+        out.append(name)
+    return out
+
+
+def idle(seconds: float = 1.0) -> float:
+    """The fraction of CPU time the whole machine spent idle over ``seconds`` (Linux)."""
+
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+
+    a = snap()
+    time.sleep(seconds)
+    b = snap()
+    return (b[1] - a[1]) / max(1, b[0] - a[0])
+
+
+def wait_quiet(limit: float = 300.0, want: float = 0.9) -> tuple[float, float]:
+    """Wait (up to ``limit`` seconds) until the CPUs are at least ``want`` idle over a
+    second; returns (the idle fraction seen, seconds waited)."""
+    start = time.monotonic()
+    while True:
+        got = idle(1.0)
+        waited = time.monotonic() - start
+        if got >= want or waited >= limit:
+            return got, waited
+
+
+def sweep(nranks: int, collectives: Sequence[str], sizes: Sequence[int], *, auto: bool,
+          reps: int = 5, budget: float = 0.02, repeat: int = 3,
+          settings: Settings | None = None, quiet: float = 300.0,
+          log: Callable[[str], None] | None = None) -> list[Sample]:
+    """Every applicable algorithm (and the automatic choice if ``auto``) of every
+    collective at every size, ``repeat`` times, each time after waiting for a quiet
+    machine: one :class:`Sample` per case, ``seconds`` the median over the repeats of
+    each repeat's median, ``batches`` those per-repeat medians."""
+    got: dict[Case, list[Sample]] = {}
+    for rnd in range(repeat):
+        for coll in collectives:
+            names: list[str | None] = list(applicable(coll, nranks))
+            if auto:
+                names.append(None)
+            cases = [Case(coll, s, a) for s in sizes for a in names]
+            seen, waited = wait_quiet(quiet)
+            t0 = time.monotonic()
+            for smp in run(nranks, cases, reps=reps, budget=budget, settings=settings):
+                got.setdefault(smp.case, []).append(smp)
+            if log is not None:
+                log(f"repeat {rnd + 1}/{repeat}: {coll} on {nranks} ranks, "
+                    f"{len(cases)} cases in {time.monotonic() - t0:.1f} s (machine "
+                    f"{seen:.0%} idle before, after waiting {waited:.0f} s)")
+    out = []
+    for case, runs in got.items():
+        meds = [r.seconds for r in runs]
+        ran = {r.ran for r in runs}
+        first = runs[0]
+        out.append(Sample(case, nranks, first.nbytes, statistics.median(meds), meds,
+                          first.calls, first.ran if len(ran) == 1 else "/".join(sorted(ran))))
+    return out
+
+
+__all__ = ["DTYPE", "OFFSET", "PER_RANK", "Case", "Sample", "aligned", "applicable", "idle",
+           "rounded", "run", "sweep", "time_rank", "wait_quiet"]

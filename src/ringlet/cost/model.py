@@ -84,14 +84,16 @@ import numpy as np
 
 from ..algorithms import algorithms as registered_algorithms
 from ..algorithms import build, entry
+from ..config import DEFAULT_PROFILE
 from ..errors import ArgumentError
 from ..ops import DTYPES, DType
 from ..schedule import COLLECTIVES, Kind, Schedule
 from .host import Host, Paths
 from .host import predict as host_predict
 
-#: Where a calibration stores this machine's profile (``Profile.save()``/``Profile.load()``).
-DEFAULT_PROFILE_PATH = Path("~/.cache/ringlet/profile.json")
+#: Where a calibration stores this machine's profile (``Profile.save()``/``Profile.load()``);
+#: the default of the ``RINGLET_PROFILE`` setting.
+DEFAULT_PROFILE_PATH = Path(DEFAULT_PROFILE)
 
 #: nccl-tests' bus-bandwidth factors, busbw = algbw * factor (nccl-tests doc/PERFORMANCE.md;
 #: gather and scatter as in its gather.cu and scatter.cu).

@@ -206,9 +206,12 @@ def link_spec(name: str) -> LinkSpec:
 
 def local_profile(path: str | Path | None = None) -> Profile:
     """This host: the calibrated profile at ``path`` (default ``~/.cache/ringlet/profile.json``)
-    if it exists, else :data:`LOCAL_DEFAULT`."""
+    if it exists, else :data:`LOCAL_DEFAULT` (also for ``path=""``: no profile)."""
+    if path == "":
+        return Profile(LOCAL_DEFAULT.link(), name="local",
+                       source="no profile (RINGLET_PROFILE=''): conservative default")
     p = Path(path if path is not None else DEFAULT_PROFILE_PATH).expanduser()
-    if p.exists():
+    if p.is_file():
         return Profile.load(p)
     return Profile(LOCAL_DEFAULT.link(), name="local",
                    source=f"no calibrated profile at {p}: conservative default")
