@@ -27,6 +27,9 @@ LAUNCH_VARIABLES = frozenset({"RINGLET_JOB_ID"})
 
 _SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
+#: Where ``ringlet predict --calibrate`` stores this machine's profile by default.
+DEFAULT_PROFILE = "~/.cache/ringlet/profile.json"
+
 
 def parse_bytes(text: str) -> int:
     """``"4096"``, ``"64K"``, ``"1M"``, ``"2G"`` (binary multiples) -> bytes."""
@@ -86,6 +89,11 @@ class Settings:
     grace: float = field(default=3.0, metadata={
         "doc": "Seconds `ringlet run` and `ringlet.spawn` let the other ranks fail on "
                "their own after one rank failed, before stopping them."})
+    profile: str = field(default=DEFAULT_PROFILE, metadata={
+        "doc": "The calibrated profile (`ringlet predict --calibrate`) the automatic "
+               "algorithm choice predicts times with; while the file does not exist, or "
+               "with '' (no tuner), the built-in size rules choose. Every rank must read "
+               "the same profile."})
     start_method: str = field(default="spawn", metadata={
         "doc": "multiprocessing start method of ringlet.spawn: spawn, forkserver or fork."})
 
