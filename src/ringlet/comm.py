@@ -656,10 +656,10 @@ class Communicator:
         key = (collective, algorithm, nbytes)
         name = self._chosen.get(key)
         if name is None:
-            from .algorithms.select import choose
+            from .algorithms.select import choose, tuner_for
 
             name = choose(collective, self.size, nbytes, requested=algorithm,
-                          setting=self.settings.algo)
+                          setting=self.settings.algo, tuner=tuner_for(self.settings))
             if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
                     and not self._fused.fits_post(nbytes):
                 # the automatic choice runs oneshot fused or not at all: past the post area
