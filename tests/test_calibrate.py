@@ -46,8 +46,8 @@ def true_host(nranks: int = 3) -> Host:
     calls = {key: 10e-6 + 0.5e-6 * i for i, key in enumerate(cal.CALL_CASES)}
     calls["barrier:generic"] = 3e-6
     levels = [Level(1, 0.0, 0.0, 0.0, 0.0)]
-    levels += [Level(p, 2e-6 * (p - 1), 6e-6 + 1e-6 * p, 14e-6 + 2e-6 * p, 5e-6 + 0.5e-6 * p)
-               for p in range(2, nranks + 1)]
+    levels += [Level(p, 2e-6 * (p - 1), 6e-6 + 1e-6 * p, 14e-6 + 2e-6 * p, 5e-6 + 0.5e-6 * p,
+                     1.0 if p <= 2 else 1.4) for p in range(2, nranks + 1)]
     return Host(2, LLC, Curve(1 / 10e9, 1 / 5e9), Curve(1 / 70e9, 1 / 9e9),
                 Curve(1 / 32e9, 1 / 7e9), Curve(1 / 25e9, 1 / 10e9), reduce, calls,
                 tuple(levels))
@@ -87,6 +87,11 @@ def synthetic_raw(host: Host, p: cal.Plan, paths: Paths, alpha: float, beta: flo
         curve = host.copy if name.startswith("copy") else host.reduce[name[7:]]
         thr[name] = [1e-6 + curve.at(2.0 * p.active * n, LLC) * n for n in p.copy_sizes]
     raw["throughput"] = thr
+    raw["oversub"] = {
+        size: [(c.collective, c.algorithm, rounded(c.collective, c.nbytes, size)[0],
+                model(c.collective, c.algorithm, rounded(c.collective, c.nbytes, size)[0], size))
+               for c in p.oversub_cases]
+        for size in range(host.cores + 1, p.nranks + 1)}
     raw["sized"] = []
     for c in p.size_cases:
         real = rounded(c.collective, c.nbytes, p.active)[0]
@@ -151,7 +156,7 @@ def test_fit_recovers_a_known_host(nranks: int) -> None:
         assert got.calls[key] == pytest.approx(v, rel=1e-6)
     for lv in host.levels[1:]:
         fit = got.level(lv.nranks)[0]
-        for term in ("sync", "piece_sync", "round", "endpoint"):
+        for term in ("sync", "piece_sync", "round", "endpoint", "work"):
             assert getattr(fit, term) == pytest.approx(getattr(lv, term), rel=0.02,
                                                        abs=1e-8), (lv.nranks, term)
     fits = {f.term: f for f in prof.calibration.fits}

@@ -2,6 +2,12 @@
 
 * :mod:`.model`: :class:`Link`, :class:`Profile` (save/load a calibration),
   :func:`predict` one call, :func:`predict_all` algorithms, :func:`crossovers`.
+* :mod:`.host`: the calibrated model of ringlet's own shared-memory transport
+  on this host (step executor, fused staged and one-shot paths).
+* :mod:`.calibrate`: ``ringlet predict --calibrate``, measuring this host on
+  live ranks and fitting the host model by least squares.
+* :mod:`.measure`: timing collectives on live ranks (calibration, regret,
+  validation).
 * :mod:`.topology`: link presets (NVLink, PCIe, InfiniBand, RoCE, Ethernet,
   this host) and node shapes (DGX A100/H100/B200), each with its sources.
 * :mod:`.units`: parse and print sizes, bandwidths and times.

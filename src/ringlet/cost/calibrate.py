@@ -6,15 +6,17 @@ every fitted term keeps its residuals (:class:`~ringlet.cost.model.Fit`).
 What is measured, and which term of the host model
 (:mod:`ringlet.cost.host`) it gives:
 
-1. **Fixed costs at every rank count p from 1 to n** (sub-communicators of p
-   ranks made with ``split``; the other ranks wait).  At p = 1 one tiny call
+1. **Fixed costs at every rank count p from 1 to n** (one job of p ranks for
+   each p, so that no idle rank shares the cores; p = 1 is a ``split`` of the
+   job of min(n, cores) ranks).  At p = 1 one tiny call
    of every collective on each path it has (:data:`CALL_CASES`): ``calls``.
    At p >= 2: a barrier (``sync`` = barrier(p) - barrier(1)); tiny fused calls
    (:data:`PIECE_CASES`: one-shot, direct broadcast and all_gather with one
    round of the shared-buffer protocol, direct all_reduce with two):
    ``piece_sync``; tiny step-executor calls with different numbers of rounds
    and of messages per round (:data:`ROUND_CASES`): ``round`` and
-   ``endpoint``.
+   ``endpoint``; with more ranks than cores, calls that move data
+   (:data:`OVERSUB_CASES`): ``work``, the factor on their data work.
 2. **Ping-pong** between ranks 0 and 1 with ``comm.send``/``comm.recv`` over
    sizes: one-way time = alpha + beta * bytes, the profile's
    :class:`~ringlet.cost.model.Link` (the link model's alpha and beta).
@@ -72,7 +74,7 @@ from .host import (
     working_set,
 )
 from .host import predict as host_predict
-from .measure import Case, aligned, rounded, time_rank
+from .measure import Case, aligned, rounded, time_rank, warm_up
 from .model import Calibration, Fit, Link, Profile
 
 #: p = 1: one small call of each collective on each path it has -> "collective:path"
@@ -100,6 +102,10 @@ ROUND_CASES = (("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "li
                ("all_reduce", "ring"))
 #: the size of the "tiny" calls (bytes; per-rank collectives: per rank)
 TINY = 64
+#: with more ranks than cores: calls that move data through both paths (at 256 KiB and
+#: 2 MiB), fitted to the factor the ranks' data work takes when they share the cores
+OVERSUB_CASES = (("all_gather", "direct"), ("all_reduce", "direct"), ("all_gather", "ring"),
+                 ("reduce_scatter", "ring"))
 
 
 # --- the machine ---------------------------------------------------------------------------
@@ -208,6 +214,7 @@ class Plan:
     pingpong: tuple[int, ...]       # bytes
     copy_sizes: tuple[int, ...]     # bytes per rank
     size_cases: tuple[Case, ...]    # larger calls on `active` ranks (RESIDUAL_TERMS)
+    oversub_cases: tuple[Case, ...]  # at more ranks than cores (OVERSUB_CASES)
     warmup: float
     quick: bool
 
@@ -233,10 +240,11 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
         sizes = [Case(coll, n, algo) for _, coll, algo in RESIDUAL_TERMS
                  for n in (64 << 10, 256 << 10)]
         return Plan(nranks, 1, 0.002, a, (64, 64 << 10), (64 << 10, 256 << 10), tuple(sizes),
+                    tuple(Case(coll, 64 << 10, algo) for coll, algo in OVERSUB_CASES[:2]),
                     0.02, True)
     lo, hi = cache_limits(llc)
     top, bottom = int(lo // (2 * a)), int(hi // (2 * a))
-    copy_sizes = (max(4096, top // 4), max(4096, top // 2), max(4096, top), bottom, 2 * bottom)
+    copy_sizes = (max(4096, top // 16), max(4096, top // 4), max(4096, top), bottom, 2 * bottom)
     cases: list[Case] = []
     for _, coll, algo in RESIDUAL_TERMS:
         f32 = DTYPES["float32"].itemsize
@@ -246,11 +254,13 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
             cnt = rounded(coll, n, a)[1]
             ws[n] = working_set(counts_at(coll, algo, a, cnt), path_of(coll, algo, n, paths),
                                 cnt, f32)
-        small = sorted(n for n, w in ws.items() if w <= lo)[-3:]
+        top_n = max(n for n, w in ws.items() if w <= lo)
+        small = [top_n // 16, top_n // 4, top_n]        # a factor of 16 of the cache regime
         large = sorted(n for n, w in ws.items() if w >= hi)[:2]
         cases += [Case(coll, n, algo) for n in small + large]
+    over = tuple(Case(coll, n, algo) for coll, algo in OVERSUB_CASES for n in (256 << 10, 2 << 20))
     return Plan(nranks, reps, 0.02, a, (8, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20,
-                                       4 << 20), copy_sizes, tuple(cases), 0.3, False)
+                                       4 << 20), copy_sizes, tuple(cases), over, 0.3, False)
 
 
 def _tiny_cases(p: int) -> list[Case]:
@@ -347,49 +357,46 @@ def _pingpong(comm: Any, sizes: Sequence[int], reps: int, budget: float) -> list
     return res
 
 
-def _warm(comm: Any, seconds: float) -> None:
-    """Run small collectives for ``seconds`` so every rank is scheduled and warm."""
-    x = np.zeros(16, np.float32)
-    end = np.array([time.perf_counter() + seconds])
-    comm.broadcast(end, 0)
-    while True:
-        comm.all_reduce(x)
-        flag = np.array([time.perf_counter() > end[0]], np.int64)
-        comm.all_reduce(flag, "max")
-        if flag[0]:
-            return
+def _tiny(comm: Any, p: Plan) -> list[tuple[str, str | None, int, float]]:
+    cases = _tiny_cases(comm.size)
+    got = time_rank(comm, cases, p.reps, p.budget)
+    return [(c.collective, c.algorithm, real, float(np.median(b)))
+            for c, (real, b, _, _) in zip(cases, got, strict=True)]
 
 
 def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
-    """What each calibration rank runs; rank 0 returns the raw measurements."""
-    _warm(comm, p.warmup)
-    raw: dict[str, Any] = {"tiny": {}, "cores": cores(), "llc": llc_bytes()}
-    # 1. fixed costs at every rank count
-    for size in range(1, p.nranks + 1):
-        sub = comm.split(0 if comm.rank < size else None, key=comm.rank)
-        if sub is not None:
-            cases = _tiny_cases(size)
-            got = time_rank(sub, cases, p.reps, p.budget)
-            raw["tiny"][size] = [(c.collective, c.algorithm, real, float(np.median(b)))
-                                 for c, (real, b, _, _) in zip(cases, got, strict=True)]
-            sub.close()
-        comm.barrier()
-    # 2. ping-pong between ranks 0 and 1
+    """What each rank of a calibration job runs; rank 0 returns the raw measurements.
+
+    A job of p ranks measures the fixed costs at p (:func:`calibrate` starts one
+    job per rank count, so that no idle rank shares the cores with the measured
+    ones); the job of ``p.active`` ranks also measures them at one rank, the
+    ping-pong and the throughput.
+    """
+    warm_up(comm, p.warmup)
+    raw: dict[str, Any] = {"tiny": {comm.size: _tiny(comm, p)}, "cores": cores(),
+                           "llc": llc_bytes(), "oversub": {}}
+    if comm.size > cores():
+        got = time_rank(comm, p.oversub_cases, p.reps, p.budget)
+        raw["oversub"][comm.size] = [
+            (c.collective, c.algorithm, real, float(np.median(b)))
+            for c, (real, b, _, _) in zip(p.oversub_cases, got, strict=True)]
+    if comm.size != p.active:
+        return raw if comm.rank == 0 else None
+    one = comm.split(0 if comm.rank == 0 else None)
+    if one is not None:
+        raw["tiny"][1] = _tiny(one, p)
+        one.close()
+    comm.barrier()
     pair = comm.split(0 if comm.rank < 2 else None, key=comm.rank)
     if pair is not None:
         raw["pingpong"] = list(zip(p.pingpong, _pingpong(pair, p.pingpong, p.reps, p.budget),
                                    strict=True))
         pair.close()
     comm.barrier()
-    # 3. and 4. throughput on `active` ranks at once
-    group = comm.split(0 if comm.rank < p.active else None, key=comm.rank)
-    if group is not None:
-        raw["throughput"] = _throughput(group, p.copy_sizes, p.reps, p.budget)
-        got = time_rank(group, p.size_cases, p.reps, p.budget)
-        raw["sized"] = [(c.collective, c.algorithm, real, float(np.median(b)))
-                        for c, (real, b, _, _) in zip(p.size_cases, got, strict=True)]
-        group.close()
-    comm.barrier()
+    raw["throughput"] = _throughput(comm, p.copy_sizes, p.reps, p.budget)
+    got = time_rank(comm, p.size_cases, p.reps, p.budget)
+    raw["sized"] = [(c.collective, c.algorithm, real, float(np.median(b)))
+                    for c, (real, b, _, _) in zip(p.size_cases, got, strict=True)]
     return raw if comm.rank == 0 else None
 
 
@@ -562,6 +569,26 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
     (channel, duplex), f2 = _residual("channel", rows["channel"], host([lv], shared=shared),
                                       paths)
     fits += f1 + f2
+    # 5. more ranks than cores: the factor on the data work
+    for i, lv in enumerate(levels):
+        rows_p = raw.get("oversub", {}).get(lv.nranks)
+        if not rows_p:
+            continue
+        probe = Host(ncores, llc, channel, duplex, copy, shared, reduce, calls, (lv,))
+        xs, ys, full = [], [], []
+        for coll, algo, real, sec in rows_p:
+            cnt = rounded(coll, real, lv.nranks)[1]
+            hp = host_predict(probe, coll, algo, lv.nranks, cnt, DTYPES["float32"], paths, real)
+            xs.append([hp.move_seconds + hp.reduce_seconds])
+            ys.append(sec - hp.fixed_seconds)
+            full.append(sec)
+        (work,), _, _ = fit_origin(xs, ys)
+        rms, worst = _residuals(np.array(full) - np.array(ys) + work * np.array(xs)[:, 0],
+                                np.array(full))
+        fits.append(Fit(f"work.p{lv.nranks}", work, "x", len(ys), rms, worst,
+                        f"{lv.nranks} ranks on {ncores} cores: measured data work over the "
+                        f"ranks' share of the cores"))
+        levels[i] = Level(lv.nranks, lv.sync, lv.piece_sync, lv.round, lv.endpoint, work)
     # 2. the link: ping-pong
     pp = raw["pingpong"]
     alpha, beta, rms, worst = fit_line([n for n, _ in pp], [t for _, t in pp])
@@ -589,9 +616,15 @@ def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,
     started = time.perf_counter()
     settings = Settings.from_env() if settings is None else settings
     p = plan(nranks, quick=quick, reps=reps)
-    raw = spawn(rank_body, nranks, p, settings=settings)[0]
-    if raw is None:  # pragma: no cover - rank 0 always reports
-        raise ArgumentError("calibration: rank 0 reported nothing")
+    raw: dict[str, Any] = {}
+    for size in range(2, nranks + 1):   # one job per rank count: no idle rank in the way
+        got = spawn(rank_body, size, p, settings=settings)[0]
+        if got is None:  # pragma: no cover - rank 0 always reports
+            raise ArgumentError("calibration: rank 0 reported nothing")
+        tiny, over = raw.get("tiny", {}), raw.get("oversub", {})
+        raw.update(got)
+        raw["tiny"] = {**tiny, **got["tiny"]}
+        raw["oversub"] = {**over, **got["oversub"]}
     return fit(raw, p, Paths.from_settings(settings), started)
 
 
@@ -609,6 +642,8 @@ def report(profile: Profile) -> list[str]:
     for f in cal.fits:
         if f.unit == "s/B":
             val = format_bandwidth(1 / f.value) if f.value > 0 else "inf"
+        elif f.unit == "x":
+            val = f"x {f.value:.3g}"
         else:
             val = format_seconds(f.value)
         out.append(f"  {f.term:<28} {val:>14} {f.points:>6} {f.rms:>8.1%} {f.worst:>8.1%}")

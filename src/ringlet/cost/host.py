@@ -50,7 +50,9 @@ schedule the executor runs (:func:`host_counts`):
 Every call also pays ``call[collective:path]`` (its Python, measured at one
 rank) and one ``sync`` (the agreement on the call's descriptor).  With more
 ranks than cores the ranks' work in a round shares the cores: a round's data
-work is ``max(busiest rank, total work / cores)``.
+work is ``max(busiest rank, total work / cores)``, times a measured factor
+(:attr:`Level.work`, in the cache regime) for the turns not being taken
+perfectly.
 
 Per-byte costs depend on where the data lives: a :class:`Curve` has one
 figure while the call's :func:`working_set` fits in half the last-level cache
@@ -197,12 +199,17 @@ class Curve:
 
 @dataclass(frozen=True)
 class Level:
-    """The fixed costs at ``nranks`` ranks, in seconds.
+    """The fixed costs at ``nranks`` ranks, in seconds, and the oversubscription factor.
 
     ``sync``: one synchronisation of every rank (a barrier's, less its call);
     ``piece_sync``: one round of one piece of a staged path; ``round``: one
     round of the step executor; ``endpoint``: one message sent or received by
-    the busiest rank of a round.
+    the busiest rank of a round.  ``work`` multiplies the data work when there
+    are more ranks than cores (1 otherwise): ranks that share cores do not
+    share them perfectly (a rank waiting for a descheduled peer spins, then
+    yields).  It holds while the data is in the cache and fades to 1 as it
+    moves to memory (a :class:`Curve` from ``work`` to 1), where the memory
+    bandwidth, shared whatever the number of cores, is the limit.
     """
 
     nranks: int
@@ -210,6 +217,7 @@ class Level:
     piece_sync: float
     round: float
     endpoint: float
+    work: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -254,8 +262,9 @@ class Host:
         if nranks < top.nranks:   # a gap in the table: the next calibrated count up
             return by[min(k for k in by if k > nranks)], True
         scale = (nranks - 1) / max(1, top.nranks - 1)
+        work = top.work if top.nranks > self.cores or nranks <= self.cores else 1.0
         return Level(nranks, top.sync * scale, top.piece_sync * scale, top.round,
-                     top.endpoint), True
+                     top.endpoint, work), True
 
     def call(self, collective: str, path: str) -> float:
         """Seconds of one call's own work on ``path`` (the generic figure if unmeasured)."""
@@ -505,6 +514,9 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     pieces = staged_pieces(collective, nranks, m, isz, paths) if path == "staged" else 1
     move = reduce = crit = 0.0
     rounds = 0
+    # the oversubscription factor holds while the data is in the cache; from memory on the
+    # memory bandwidth, shared whatever the number of cores, is the limit
+    turns = Curve(lv.work, 1.0).at(ws, host.llc_bytes) if lv.work != 1.0 else 1.0
     for i in range(c.sent.shape[0]):
         mv, rd, ends = round_work(host, c, path, i, size, ws, red)
         per = mv + rd + lv.endpoint * ends
@@ -514,7 +526,8 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
         busiest = float((mv + rd)[j])
         shared = float((mv + rd).sum()) * c.weight / host.cores
         f = shared / busiest if busiest > 0 and shared > busiest else 1.0
-        move += float(mv[j]) * f          # more ranks than cores: they take turns
+        f *= turns                        # more ranks than cores: they take turns
+        move += float(mv[j]) * f
         reduce += float(rd[j]) * f
         moved = (c.sent[i] + c.recv[i] + c.lcopy[i] if path == "generic"
                  else c.publish[i] + c.copy[i] + c.read[i]) * size

@@ -151,6 +151,20 @@ def _max(comm: Any, values: Sequence[float]) -> np.ndarray:
     return v
 
 
+def warm_up(comm: Any, seconds: float) -> None:
+    """Small collectives for ``seconds`` (all ranks stop together), so that every rank is
+    running and warm before anything is timed (the first timings of a fresh job are slow)."""
+    x = np.zeros(16, np.float32)
+    end = np.array([time.perf_counter() + seconds])
+    comm.broadcast(end, 0)
+    while True:
+        comm.all_reduce(x)
+        flag = np.array([time.perf_counter() > end[0]], np.int64)
+        comm.all_reduce(flag, "max")
+        if flag[0]:
+            return
+
+
 def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
               max_calls: int = 1000) -> list[tuple[int, list[float], int, str]]:
     """The body every rank runs: ``(nbytes run, per-batch seconds, calls per batch,
@@ -162,6 +176,7 @@ def time_rank(comm: Any, cases: Sequence[Case], reps: int, budget: float,
     """
     if reps < 1:
         raise ArgumentError(f"reps must be >= 1, got {reps}")
+    warm_up(comm, min(0.2, 20 * budget))
     out: list[tuple[int, list[float], int, str]] = [(0, [], 0, "")] * len(cases)
     groups: dict[tuple[str, int], list[int]] = {}
     for i, c in enumerate(cases):
@@ -280,4 +295,4 @@ def sweep(nranks: int, collectives: Sequence[str], sizes: Sequence[int], *, auto
 
 
 __all__ = ["DTYPE", "OFFSET", "PER_RANK", "Case", "Sample", "aligned", "applicable", "idle",
-           "rounded", "run", "sweep", "time_rank", "wait_quiet"]
+           "rounded", "run", "sweep", "time_rank", "wait_quiet", "warm_up"]
