@@ -47,7 +47,8 @@ def true_host(nranks: int = 3) -> Host:
     calls["barrier:generic"] = 3e-6
     levels = [Level(1, 0.0, 0.0, 0.0, 0.0)]
     levels += [Level(p, 2e-6 * (p - 1), 6e-6 + 1e-6 * p, 14e-6 + 2e-6 * p, 5e-6 + 0.5e-6 * p,
-                     1.0 if p <= 2 else 1.4) for p in range(2, nranks + 1)]
+                     1.0 if p <= 2 else 1.4, 1.0 if p <= 2 else 1.7)
+               for p in range(2, nranks + 1)]
     return Host(2, LLC, Curve(1 / 10e9, 1 / 5e9), Curve(1 / 70e9, 1 / 9e9),
                 Curve(1 / 32e9, 1 / 7e9), Curve(1 / 25e9, 1 / 10e9), reduce, calls,
                 tuple(levels))
@@ -156,7 +157,7 @@ def test_fit_recovers_a_known_host(nranks: int) -> None:
         assert got.calls[key] == pytest.approx(v, rel=1e-6)
     for lv in host.levels[1:]:
         fit = got.level(lv.nranks)[0]
-        for term in ("sync", "piece_sync", "round", "endpoint", "work"):
+        for term in ("sync", "piece_sync", "round", "endpoint", "work", "work_generic"):
             assert getattr(fit, term) == pytest.approx(getattr(lv, term), rel=0.02,
                                                        abs=1e-8), (lv.nranks, term)
     fits = {f.term: f for f in prof.calibration.fits}

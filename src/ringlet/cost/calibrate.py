@@ -16,7 +16,8 @@ What is measured, and which term of the host model
    ``piece_sync``; tiny step-executor calls with different numbers of rounds
    and of messages per round (:data:`ROUND_CASES`): ``round`` and
    ``endpoint``; with more ranks than cores, calls that move data
-   (:data:`OVERSUB_CASES`): ``work``, the factor on their data work.
+   (:data:`OVERSUB_CASES`): ``work`` and ``work_generic``, the factors on the
+   data work of the fused paths and of the step executor.
 2. **Ping-pong** between ranks 0 and 1 with ``comm.send``/``comm.recv`` over
    sizes: one-way time = alpha + beta * bytes, the profile's
    :class:`~ringlet.cost.model.Link` (the link model's alpha and beta).
@@ -569,26 +570,36 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
     (channel, duplex), f2 = _residual("channel", rows["channel"], host([lv], shared=shared),
                                       paths)
     fits += f1 + f2
-    # 5. more ranks than cores: the factor on the data work
+    # 5. more ranks than cores: the factor on the data work, per kind of path
     for i, lv in enumerate(levels):
         rows_p = raw.get("oversub", {}).get(lv.nranks)
         if not rows_p:
             continue
         probe = Host(ncores, llc, channel, duplex, copy, shared, reduce, calls, (lv,))
-        xs, ys, full = [], [], []
-        for coll, algo, real, sec in rows_p:
-            cnt = rounded(coll, real, lv.nranks)[1]
-            hp = host_predict(probe, coll, algo, lv.nranks, cnt, DTYPES["float32"], paths, real)
-            xs.append([hp.move_seconds + hp.reduce_seconds])
-            ys.append(sec - hp.fixed_seconds)
-            full.append(sec)
-        (work,), _, _ = fit_origin(xs, ys)
-        rms, worst = _residuals(np.array(full) - np.array(ys) + work * np.array(xs)[:, 0],
-                                np.array(full))
-        fits.append(Fit(f"work.p{lv.nranks}", work, "x", len(ys), rms, worst,
-                        f"{lv.nranks} ranks on {ncores} cores: measured data work over the "
-                        f"ranks' share of the cores"))
-        levels[i] = Level(lv.nranks, lv.sync, lv.piece_sync, lv.round, lv.endpoint, work)
+        factors = {}
+        for kind in ("fused", "generic"):
+            xs, ys, full = [], [], []
+            for coll, algo, real, sec in rows_p:
+                if (path_of(coll, algo, real, paths) == "generic") != (kind == "generic"):
+                    continue
+                cnt = rounded(coll, real, lv.nranks)[1]
+                hp = host_predict(probe, coll, algo, lv.nranks, cnt, DTYPES["float32"], paths,
+                                  real)
+                xs.append([hp.move_seconds + hp.reduce_seconds])
+                ys.append(sec - hp.fixed_seconds)
+                full.append(sec)
+            if not xs:
+                continue
+            (factors[kind],), _, _ = fit_origin(xs, ys)
+            rms, worst = _residuals(
+                np.array(full) - np.array(ys) + factors[kind] * np.array(xs)[:, 0],
+                np.array(full))
+            fits.append(Fit(f"work{'' if kind == 'fused' else '_generic'}.p{lv.nranks}",
+                            factors[kind], "x", len(ys), rms, worst,
+                            f"{lv.nranks} ranks on {ncores} cores, {kind} paths: measured data "
+                            f"work over the ranks' share of the cores"))
+        levels[i] = Level(lv.nranks, lv.sync, lv.piece_sync, lv.round, lv.endpoint,
+                          factors.get("fused", 1.0), factors.get("generic", 1.0))
     # 2. the link: ping-pong
     pp = raw["pingpong"]
     alpha, beta, rms, worst = fit_line([n for n, _ in pp], [t for _, t in pp])

@@ -204,8 +204,9 @@ class Level:
     ``sync``: one synchronisation of every rank (a barrier's, less its call);
     ``piece_sync``: one round of one piece of a staged path; ``round``: one
     round of the step executor; ``endpoint``: one message sent or received by
-    the busiest rank of a round.  ``work`` multiplies the data work when there
-    are more ranks than cores (1 otherwise): ranks that share cores do not
+    the busiest rank of a round.  ``work`` (fused paths) and ``work_generic``
+    (the step executor) multiply the data work when there are more ranks than
+    cores (1 otherwise): ranks that share cores do not
     share them perfectly (a rank waiting for a descheduled peer spins, then
     yields).  It holds while the data is in the cache and fades to 1 as it
     moves to memory (a :class:`Curve` from ``work`` to 1), where the memory
@@ -218,6 +219,7 @@ class Level:
     round: float
     endpoint: float
     work: float = 1.0
+    work_generic: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -262,9 +264,10 @@ class Host:
         if nranks < top.nranks:   # a gap in the table: the next calibrated count up
             return by[min(k for k in by if k > nranks)], True
         scale = (nranks - 1) / max(1, top.nranks - 1)
-        work = top.work if top.nranks > self.cores or nranks <= self.cores else 1.0
+        known = top.nranks > self.cores or nranks <= self.cores
         return Level(nranks, top.sync * scale, top.piece_sync * scale, top.round,
-                     top.endpoint, work), True
+                     top.endpoint, top.work if known else 1.0,
+                     top.work_generic if known else 1.0), True
 
     def call(self, collective: str, path: str) -> float:
         """Seconds of one call's own work on ``path`` (the generic figure if unmeasured)."""
@@ -516,7 +519,8 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     rounds = 0
     # the oversubscription factor holds while the data is in the cache; from memory on the
     # memory bandwidth, shared whatever the number of cores, is the limit
-    turns = Curve(lv.work, 1.0).at(ws, host.llc_bytes) if lv.work != 1.0 else 1.0
+    work = lv.work_generic if path == "generic" else lv.work
+    turns = Curve(work, 1.0).at(ws, host.llc_bytes) if work != 1.0 else 1.0
     for i in range(c.sent.shape[0]):
         mv, rd, ends = round_work(host, c, path, i, size, ws, red)
         per = mv + rd + lv.endpoint * ends
