@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +48,7 @@ def true_host(nranks: int = 3) -> Host:
     calls["barrier:generic"] = 3e-6
     levels = [Level(1, 0.0, 0.0, 0.0, 0.0)]
     levels += [Level(p, 2e-6 * (p - 1), 6e-6 + 1e-6 * p, 14e-6 + 2e-6 * p, 5e-6 + 0.5e-6 * p,
-                     1.0 if p <= 2 else 1.4, 1.0 if p <= 2 else 1.7)
+                     1.0 if p <= 2 else 1.4, 1.0 if p <= 2 else 1.7, 4e-6 + 1e-6 * p)
                for p in range(2, nranks + 1)]
     return Host(2, LLC, Curve(1 / 10e9, 1 / 5e9), Curve(1 / 70e9, 1 / 9e9),
                 Curve(1 / 32e9, 1 / 7e9), Curve(1 / 25e9, 1 / 10e9), reduce, calls,
@@ -157,9 +158,13 @@ def test_fit_recovers_a_known_host(nranks: int) -> None:
         assert got.calls[key] == pytest.approx(v, rel=1e-6)
     for lv in host.levels[1:]:
         fit = got.level(lv.nranks)[0]
-        for term in ("sync", "piece_sync", "round", "endpoint", "work", "work_generic"):
+        for term in ("sync", "piece_sync", "round", "endpoint", "work", "work_generic",
+                     "post_round"):
             assert getattr(fit, term) == pytest.approx(getattr(lv, term), rel=0.02,
                                                        abs=1e-8), (lv.nranks, term)
+        # the model's own measurements give every algorithm the same pace: 1
+        assert len(fit.pace) >= 30 and all(v == pytest.approx(1.0, rel=0.01)
+                                           for v in fit.pace.values())
     fits = {f.term: f for f in prof.calibration.fits}
     assert fits["link.beta"].rms < 1e-9 and fits[f"round.p{nranks}"].rms < 0.01
     assert {"shared.cache", "channel.memory", "duplex.cache", "copy.memory",
@@ -250,6 +255,15 @@ def test_host_prediction_structure() -> None:
     assert big.pieces == 4 and big.syncs == 5
     ring = host_predict(host, "all_reduce", "ring", 2, 1, F32, paths, 4)
     assert ring.path == "generic" and ring.rounds == 2 and ring.syncs == 1
+    # an algorithm's pace scales its rounds' fixed costs, at its own rank count only
+    paced = Host(host.cores, host.llc_bytes, host.channel, host.duplex, host.copy, host.shared,
+                 host.reduce, host.calls,
+                 (host.levels[0], replace(lv, pace={"broadcast:direct": 0.5})))
+    assert host_predict(paced, "broadcast", "direct", 2, 1, F32, paths, 4).seconds == \
+        pytest.approx(tiny.seconds - 0.5 * lv.piece_sync)
+    assert host_predict(paced, "broadcast", "direct", 3, 1, F32, paths, 4).fixed_seconds == \
+        pytest.approx(host_predict(host, "broadcast", "direct", 3, 1, F32, paths, 4)
+                      .fixed_seconds)
     # beyond the calibrated ranks: extrapolated, and said so
     far = host_predict(host, "broadcast", "direct", 5, 1, F32, paths, 4)
     assert far.extrapolated and "extrapolated from 2" in far.how

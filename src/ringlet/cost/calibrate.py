@@ -8,16 +8,19 @@ What is measured, and which term of the host model
 
 1. **Fixed costs at every rank count p from 1 to n** (one job of p ranks for
    each p, so that no idle rank shares the cores; p = 1 is a ``split`` of the
-   job of min(n, cores) ranks).  At p = 1 one tiny call
-   of every collective on each path it has (:data:`CALL_CASES`): ``calls``.
-   At p >= 2: a barrier (``sync`` = barrier(p) - barrier(1)); tiny fused calls
-   (:data:`PIECE_CASES`: one-shot, direct broadcast and all_gather with one
-   round of the shared-buffer protocol, direct all_reduce with two):
+   job of min(n, cores) ranks).  At p = 1 one tiny call of every collective
+   on each path it has (:data:`CALL_CASES`): ``calls``.  At p >= 2: a
+   barrier (``sync`` = barrier(p) - barrier(1)); a tiny one-shot all_reduce
+   (``post_round``: what is left of it beyond its call and agreement); tiny
+   staged calls (:data:`PIECE_CASES`: direct broadcast and all_gather with
+   one round of the shared-buffer protocol, direct all_reduce with two):
    ``piece_sync``; tiny step-executor calls with different numbers of rounds
    and of messages per round (:data:`ROUND_CASES`): ``round`` and
-   ``endpoint``; with more ranks than cores, calls that move data
-   (:data:`OVERSUB_CASES`): ``work`` and ``work_generic``, the factors on the
-   data work of the fused paths and of the step executor.
+   ``endpoint``; then a tiny call of every other algorithm, and each one's
+   ``pace``: its rounds' fixed costs over what the terms above predict.  With more ranks
+   than cores, calls that move data (:data:`OVERSUB_CASES`): ``work`` and
+   ``work_generic``, the factors on the data work of the fused paths and of
+   the step executor.
 2. **Ping-pong** between ranks 0 and 1 with ``comm.send``/``comm.recv`` over
    sizes: one-way time = alpha + beta * bytes, the profile's
    :class:`~ringlet.cost.model.Link` (the link model's alpha and beta).
@@ -45,6 +48,7 @@ tests (a few seconds, rough figures).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import mmap
 import os
@@ -62,6 +66,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import ArgumentError
 from ..ops import DTYPES
+from ..schedule import COLLECTIVES
 from .host import (
     CLASS_DTYPES,
     Curve,
@@ -71,11 +76,12 @@ from .host import (
     Paths,
     cache_limits,
     counts_at,
+    endpoint_load,
     path_of,
     working_set,
 )
 from .host import predict as host_predict
-from .measure import Case, aligned, rounded, time_rank, warm_up
+from .measure import Case, aligned, applicable, rounded, time_rank, warm_up
 from .model import Calibration, Fit, Link, Profile
 
 #: p = 1: one small call of each collective on each path it has -> "collective:path"
@@ -91,9 +97,8 @@ CALL_CASES: dict[str, tuple[str, str]] = {
     "all_to_all:generic": ("all_to_all", "pairwise"),
     "scatter:generic": ("scatter", "binomial"), "gather:generic": ("gather", "binomial"),
 }
-#: p >= 2: fused calls with one or two rounds of the shared-buffer protocol
-PIECE_CASES = (("all_reduce", "oneshot"), ("broadcast", "direct"), ("all_gather", "direct"),
-               ("all_reduce", "direct"))
+#: p >= 2: staged calls with one or two rounds of the shared-buffer protocol
+PIECE_CASES = (("broadcast", "direct"), ("all_gather", "direct"), ("all_reduce", "direct"))
 #: what each per-byte term is fitted to (on min(n, cores) ranks), and the bytes it costs
 RESIDUAL_TERMS = (("shared", "all_gather", "direct"), ("shared", "reduce_scatter", "direct"),
                   ("channel", "broadcast", "naive"), ("channel", "all_gather", "naive"))
@@ -269,8 +274,13 @@ def _tiny_cases(p: int) -> list[Case]:
     if p == 1:
         return cases + [Case(c, TINY * (p if c in _PER_RANK else 1), a)
                         for c, a in CALL_CASES.values()]
-    for c, a in (*PIECE_CASES, *ROUND_CASES):
-        cases.append(Case(c, TINY * (p if c in _PER_RANK else 1), a))
+    cases.append(Case("all_reduce", TINY, "oneshot"))
+    seen = {("all_reduce", "oneshot")}
+    every = [(c, a) for c in COLLECTIVES for a in applicable(c, p)]
+    for c, a in (*PIECE_CASES, *ROUND_CASES, *every):
+        if (c, a) not in seen:
+            seen.add((c, a))
+            cases.append(Case(c, TINY * (p if c in _PER_RANK else 1), a))
     return cases
 
 
@@ -358,9 +368,14 @@ def _pingpong(comm: Any, sizes: Sequence[int], reps: int, budget: float) -> list
     return res
 
 
+def _reps(comm: Any, p: Plan) -> int:
+    """Batches per case: twice as many with more ranks than cores (noisier timings)."""
+    return p.reps * (2 if comm.size > cores() else 1)
+
+
 def _tiny(comm: Any, p: Plan) -> list[tuple[str, str | None, int, float]]:
     cases = _tiny_cases(comm.size)
-    got = time_rank(comm, cases, p.reps, p.budget)
+    got = time_rank(comm, cases, _reps(comm, p), p.budget)
     return [(c.collective, c.algorithm, real, float(np.median(b)))
             for c, (real, b, _, _) in zip(cases, got, strict=True)]
 
@@ -377,7 +392,7 @@ def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
     raw: dict[str, Any] = {"tiny": {comm.size: _tiny(comm, p)}, "cores": cores(),
                            "llc": llc_bytes(), "oversub": {}}
     if comm.size > cores():
-        got = time_rank(comm, p.oversub_cases, p.reps, p.budget)
+        got = time_rank(comm, p.oversub_cases, _reps(comm, p), p.budget)
         raw["oversub"][comm.size] = [
             (c.collective, c.algorithm, real, float(np.median(b)))
             for c, (real, b, _, _) in zip(p.oversub_cases, got, strict=True)]
@@ -542,25 +557,52 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
         rms, worst = _residuals(np.array(full) - np.array(ys) + piece_sync * np.array(xs)[:, 0],
                                 np.array(full))
         fits.append(Fit(f"piece_sync.p{size}", piece_sync, "s", len(ys), rms, worst,
-                        "one-shot and staged fused calls: per round of the shared-buffer "
-                        "protocol (per piece)"))
+                        "staged fused calls: per round of the shared-buffer protocol (per "
+                        "piece)"))
+        real, sec = t[("all_reduce", "oneshot")]
+        post_round = max(0.0, sec - _rest(probe, "all_reduce", "oneshot", real, paths)[0])
+        fits.append(Fit(f"post_round.p{size}", post_round, "s", 1, 0.0, 0.0,
+                        "tiny one-shot all_reduce less its call and agreement"))
         xs, ys, full = [], [], []
         for coll, algo in ROUND_CASES:
             real, sec = t[(coll, algo)]
             rest, c, _, _ = _rest(probe, coll, algo, real, paths)
-            ends = c.ends.max(axis=1)
-            xs.append([float(c.messages.sum()), float(ends[c.messages].sum())])
+            loads = endpoint_load(c, ncores)
+            xs.append([float(c.messages.sum()), float(loads[c.messages].sum())])
             ys.append(sec - rest)
             full.append(sec)
         (rnd, endpoint), _, _ = fit_origin(xs, ys)
         pred = np.array(full) - np.array(ys) + np.array(xs) @ np.array([rnd, endpoint])
         rms, worst = _residuals(pred, np.array(full))
         for name, v, what in (("round", rnd, "per round"),
-                              ("endpoint", endpoint, "per message sent or received by the "
-                                                     "busiest rank of a round")):
+                              ("endpoint", endpoint, "per message sent or received on the "
+                                                     "busiest core in a round")):
             fits.append(Fit(f"{name}.p{size}", v, "s", len(ys), rms, worst,
                             f"step executor, tiny calls: {what}"))
-        levels.append(Level(size, sync, piece_sync, rnd, endpoint))
+        lv = Level(size, sync, piece_sync, rnd, endpoint, 1.0, 1.0, post_round)
+        # every algorithm's pace: its tiny call beyond call and agreement, over the rounds'
+        # terms (the executor overlaps the rounds of pipelined algorithms)
+        full_probe = host([lv])
+        pace, rel = {}, []
+        for (coll, algo), (real, sec) in t.items():
+            if coll == "barrier" or algo is None:
+                continue
+            cnt = rounded(coll, real, size)[1]
+            hp = host_predict(full_probe, coll, algo, size, cnt, DTYPES["float32"], paths, real)
+            head = full_probe.call(coll, hp.path)
+            steps = hp.fixed_seconds - head - sync
+            if steps <= 0:
+                continue
+            left = sec - head - sync - hp.move_seconds - hp.reduce_seconds
+            pace[f"{coll}:{algo}"] = min(10.0, max(0.1, left / steps))
+            rel.append(abs(hp.seconds - sec) / sec)
+        if pace:
+            fits.append(Fit(f"pace.p{size}", float(np.median(list(pace.values()))), "x",
+                            len(pace), float(np.sqrt(np.mean(np.square(rel)))), float(max(rel)),
+                            f"every algorithm's tiny call: its rounds' fixed costs over the "
+                            f"terms above (median {min(pace.values()):.2g}..."
+                            f"{max(pace.values()):.2g}; errors: the terms alone)"))
+        levels.append(dataclasses.replace(lv, pace=pace))
     # 4. what the shared buffers and the channels cost per byte, on `active` ranks
     lv = next(lv for lv in levels if lv.nranks == p.active)
     rows = {t: [r for r in raw["sized"] if (r[0], r[1]) in
@@ -598,8 +640,8 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
                             factors[kind], "x", len(ys), rms, worst,
                             f"{lv.nranks} ranks on {ncores} cores, {kind} paths: measured data "
                             f"work over the ranks' share of the cores"))
-        levels[i] = Level(lv.nranks, lv.sync, lv.piece_sync, lv.round, lv.endpoint,
-                          factors.get("fused", 1.0), factors.get("generic", 1.0))
+        levels[i] = dataclasses.replace(lv, work=factors.get("fused", 1.0),
+                                        work_generic=factors.get("generic", 1.0))
     # 2. the link: ping-pong
     pp = raw["pingpong"]
     alpha, beta, rms, worst = fit_line([n for n, _ in pp], [t for _, t in pp])

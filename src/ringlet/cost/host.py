@@ -14,11 +14,15 @@ schedule the executor runs (:func:`host_counts`):
     The step executor runs the schedule over per-pair channels: the sender
     copies a message into channel slots, the receiver copies it out or
     reduces straight out of them (that pull *is* the reduction).  Per round
-    with messages, for the busiest rank::
+    with messages::
 
-        round + endpoint * (messages sent and received)
-              + channel * max(bytes out, bytes in) + duplex * min(bytes out, bytes in)
-              + copy * bytes copied locally + reduce * bytes reduced locally
+        round + endpoint * (messages sent and received on the busiest core)
+              + for the busiest rank: channel * max(bytes out, bytes in)
+                                      + duplex * min(bytes out, bytes in)
+                                      + copy * bytes copied + reduce * bytes reduced
+
+    (the busiest core's messages: the busiest rank's, or with more ranks than
+    cores every rank's shared out over the cores, :func:`endpoint_load`).
 
     A one-way transfer is paced by the hand-over of slots between the two
     cores, so a rank moving bytes both ways at once pays ``duplex`` (measured:
@@ -44,11 +48,12 @@ schedule the executor runs (:func:`host_counts`):
     As staged, in one piece; the exchange round needs no synchronisation of
     its own (each rank copies its vector into its post area before it
     publishes the call's descriptor, so the agreement on the call is the
-    exchange), but it still costs one ``piece_sync``: reading the peers'
-    areas.
+    exchange): it costs ``post_round``, reading the peers' areas.
 
 Every call also pays ``call[collective:path]`` (its Python, measured at one
-rank) and one ``sync`` (the agreement on the call's descriptor).  With more
+rank) and one ``sync`` (the agreement on the call's descriptor); the rounds'
+fixed costs are scaled by the algorithm's measured pace at that rank count
+(:attr:`Level.pace`).  With more
 ranks than cores the ranks' work in a round shares the cores: a round's data
 work is ``max(busiest rank, total work / cores)``, times a measured factor
 (:attr:`Level.work`, in the cache regime) for the turns not being taken
@@ -199,18 +204,26 @@ class Curve:
 
 @dataclass(frozen=True)
 class Level:
-    """The fixed costs at ``nranks`` ranks, in seconds, and the oversubscription factor.
+    """The fixed costs at ``nranks`` ranks, in seconds, and the oversubscription factors.
 
     ``sync``: one synchronisation of every rank (a barrier's, less its call);
-    ``piece_sync``: one round of one piece of a staged path; ``round``: one
-    round of the step executor; ``endpoint``: one message sent or received by
-    the busiest rank of a round.  ``work`` (fused paths) and ``work_generic``
-    (the step executor) multiply the data work when there are more ranks than
-    cores (1 otherwise): ranks that share cores do not
-    share them perfectly (a rank waiting for a descheduled peer spins, then
-    yields).  It holds while the data is in the cache and fades to 1 as it
-    moves to memory (a :class:`Curve` from ``work`` to 1), where the memory
-    bandwidth, shared whatever the number of cores, is the limit.
+    ``piece_sync``: one round of one piece of a staged path; ``post_round``:
+    the one-shot path's exchange round (no wait: reading the peers' post
+    areas); ``round``: one round of the step executor; ``endpoint``: one
+    message sent or received on the busiest core of a round.  ``work`` (fused
+    paths) and ``work_generic`` (the step executor) multiply the data work
+    when there are more ranks than cores (1 otherwise): ranks that share cores
+    do not share them perfectly (a rank waiting for a descheduled peer spins,
+    then yields).  They hold while the data is in the cache and fade to 1 as
+    it moves to memory (a :class:`Curve` from the factor to 1), where the
+    memory bandwidth, shared whatever the number of cores, is the limit.
+    ``pace`` maps ``"collective:algorithm"`` to the factor its rounds' fixed
+    costs take at this rank count (1 if absent): what a tiny call of it took
+    beyond its call and agreement, over what the round terms above predict.
+    The executor runs a schedule as a data flow, so the rounds of a pipelined
+    algorithm overlap (a factor below 1), and an algorithm whose rounds keep
+    more ranks waiting on each other than the average costs more (above 1);
+    NCCL's tuning tables likewise carry a latency per algorithm.
     """
 
     nranks: int
@@ -220,6 +233,8 @@ class Level:
     endpoint: float
     work: float = 1.0
     work_generic: float = 1.0
+    post_round: float = 0.0
+    pace: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -267,7 +282,7 @@ class Host:
         known = top.nranks > self.cores or nranks <= self.cores
         return Level(nranks, top.sync * scale, top.piece_sync * scale, top.round,
                      top.endpoint, top.work if known else 1.0,
-                     top.work_generic if known else 1.0), True
+                     top.work_generic if known else 1.0, top.post_round * scale), True
 
     def call(self, collective: str, path: str) -> float:
         """Seconds of one call's own work on ``path`` (the generic figure if unmeasured)."""
@@ -479,10 +494,18 @@ def working_set(c: HostCounts, path: str, m: int, itemsize: int) -> float:
     return float(touched.sum()) * c.weight * m * itemsize
 
 
+def endpoint_load(c: HostCounts, cores: int) -> np.ndarray:
+    """Per round, the messages (sent plus received) the round's Python handles on the
+    busiest core: the busiest rank's, or every rank's spread over the cores if more."""
+    if not c.ends.size:
+        return np.zeros(c.ends.shape[0])
+    return np.maximum(c.ends.max(axis=1), c.ends.sum(axis=1) * c.weight / cores)
+
+
 def round_work(host: Host, c: HostCounts, path: str, i: int, size: float, ws: float,
-               red: Curve) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per walked rank, round ``i``'s (moving, reducing, per-message) seconds at ``size``
-    bytes per unit (= m * itemsize) and working set ``ws``."""
+               red: Curve) -> tuple[np.ndarray, np.ndarray]:
+    """Per walked rank, round ``i``'s (moving, reducing) seconds at ``size`` bytes per
+    unit (= m * itemsize) and working set ``ws``."""
     llc = host.llc_bytes
     g = red.at(ws, llc)
     if path == "generic":
@@ -491,11 +514,11 @@ def round_work(host: Host, c: HostCounts, path: str, i: int, size: float, ws: fl
         mv = (ch * np.maximum(c.sent[i], incoming) + dx * np.minimum(c.sent[i], incoming)
               + cp * c.lcopy[i]) * size
         rd = g * c.lred[i] * size      # a receive reduces as it pulls: the pull is the reduction
-        return mv, rd, c.ends[i]
+        return mv, rd
     sh = host.shared.at(ws, llc)
     mv = sh * (c.publish[i] + c.copy[i] + c.read[i]) * size
     rd = g * (c.rreduce[i] + c.lreduce[i]) * size
-    return mv, rd, np.zeros_like(mv)
+    return mv, rd
 
 
 def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dtype: DType,
@@ -513,17 +536,19 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     ws = working_set(c, path, m, isz)
     red = host.reduce.get(dtype_class(dtype), host.reduce["float"])
     fixed = host.call(collective, path) + (lv.sync if nranks > 1 else 0.0)
+    steps = 0.0                           # the rounds' fixed costs
     syncs = 1 if nranks > 1 else 0
     pieces = staged_pieces(collective, nranks, m, isz, paths) if path == "staged" else 1
     move = reduce = crit = 0.0
     rounds = 0
     # the oversubscription factor holds while the data is in the cache; from memory on the
     # memory bandwidth, shared whatever the number of cores, is the limit
+    loads = endpoint_load(c, host.cores)
     work = lv.work_generic if path == "generic" else lv.work
     turns = Curve(work, 1.0).at(ws, host.llc_bytes) if work != 1.0 else 1.0
     for i in range(c.sent.shape[0]):
-        mv, rd, ends = round_work(host, c, path, i, size, ws, red)
-        per = mv + rd + lv.endpoint * ends
+        mv, rd = round_work(host, c, path, i, size, ws, red)
+        per = mv + rd
         if not per.any() and not c.messages[i]:
             continue
         j = int(np.argmax(per))
@@ -539,10 +564,14 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
         if c.messages[i]:
             rounds += 1
             if path == "generic":
-                fixed += lv.round + lv.endpoint * float(ends[j])
-            else:   # a round of the shared-buffer protocol, once per piece
-                fixed += pieces * lv.piece_sync
-                syncs += pieces if path == "staged" else 0
+                steps += lv.round + lv.endpoint * float(loads[i])
+            elif path == "staged":   # a round of the shared-buffer protocol, per piece
+                steps += pieces * lv.piece_sync
+                syncs += pieces
+            else:                     # one-shot: the agreement was the exchange's wait
+                steps += lv.post_round
+    pace = 1.0 if extrapolated else lv.pace.get(f"{collective}:{algorithm}", 1.0)
+    fixed += steps * pace
     total = fixed + move + reduce
     sent = c.sent if path == "generic" else c.publish
     bytes_per_rank = float(sent.sum(axis=0).max()) * size if sent.size else 0.0
@@ -557,4 +586,5 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
 
 __all__ = ["CLASS_DTYPES", "DTYPE_CLASSES", "FUSED", "PATHS", "Curve", "Host", "HostCounts",
            "HostPrediction", "Level", "Paths", "cache_limits", "counts_at", "dtype_class",
-           "host_counts", "path_of", "predict", "round_work", "staged_pieces", "working_set"]
+           "endpoint_load", "host_counts", "path_of", "predict", "round_work", "staged_pieces",
+           "working_set"]
