@@ -108,10 +108,12 @@ ROUND_CASES = (("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "li
                ("all_reduce", "ring"))
 #: the size of the "tiny" calls (bytes; per-rank collectives: per rank)
 TINY = 64
-#: with more ranks than cores: calls that move data through both paths (at 256 KiB and
-#: 2 MiB), fitted to the factor the ranks' data work takes when they share the cores
-OVERSUB_CASES = (("all_gather", "direct"), ("all_reduce", "direct"), ("all_gather", "ring"),
-                 ("reduce_scatter", "ring"))
+#: with more ranks than cores: calls that move data through both paths, one way and both
+#: ways (at 256 KiB and 2 MiB), fitted to the factor the ranks' data work takes when they
+#: share the cores
+OVERSUB_CASES = (("all_gather", "direct"), ("all_reduce", "direct"), ("broadcast", "direct"),
+                 ("all_gather", "ring"), ("reduce_scatter", "ring"), ("broadcast", "binomial"),
+                 ("all_reduce", "binomial"))
 
 
 # --- the machine ---------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
         sizes = [Case(coll, n, algo) for _, coll, algo in RESIDUAL_TERMS
                  for n in (64 << 10, 256 << 10)]
         return Plan(nranks, 1, 0.002, a, (64, 64 << 10), (64 << 10, 256 << 10), tuple(sizes),
-                    tuple(Case(coll, 64 << 10, algo) for coll, algo in OVERSUB_CASES[:2]),
+                    tuple(Case(coll, 64 << 10, algo) for coll, algo in OVERSUB_CASES[::3]),
                     0.02, True)
     lo, hi = cache_limits(llc)
     top, bottom = int(lo // (2 * a)), int(hi // (2 * a))
@@ -632,7 +634,8 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
                 full.append(sec)
             if not xs:
                 continue
-            (factors[kind],), _, _ = fit_origin(xs, ys)
+            (fitted,), _, _ = fit_origin(xs, ys)
+            factors[kind] = max(1.0, fitted)   # sharing cores cannot beat a fair share
             rms, worst = _residuals(
                 np.array(full) - np.array(ys) + factors[kind] * np.array(xs)[:, 0],
                 np.array(full))

@@ -212,9 +212,9 @@ class Level:
     areas); ``round``: one round of the step executor; ``endpoint``: one
     message sent or received on the busiest core of a round.  ``work`` (fused
     paths) and ``work_generic`` (the step executor) multiply the data work
-    when there are more ranks than cores (1 otherwise): ranks that share cores
-    do not share them perfectly (a rank waiting for a descheduled peer spins,
-    then yields).  They hold while the data is in the cache and fade to 1 as
+    when there are more ranks than cores (1 otherwise, and never below 1):
+    ranks that share cores do not share them perfectly (a rank waiting for a
+    descheduled peer spins, then yields).  They hold while the data is in the cache and fade to 1 as
     it moves to memory (a :class:`Curve` from the factor to 1), where the
     memory bandwidth, shared whatever the number of cores, is the limit.
     ``pace`` maps ``"collective:algorithm"`` to the factor its rounds' fixed
