@@ -267,8 +267,10 @@ def sweep(nranks: int, collectives: Sequence[str], sizes: Sequence[int], *, auto
           log: Callable[[str], None] | None = None) -> list[Sample]:
     """Every applicable algorithm (and the automatic choice if ``auto``) of every
     collective at every size, ``repeat`` times, each time after waiting for a quiet
-    machine: one :class:`Sample` per case, ``seconds`` the median over the repeats of
-    each repeat's median, ``batches`` those per-repeat medians."""
+    machine (and again, up to three times, if the machine is not idle right after: some
+    other work ran during the measurement): one :class:`Sample` per case, ``seconds``
+    the median over the repeats of each repeat's median, ``batches`` those per-repeat
+    medians."""
     got: dict[Case, list[Sample]] = {}
     for rnd in range(repeat):
         for coll in collectives:
@@ -276,14 +278,21 @@ def sweep(nranks: int, collectives: Sequence[str], sizes: Sequence[int], *, auto
             if auto:
                 names.append(None)
             cases = [Case(coll, s, a) for s in sizes for a in names]
-            seen, waited = wait_quiet(quiet)
-            t0 = time.monotonic()
-            for smp in run(nranks, cases, reps=reps, budget=budget, settings=settings):
+            for attempt in range(1, 4):
+                seen, waited = wait_quiet(quiet)
+                t0 = time.monotonic()
+                samples = run(nranks, cases, reps=reps, budget=budget, settings=settings)
+                took = time.monotonic() - t0
+                after = idle(1.0)    # someone else's work still running: it ran during ours
+                if log is not None:
+                    log(f"repeat {rnd + 1}/{repeat}: {coll} on {nranks} ranks, "
+                        f"{len(cases)} cases in {took:.1f} s (machine {seen:.0%} idle before, "
+                        f"after waiting {waited:.0f} s; {after:.0%} idle after)"
+                        + ("" if after >= 0.9 or attempt == 3 else ": disturbed, again"))
+                if after >= 0.9:
+                    break
+            for smp in samples:
                 got.setdefault(smp.case, []).append(smp)
-            if log is not None:
-                log(f"repeat {rnd + 1}/{repeat}: {coll} on {nranks} ranks, "
-                    f"{len(cases)} cases in {time.monotonic() - t0:.1f} s (machine "
-                    f"{seen:.0%} idle before, after waiting {waited:.0f} s)")
     out = []
     for case, runs in got.items():
         meds = [r.seconds for r in runs]
