@@ -846,7 +846,7 @@ class Communicator:
                     missing.remove(q)
             if missing:
                 if waiter is None:
-                    waiter = Waiter(self.settings, what, lambda: missing,
+                    waiter = Waiter(t.settings, what, lambda: missing,
                                     lambda: t.check(missing))
                 waiter.pause()
         ref = got[self.rank]
@@ -1031,7 +1031,7 @@ class _P2P:
             if w._done.is_set() or timeout == 0.0:
                 return
             watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
-            waiter = Waiter(self.c.settings, lambda: w._what,
+            waiter = Waiter(t.settings, lambda: w._what,
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: t.check(watch, w._what),
                             timeout=timeout)

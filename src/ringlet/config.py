@@ -79,7 +79,8 @@ class Settings:
         "doc": "Run the shared-memory transport's fused implementations of the one-shot "
                "and direct algorithms (off: the generic step executor runs them)."})
     spin_us: float = field(default=50.0, metadata={
-        "doc": "Microseconds a wait polls before it starts yielding the core."})
+        "doc": "Microseconds a wait polls before it starts yielding the core (0 is used "
+               "when a communicator has more ranks than this process has cores)."})
     yield_us: float = field(default=2000.0, metadata={
         "doc": "Microseconds a wait yields (sched_yield) before it sleeps between polls."})
     sleep_us: float = field(default=200.0, metadata={

@@ -192,6 +192,18 @@ class RecvReq:
         return moved
 
 
+def oversubscribed(settings: Settings, nranks: int) -> Settings:
+    """``settings`` for waits among ``nranks`` local ranks: when they outnumber the cores
+    this process may run on, a wait yields at once instead of spinning first (a spinning
+    rank would hold the core the rank it waits for needs; measured on 4 ranks and 2
+    cores: 8 B all_reduce about 3x faster)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return settings.replace(spin_us=0.0) if nranks > cores else settings
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -214,7 +226,9 @@ class ShmTransport:
     """Channels between the ranks of one communicator on one host."""
 
     def __init__(self, rank: int, size: int, prefix: str, settings: Settings) -> None:
-        self.rank, self.size, self.prefix, self.settings = rank, size, prefix, settings
+        self.rank, self.size, self.prefix = rank, size, prefix
+        #: the settings every wait of this communicator uses (see oversubscribed())
+        self.settings = oversubscribed(settings, size)
         self.lay = _Layout(size, settings.shm_slots, settings.shm_slot_bytes,
                            settings.shm_post_bytes, settings.shm_stage_bytes)
         self.maps: list[mmap.mmap | None] = [None] * size
