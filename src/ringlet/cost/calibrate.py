@@ -232,8 +232,9 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
     """The measurements of a calibration with ``nranks`` ranks (``quick``: a tiny sweep).
 
     Throughput is measured at sizes whose working set (:func:`~ringlet.cost.host.working_set`;
-    for the kernels, every active rank's source and destination) is at most the
-    cache limit (three sizes) and at least the memory limit (two sizes) of
+    for the kernels, every active rank's source and destination) is at most half
+    the cache limit (three sizes over a factor of 16: clear of the transition)
+    and at least the memory limit (two sizes) of
     :func:`~ringlet.cost.host.cache_limits`.
     """
     if nranks < 2:
@@ -251,7 +252,7 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
                     tuple(Case(coll, 64 << 10, algo) for coll, algo in OVERSUB_CASES[::3]),
                     0.02, True)
     lo, hi = cache_limits(llc)
-    top, bottom = int(lo // (2 * a)), int(hi // (2 * a))
+    top, bottom = int(lo // (4 * a)), int(hi // (2 * a))
     copy_sizes = (max(4096, top // 16), max(4096, top // 4), max(4096, top), bottom, 2 * bottom)
     cases: list[Case] = []
     for _, coll, algo in RESIDUAL_TERMS:
@@ -262,8 +263,9 @@ def plan(nranks: int, *, quick: bool = False, reps: int = 5, llc: int | None = N
             cnt = rounded(coll, n, a)[1]
             ws[n] = working_set(counts_at(coll, algo, a, cnt), path_of(coll, algo, n, paths),
                                 cnt, f32)
-        top_n = max(n for n, w in ws.items() if w <= lo)
-        small = [top_n // 16, top_n // 4, top_n]        # a factor of 16 of the cache regime
+        # a factor of 16 of the cache regime, half of its limit away from the transition
+        top_n = max(n for n, w in ws.items() if w <= lo / 2)
+        small = [top_n // 16, top_n // 4, top_n]
         large = sorted(n for n, w in ws.items() if w >= hi)[:2]
         cases += [Case(coll, n, algo) for n in small + large]
     over = tuple(Case(coll, n, algo) for coll, algo in OVERSUB_CASES for n in (256 << 10, 2 << 20))

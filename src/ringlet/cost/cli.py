@@ -344,9 +344,17 @@ def calibrate(args: argparse.Namespace) -> int:
     if not out:
         raise ArgumentError("RINGLET_PROFILE is '' (no tuner): give --out PATH to say where "
                             "the profile goes")
+    from .measure import idle
+
+    before = idle(0.5)
     profile = run_calibration(2 if args.nranks is None else args.nranks, quick=args.quick,
                               reps=5 if args.reps is None else args.reps, settings=settings)
+    after = idle(0.5)
     path = profile.save(out)
+    if min(before, after) < 0.8:
+        print(f"warning: the CPUs were only {before:.0%} idle before and {after:.0%} after "
+              f"the calibration: other work may have skewed it; calibrate again on a quiet "
+              f"machine", file=sys.stderr)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))
         return 0
