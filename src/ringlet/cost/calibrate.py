@@ -30,10 +30,10 @@ What is measured, and which term of the host model
    ``copy`` and ``reduce``.
 4. **Data through the transport** (:data:`RESIDUAL_TERMS`), on min(n, cores)
    ranks: direct all_gather and reduce_scatter (fused): ``shared``, per byte
-   published, read or copied; naive broadcast (one way) and all_gather (both
-   ways) on the step executor: ``channel`` per byte of the larger direction
-   and ``duplex`` per byte of the smaller.  Each is what the model's other
-   terms leave of the measured time, fitted per byte.
+   published, read or copied; naive broadcast (one way) on the step
+   executor: ``channel`` per byte; then naive all_gather (both ways at once):
+   ``duplex``, per byte of the smaller direction.  Each is what the model's
+   other terms leave of the measured time, fitted per byte.
 
 Throughput terms are measured at sizes in the two regimes of
 :func:`~ringlet.cost.host.cache_limits` (working set within half the
@@ -101,7 +101,7 @@ CALL_CASES: dict[str, tuple[str, str]] = {
 PIECE_CASES = (("broadcast", "direct"), ("all_gather", "direct"), ("all_reduce", "direct"))
 #: what each per-byte term is fitted to (on min(n, cores) ranks), and the bytes it costs
 RESIDUAL_TERMS = (("shared", "all_gather", "direct"), ("shared", "reduce_scatter", "direct"),
-                  ("channel", "broadcast", "naive"), ("channel", "all_gather", "naive"))
+                  ("channel", "broadcast", "naive"), ("duplex", "all_gather", "naive"))
 #: p >= 2: step-executor calls with different rounds and messages per round
 ROUND_CASES = (("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "linear"),
                ("all_gather", "ring"), ("all_gather", "naive"), ("all_to_all", "pairwise"),
@@ -462,11 +462,13 @@ def _columns(term: str, c: HostCounts) -> list[np.ndarray]:
     if term == "shared":
         return [c.publish + c.copy + c.read]
     incoming = c.recv + c.rred
-    return [np.maximum(c.sent, incoming), np.minimum(c.sent, incoming)]
+    if term == "channel":
+        return [np.maximum(c.sent, incoming)]
+    return [np.minimum(c.sent, incoming)]
 
 
 #: the per-byte terms each residual fit gives (one per column of :func:`_columns`)
-_TERMS = {"shared": ("shared",), "channel": ("channel", "duplex")}
+_TERMS = {"shared": ("shared",), "channel": ("channel",), "duplex": ("duplex",)}
 
 
 def _residual(term: str, rows: Sequence[tuple[str, str, int, float]], host: Host,
@@ -539,8 +541,9 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
                                  f"reduce.{cls}", f"in-place {CLASS_DTYPES[cls]} ufunc")
         fits += rf
 
-    def host(levels: Sequence[Level], channel: Curve = zero, shared: Curve = copy) -> Host:
-        return Host(ncores, llc, channel, zero, copy, shared, reduce, calls, tuple(levels))
+    def host(levels: Sequence[Level], channel: Curve = zero, shared: Curve = copy,
+             duplex: Curve = zero) -> Host:
+        return Host(ncores, llc, channel, duplex, copy, shared, reduce, calls, tuple(levels))
 
     # 1. fixed costs at 2..n ranks (tiny calls: the per-byte terms hardly matter)
     levels = [Level(1, 0.0, 0.0, 0.0, 0.0)]
@@ -613,9 +616,11 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
                 {(c, a) for tt, c, a in RESIDUAL_TERMS if tt == t}]
             for t, _, _ in RESIDUAL_TERMS}
     (shared,), f1 = _residual("shared", rows["shared"], host([lv], shared=zero), paths)
-    (channel, duplex), f2 = _residual("channel", rows["channel"], host([lv], shared=shared),
-                                      paths)
-    fits += f1 + f2
+    # one way first (broadcast), then what both ways at once add (all_gather)
+    (channel,), f2 = _residual("channel", rows["channel"], host([lv], shared=shared), paths)
+    (duplex,), f3 = _residual("duplex", rows["duplex"],
+                              host([lv], channel=channel, shared=shared), paths)
+    fits += f1 + f2 + f3
     # 5. more ranks than cores: the factor on the data work, per kind of path
     for i, lv in enumerate(levels):
         rows_p = raw.get("oversub", {}).get(lv.nranks)
