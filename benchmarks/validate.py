@@ -1,0 +1,185 @@
+"""Predicted (calibrated) vs measured on this machine: benchmarks/VALIDATION.md.
+
+    python benchmarks/validate.py [--fresh] [--data benchmarks/sweep.json]
+
+Every collective, every applicable algorithm and the automatic choice, 8 B to
+64 MiB, on 2 and 4 local ranks (the sweep of benchmarks/sweep.py), against
+``ringlet.cost.predict`` with the profile calibrated before the sweep (the
+host model of ``ringlet.cost.host``).  Error = (predicted - measured) /
+measured; the tables give the median of |error| per size, for every
+algorithm and for the automatic choice alone (what users run).  Targets:
+<= 15 % from 64 KiB, <= 30 % below.  ``--fresh`` measures again first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from sweep import DATA, HERE, load, measure
+
+from ringlet.cost.host import Paths
+from ringlet.cost.model import Profile, predict
+from ringlet.cost.units import format_bytes, format_seconds
+from ringlet.schedule import COLLECTIVES
+
+KiB = 1 << 10
+BIG = 64 * KiB
+
+
+def target(nbytes: int) -> float:
+    return 0.15 if nbytes >= BIG else 0.30
+
+
+def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured case with its prediction and error."""
+    prof = Profile.from_dict(data["profile"])
+    st = data["settings"]
+    paths = Paths(st["fused"], st["shm_post_bytes"], st["shm_stage_bytes"],
+                  st["shm_piece_bytes"])
+    out = []
+    for r in data["runs"]:
+        algo = r["algorithm"] or r["ran"]
+        pred = predict(r["collective"], algo, r["nranks"], r["nbytes"], prof, "float32",
+                       paths=paths)
+        out.append({**r, "auto": r["algorithm"] is None, "algo": algo, "pred": pred.seconds,
+                    "err": (pred.seconds - r["seconds"]) / r["seconds"], "how": pred.counted})
+    return out
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def by_size(rs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| size | target | all algorithms: 2 ranks | 4 ranks | both | auto choice: 2 ranks "
+             "| 4 ranks | both | cases | measurement spread |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in sorted({r["nbytes"] for r in rs if r["collective"] == "all_reduce"}):
+        def m(auto: bool, n: int | None, s: int = s) -> str:
+            sel = [abs(r["err"]) for r in rs if r["auto"] == auto and
+                   _size_class(r) == s and (n is None or r["nranks"] == n)]
+            v = med(sel)
+            return f"{v:.0%}" + (" **!**" if v > target(s) else "")
+        count = sum(1 for r in rs if _size_class(r) == s)
+        spread = med([max(r["repeats"]) / min(r["repeats"]) - 1 for r in rs
+                      if _size_class(r) == s])
+        lines.append(f"| {format_bytes(s, binary=True)} | {target(s):.0%} | {m(False, 2)} | "
+                     f"{m(False, 4)} | {m(False, None)} | {m(True, 2)} | {m(True, 4)} | "
+                     f"{m(True, None)} | {count} | {spread:.0%} |")
+    return lines
+
+
+def _size_class(r: dict[str, Any]) -> int:
+    """The sweep size a case belongs to (per-rank collectives round to whole blocks)."""
+    sizes = [8 * 8 ** k for k in range(8)] + [64 << 20]
+    return min(sizes, key=lambda s: abs(s - r["nbytes"]))
+
+
+def by_collective(rs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| collective | ranks | median error < 64 KiB | >= 64 KiB | worst case (algorithm, "
+             "size, error) |", "|---|---:|---:|---:|---|"]
+    for coll in COLLECTIVES:
+        for n in sorted({r["nranks"] for r in rs}):
+            sel = [r for r in rs if r["collective"] == coll and r["nranks"] == n
+                   and not r["auto"]]
+            small = [abs(r["err"]) for r in sel if r["nbytes"] < BIG]
+            big = [abs(r["err"]) for r in sel if r["nbytes"] >= BIG]
+            w = max(sel, key=lambda r: abs(r["err"]))
+            lines.append(f"| {coll} | {n} | {med(small):.0%} | {med(big):.0%} | {w['algo']}, "
+                         f"{format_bytes(w['nbytes'], binary=True)}, {w['err']:+.0%} |")
+    return lines
+
+
+def auto_table(rs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| ranks | collective | size | auto ran | measured | predicted | error |",
+             "|---:|---|---:|---|---:|---:|---:|"]
+    order = list(COLLECTIVES)
+    for r in sorted((r for r in rs if r["auto"]),
+                    key=lambda r: (r["nranks"], order.index(r["collective"]), r["nbytes"])):
+        lines.append(f"| {r['nranks']} | {r['collective']} | "
+                     f"{format_bytes(r['nbytes'], binary=True)} | {r['algo']} | "
+                     f"{format_seconds(r['seconds'])} | {format_seconds(r['pred'])} | "
+                     f"{r['err']:+.0%} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fresh", action="store_true", help="measure again (benchmarks/sweep.py)")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=HERE / "VALIDATION.md")
+    a = p.parse_args()
+    if a.fresh or not a.data.exists():
+        a.data.write_text(json.dumps(measure([2, 4], None, 3, 3, 0.02), indent=1) + "\n")
+    data = load(a.data)
+    rs = rows(data)
+    notes_file = HERE / "validation_notes.md"
+    notes = notes_file.read_text() if notes_file.exists() else ""
+    big = [abs(r["err"]) for r in rs if not r["auto"] and r["nbytes"] >= BIG]
+    small = [abs(r["err"]) for r in rs if not r["auto"] and r["nbytes"] < BIG]
+    text = [
+        "# Predicted vs measured on this machine",
+        "",
+        "The calibrated cost model (`ringlet predict --calibrate`, then `ringlet.cost.predict`: "
+        "the host model of `src/ringlet/cost/host.py`) against the measured time of every "
+        "collective with every applicable algorithm, and with the automatic choice, from 8 B "
+        "to 64 MiB (float32, nccl-tests sizes), on 2 and 4 local ranks. Error = (predicted - "
+        "measured) / measured. Targets: median |error| <= 15 % for sizes >= 64 KiB, <= 30 % "
+        "below.",
+        "",
+        "Regenerate (about 10 minutes on two cores; run it on an otherwise idle machine):",
+        "",
+        "    python benchmarks/sweep.py          # calibrate, measure: benchmarks/sweep.json",
+        "    python benchmarks/validate.py       # this file (--fresh: measure again first)",
+        "",
+        f"Measured {data['date']} on `{data['host']}` ({data['cores']} cores), commit "
+        f"{data['commit']}, in {data['minutes']:.0f} minutes; load average "
+        f"{data['loadavg_before'][0]:.2f} before and {data['loadavg_after'][0]:.2f} after "
+        f"(its own ranks and calibration included). "
+        f"Each time is the median of {data['repeat']} sweeps, each the median of "
+        f"{data['reps']} batches of calls (at least {data['budget'] * 1e3:.0f} ms or one "
+        f"call), each sweep of a collective started once the machine was at least 90 % idle. "
+        f"The profile was calibrated just before, with {data['profile']['calibration']['nranks']}"
+        f" ranks (at the end). Buffers start 256 B past a page boundary "
+        f"(`ringlet.cost.measure.aligned`).",
+        "",
+        f"Overall, every algorithm: median |error| {med(small):.0%} below 64 KiB "
+        f"({len(small)} cases), {med(big):.0%} from 64 KiB ({len(big)} cases).",
+        "",
+        "## Median |error| per size",
+        "",
+        "*Measurement spread*: the median, over the cases of a size, of (slowest / fastest "
+        "of the three sweeps) - 1: how far the same measurement moves from one sweep to the "
+        "next on this machine.",
+        "",
+        *by_size(rs),
+        "",
+        *([notes] if notes else []),
+        "## Per collective (every algorithm)",
+        "",
+        *by_collective(rs),
+        "",
+        "## The automatic choice, case by case",
+        "",
+        *auto_table(rs),
+        "",
+        "Every algorithm's case is in `benchmarks/sweep.json` (measured) and can be predicted "
+        "with `ringlet predict COLLECTIVE --bytes N --ranks P --profile PROFILE`.",
+        "",
+        "## The calibration used",
+        "",
+        "```",
+        *data["calibration"],
+        "```",
+        "",
+    ]
+    a.out.write_text("\n".join(text))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
