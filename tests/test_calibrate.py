@@ -132,7 +132,7 @@ def test_fit_errors_are_argument_errors() -> None:
     with pytest.raises(ArgumentError, match="equal, non-empty"):
         cal.fit_line([1, 2], [1])
     with pytest.raises(ArgumentError, match=r"an \(n, k\) X"):
-        cal.fit_origin([1, 2], [1, 2])
+        cal.fit_origin([1, 2], [1, 2])   # a vector, not a matrix
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -389,3 +389,14 @@ def test_help_documents_every_option_with_units() -> None:
         assert unit in helps[opt], opt
     text = p.format_help()
     assert "seconds" in text and "bytes/s" in text and "--calibrate -n" in text
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import ringlet.algorithms.select
+    import ringlet.cost.calibrate
+
+    for mod in (ringlet.cost.calibrate, ringlet.algorithms.select):
+        result = doctest.testmod(mod)
+        assert result.attempted and not result.failed, mod.__name__

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..config import Settings
 from ..errors import ArgumentError
@@ -157,7 +158,7 @@ def _residuals(pred: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel)))
 
 
-def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float, float]:
+def fit_line(x: npt.ArrayLike, y: npt.ArrayLike) -> tuple[float, float, float, float]:
     """``y = a + b x`` by least squares: ``(a, b, rms, worst)`` (relative residuals).
 
     A negative intercept or slope is clamped to 0 and the other refitted (a
@@ -181,8 +182,7 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, floa
     return (a, b, *_residuals(a + b * xv, yv))
 
 
-def fit_origin(X: Sequence[Sequence[float]], y: Sequence[float]
-               ) -> tuple[list[float], float, float]:
+def fit_origin(X: npt.ArrayLike, y: npt.ArrayLike) -> tuple[list[float], float, float]:
     """``y = X @ c`` by non-negative least squares (few columns): ``(c, rms, worst)``.
 
     Columns whose coefficient comes out negative are dropped (set to 0) and the
@@ -607,7 +607,7 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
             fits.append(Fit(f"pace.p{size}", float(np.median(list(pace.values()))), "x",
                             len(pace), float(np.sqrt(np.mean(np.square(rel)))), float(max(rel)),
                             f"every algorithm's tiny call: its rounds' fixed costs over the "
-                            f"terms above (median {min(pace.values()):.2g}..."
+                            f"terms above (the median shown; from {min(pace.values()):.2g} to "
                             f"{max(pace.values()):.2g}; errors: the terms alone)"))
         levels.append(dataclasses.replace(lv, pace=pace))
     # 4. what the shared buffers and the channels cost per byte, on `active` ranks

@@ -19,10 +19,12 @@ schedule the executor runs (:func:`host_counts`):
         round + endpoint * (messages sent and received on the busiest core)
               + for the busiest rank: channel * max(bytes out, bytes in)
                                       + duplex * min(bytes out, bytes in)
-                                      + copy * bytes copied + reduce * bytes reduced
+                                      + copy * bytes copied locally
+                                      + reduce * bytes reduced locally
 
     (the busiest core's messages: the busiest rank's, or with more ranks than
-    cores every rank's shared out over the cores, :func:`endpoint_load`).
+    cores every rank's shared out over the cores, :func:`endpoint_load`; a
+    receive that reduces pays the channel only: its pull is the reduction).
 
     A one-way transfer is paced by the hand-over of slots between the two
     cores, so a rank moving bytes both ways at once pays ``duplex`` (measured:
@@ -53,21 +55,27 @@ schedule the executor runs (:func:`host_counts`):
 Every call also pays ``call[collective:path]`` (its Python, measured at one
 rank) and one ``sync`` (the agreement on the call's descriptor); the rounds'
 fixed costs are scaled by the algorithm's measured pace at that rank count
-(:attr:`Level.pace`).  With more
-ranks than cores the ranks' work in a round shares the cores: a round's data
-work is ``max(busiest rank, total work / cores)``, times a measured factor
-(:attr:`Level.work`, in the cache regime) for the turns not being taken
-perfectly.
+(:attr:`Level.pace`).  With more ranks than cores the ranks' work in a round
+shares the cores: a round's data work is ``max(busiest rank, total work /
+cores)``, times a measured factor per kind of path for the turns not being
+taken perfectly (:attr:`Level.work`, :attr:`Level.work_generic`).
 
 Per-byte costs depend on where the data lives: a :class:`Curve` has one
 figure while the call's :func:`working_set` fits in half the last-level cache
 and another from twice its size on, interpolated in log(size) between.
 
 Everything is measured by :mod:`ringlet.cost.calibrate`; the fixed costs
-(``sync``, ``piece_sync``, ``round``, ``endpoint``) at every rank count from
-1 to the calibrated one (:class:`Level`).  Beyond it the synchronisations are
-scaled by (p - 1) from the largest calibrated count and every prediction
-says so (:attr:`HostPrediction.extrapolated`).
+(:class:`Level`) at every rank count from 1 to the calibrated one.  Beyond
+it the synchronisations are scaled by (p - 1) from the largest calibrated
+count, there is no pace, and every prediction says so
+(:attr:`HostPrediction.extrapolated`).
+
+Not modelled: the element type's effect on the choice (the tuner predicts
+float32; float16 reductions run ~100x slower in numpy), zero-copy buffers
+from ``Communicator.empty`` (their all_reduce reads peers in place), and
+where buffers start in their pages (copies from a page-aligned area into a
+buffer 16 bytes past a page boundary are an order of magnitude slower on some
+CPUs; see ``benchmarks/VALIDATION.md``).
 """
 
 from __future__ import annotations
