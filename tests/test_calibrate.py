@@ -393,10 +393,8 @@ def test_help_documents_every_option_with_units() -> None:
 
 def test_docstring_examples() -> None:
     import doctest
+    import importlib
 
-    import ringlet.algorithms.select
-    import ringlet.cost.calibrate
-
-    for mod in (ringlet.cost.calibrate, ringlet.algorithms.select):
-        result = doctest.testmod(mod)
-        assert result.attempted and not result.failed, mod.__name__
+    for name in ("ringlet.cost.calibrate", "ringlet.algorithms.select"):
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.attempted and not result.failed, name
