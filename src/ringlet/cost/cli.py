@@ -352,9 +352,9 @@ def calibrate(args: argparse.Namespace) -> int:
     after = idle(0.5)
     path = profile.save(out)
     if min(before, after) < 0.8:
-        print(f"warning: the CPUs were only {before:.0%} idle before and {after:.0%} after "
-              f"the calibration: other work may have skewed it; calibrate again on a quiet "
-              f"machine", file=sys.stderr)
+        print(f"warning: the CPUs were busy around the calibration ({before:.0%} idle "
+              f"before, {after:.0%} after): other work may have skewed it; calibrate again "
+              f"on a quiet machine", file=sys.stderr)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))
         return 0
