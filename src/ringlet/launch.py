@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import os
 import pickle
 import secrets
@@ -324,18 +325,14 @@ class _Interrupts:
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self._pending.append(signum)
-        try:
+        with contextlib.suppress(BlockingIOError):   # the pipe is full of wake-ups already
             os.write(self._w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
 
     def take(self) -> list[int]:
         """The signals received since the last call."""
-        try:
+        with contextlib.suppress(BlockingIOError):   # raised once the pipe is drained
             while os.read(self.fd, 4096):
-                pass
-        except BlockingIOError:
-            pass  # drained
+                continue
         taken, self._pending = self._pending, []
         return taken
 

@@ -19,6 +19,7 @@ SIGKILLed afterwards; the mappings live as long as the processes.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import time
@@ -568,10 +569,9 @@ class ShmTransport:
         self.post, self.stage, self.counters = [], [], []
         for i, mm in enumerate(self.maps):
             if mm is not None:
-                try:
+                # a view may still be referenced: then the mapping goes with the process
+                with contextlib.suppress(BufferError):
                     mm.close()
-                except BufferError:
-                    pass  # a view is still referenced; the mapping goes with the process
                 self.maps[i] = None
 
     def __del__(self) -> None:  # pragma: no cover - best effort
