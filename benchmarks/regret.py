@@ -16,12 +16,10 @@ on two cores); otherwise the saved sweep is used.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 from typing import Any
 
-from sweep import DATA, HERE, load, measure
+from sweep import HERE, report_args
 
 from ringlet.algorithms.select import choose
 from ringlet.cost.units import format_bytes, format_seconds
@@ -97,16 +95,7 @@ def summary(rs: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fresh", action="store_true", help="measure again (benchmarks/sweep.py)")
-    p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--out", type=Path, default=HERE / "REGRET.md")
-    a = p.parse_args()
-    if a.fresh or not a.data.exists():
-        import json
-
-        a.data.write_text(json.dumps(measure([2, 4], None, 3, 3, 0.02), indent=1) + "\n")
-    data = load(a.data)
+    a, data = report_args(__doc__.splitlines()[0], "REGRET.md")
     rs = rows(data)
     notes = (HERE / "regret_notes.md").read_text() if (HERE / "regret_notes.md").exists() \
         else ""

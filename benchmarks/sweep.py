@@ -123,5 +123,18 @@ def main() -> None:
     print(f"wrote {a.data}", file=sys.stderr)
 
 
+def report_args(description: str, out_name: str) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The options every report script takes (--fresh, --data, --out) and the sweep's data,
+    measured again first when asked or when there is none yet."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--fresh", action="store_true", help="measure again (benchmarks/sweep.py)")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=HERE / out_name)
+    a = p.parse_args()
+    if a.fresh or not a.data.exists():
+        a.data.write_text(json.dumps(measure([2, 4], None, 3, 3, 0.02), indent=1) + "\n")
+    return a, load(a.data)
+
+
 if __name__ == "__main__":
     main()

@@ -13,13 +13,10 @@ algorithm and for the automatic choice alone (what users run).  Targets:
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-from sweep import DATA, HERE, load, measure
+from sweep import HERE, report_args
 
 from ringlet.cost.host import Paths
 from ringlet.cost.model import Profile, predict
@@ -108,14 +105,7 @@ def auto_table(rs: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fresh", action="store_true", help="measure again (benchmarks/sweep.py)")
-    p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--out", type=Path, default=HERE / "VALIDATION.md")
-    a = p.parse_args()
-    if a.fresh or not a.data.exists():
-        a.data.write_text(json.dumps(measure([2, 4], None, 3, 3, 0.02), indent=1) + "\n")
-    data = load(a.data)
+    a, data = report_args(__doc__.splitlines()[0], "VALIDATION.md")
     rs = rows(data)
     notes_file = HERE / "validation_notes.md"
     notes = notes_file.read_text() if notes_file.exists() else ""
