@@ -147,7 +147,7 @@ def test_fused_bfloat16(small: World) -> None:
 
 
 def _init_with(rank: int, job: str, settings: Settings, q: Any) -> None:
-    from ringlet.comm import init
+    from ringlet.startup import init
 
     try:
         comm = init(settings=settings, rank=rank, size=2, job_id=job)

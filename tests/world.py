@@ -25,7 +25,7 @@ RECOVERABLE = frozenset({"ArgumentError", "MismatchError"})
 
 
 def _serve(rank: int, size: int, job: str, settings: Settings, conn: Connection) -> None:
-    from ringlet.comm import init
+    from ringlet.startup import init
 
     comm = init(settings=settings, rank=rank, size=size, job_id=job)
     conn.send(("ready", None))

@@ -8,7 +8,7 @@ costed and drawn.
 from __future__ import annotations
 
 from .algorithms import algorithms
-from .comm import Communicator, Work, init
+from .comm import Communicator, Work
 from .config import Settings
 from .errors import (
     ArgumentError,
@@ -23,6 +23,7 @@ from .errors import (
 from .launch import spawn
 from .ops import ReduceOp
 from .schedule import Schedule
+from .startup import init
 from .verify import verify as _verify_schedule
 
 __version__ = "0.1.0"

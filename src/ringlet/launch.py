@@ -510,7 +510,7 @@ def spawn(fn: Callable[..., Any], nranks: int, *args: Any, settings: Settings | 
 
         ringlet.spawn(total, 2, 2)          # -> [3.0, 3.0]
     """
-    from .comm import init
+    from .startup import init
 
     return _spawn(fn, nranks, args, settings=settings, timeout=timeout, init=init)
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ringlet.comm import init
+from ringlet.startup import init
 
 comm = init()
 mine, theirs = np.array([comm.rank + 1.0]), np.zeros(1)
