@@ -40,6 +40,13 @@ def _is_tensor(x: Any) -> bool:
 def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
     """Validate ``x`` and view it flat.  Raises ArgumentError before anything is sent."""
     if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+            # np.matrix stays 2-D when flattened, a masked array's mask would be ignored:
+            # subclasses change what an array means, so only the plain kind is taken
+            raise ArgumentError(
+                f"{name} is a {type(x).__module__}.{type(x).__name__}, a subclass of "
+                f"numpy.ndarray that ringlet does not take; pass np.asarray({name}) (or "
+                f"{name}.filled() for a masked array)")
         if not x.flags.c_contiguous:
             raise ArgumentError(
                 f"{name} must be C-contiguous (got strides {x.strides} for shape {x.shape}); "
@@ -72,8 +79,11 @@ def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
             raise ArgumentError(f"{name}: torch dtype {x.dtype} is not supported ({exc})") \
                 from None
         return Buffer(x, arr.reshape(-1), dtype_of_numpy(arr.dtype), tuple(x.shape), True)
+    hint = ""
+    if isinstance(x, (list, tuple, int, float, complex, bool, np.generic)):
+        hint = f"; pass np.asarray({name}) (a list or a scalar has no memory to fill in place)"
     raise ArgumentError(
-        f"{name} must be a numpy.ndarray or a torch CPU tensor, got {type(x).__name__}")
+        f"{name} must be a numpy.ndarray or a torch CPU tensor, got {type(x).__name__}{hint}")
 
 
 def new_buffer(like: Buffer, shape: tuple[int, ...]) -> Buffer:

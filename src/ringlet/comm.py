@@ -18,21 +18,23 @@ deadline.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import functools
 import logging
 import os
 import pickle
 import queue
 import secrets
 import threading
+import weakref
 import zlib
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from . import agreement
+from .agreement import GENERIC, POST, SHARED, STAGE, Desc, algo_code, describe
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .buffers import Buffer, as_buffer, check_out, new_buffer
@@ -45,95 +47,71 @@ from .errors import (
     RingletError,
 )
 from .executor import compile_program, execute
-from .ops import DTYPE_BY_CODE, ReduceOp, check_op, finish_avg, reducer
+from .ops import ReduceOp, check_op, finish_avg, reducer
+from .p2p import P2PEngine
 from .schedule import Buf
 from .transport.fused import Fused, shared_all_reduce
-from .transport.shm import (
-    P2P,
-    SHM_DIR,
-    RecvReq,
-    SendReq,
-    ShmTransport,
-    create_region,
-    open_region,
-)
+from .transport.shm import SHM_DIR, ShmTransport, create_region, open_region
 from .wait import Waiter
+from .work import Work
 
 log = logging.getLogger("ringlet")
 
-_COLL_CODES = {name: i for i, name in enumerate(
-    ["none", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-     "all_to_all", "scatter", "gather", "barrier", "split"])}
-_COLL_NAMES = {v: k for k, v in _COLL_CODES.items()}
-_FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm", "path")
-_GENERIC, _POST, _STAGE, _SHARED = 0, 1, 2, 3
-_FUSED = {("all_reduce", "oneshot"): _POST, ("all_reduce", "direct"): _STAGE,
-          ("broadcast", "direct"): _STAGE, ("all_gather", "direct"): _STAGE,
-          ("reduce_scatter", "direct"): _STAGE, ("all_to_all", "direct"): _STAGE}
-_P2P_MAGIC = 0x50325031
+_FUSED = {("all_reduce", "oneshot"): POST, ("all_reduce", "direct"): STAGE,
+          ("broadcast", "direct"): STAGE, ("all_gather", "direct"): STAGE,
+          ("reduce_scatter", "direct"): STAGE, ("all_to_all", "direct"): STAGE}
+#: calls made of other collectives: the descriptors of their parts carry this name
+_COMPOUND = frozenset({"split", "broadcast_object", "all_gather_object", "empty"})
+#: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
-def _algo_code(name: str) -> int:
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
-
-
-class Work:
-    """Handle of an asynchronous operation (``async_op=True``, ``isend``, ``irecv``)."""
-
-    def __init__(self, what: str, peer: int | None = None) -> None:
-        self._what = what
-        self._peer = peer
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._driver: Callable[[Work, float | None], None] | None = None
-
-    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._done.set()
-
-    def is_completed(self) -> bool:
-        """True once the operation finished (successfully or not)."""
-        if not self._done.is_set() and self._driver is not None:
-            self._driver(self, 0.0)
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> Any:
-        """Block until done and return the operation's result; re-raise its error.
-
-        ``timeout`` (seconds) bounds this wait only; the operation keeps its own
-        deadline (``RINGLET_TIMEOUT``).
-        """
-        if self._driver is not None and not self._done.is_set():
-            self._driver(self, timeout)
-        if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self._what} did not complete within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "pending"
-        return f"<ringlet.Work {self._what} {state}>"
+@atexit.register
+def _close_all() -> None:
+    for c in list(_LIVE):
+        with contextlib.suppress(Exception):
+            c._t.mark_closed()
 
 
 def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Tell the peers when this rank rejects a collective call's arguments.
+    """Validate on every rank or tell the peers: the wrapper of every collective call.
 
-    The ArgumentError is raised here at once, without waiting; the rank also
-    publishes an error descriptor under the call's sequence number, so that
-    the ranks whose arguments were fine raise a MismatchError naming this one
-    instead of waiting for it until their deadline.
+    A call whose arguments this rank rejects raises ArgumentError here at
+    once, naming this rank; the rank also publishes an error descriptor under
+    the call's sequence number, so that its peers raise a MismatchError
+    quoting it instead of waiting for it until their deadline.  Any other
+    exception raised while the arguments are checked (a TypeError from a
+    strange argument, say) becomes such an ArgumentError too: every rank
+    must hear of every call, or the calls after it pair up wrongly.
     """
+    name = fn.__name__
 
     def wrapper(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+        self._check_thread(name)
+        outer = self._api is None
+        if outer and name in _COMPOUND:
+            self._api = name
         seq = self._seq
         try:
             return fn(self, *args, **kwargs)
         except ArgumentError as exc:
             if self._seq == seq and not self._closed and self._broken is None:
-                self._reject(fn.__name__, exc)
+                note = str(exc)
+                exc.args = (f"{name} on rank {self.rank}: {note}",)
+                self._reject(name, note, exc)
             raise
+        except RingletError:
+            raise
+        except Exception as exc:
+            if self._seq != seq or self._closed or self._broken is not None:
+                raise
+            note = f"bad argument ({type(exc).__name__}: {exc})"
+            err = ArgumentError(f"{name} on rank {self.rank}: {note}")
+            self._reject(name, note, err)
+            raise err from exc
+        finally:
+            if outer:
+                self._api = None
 
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -170,13 +148,21 @@ class Communicator:
         self._shm_digest = zlib.crc32(
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
             .encode()) & 0xFFFF
-        self._p2p = _P2P(self)
-        self._cur: tuple[int, tuple[int, ...]] | None = None
+        self._p2p = P2PEngine(self)
+        self._cur: tuple[int, Desc] | None = None
+        #: the compound call (split, broadcast_object...) whose parts are being called
+        self._api: str | None = None
+        #: the sequence number of a call this rank rejected and whose peers may not have
+        #: published it yet: the next publication waits for them (see _settle)
+        self._pending_reject: int | None = None
+        #: the thread that makes this communicator's calls (see _check_thread)
+        self._owner: threading.Thread | None = None
         self._fused = Fused(transport, lambda: self._current) if settings.fused else None
         #: shared buffers from empty(): (start address, stop address, every rank's region)
         self._regions: list[tuple[int, int, list[np.ndarray]]] = []
         self._region_maps: list[Any] = []
         transport.describe = lambda: self._current
+        _LIVE.add(self)
         if settings.debug:
             _configure_logging(settings.debug)
 
@@ -203,12 +189,12 @@ class Communicator:
         name = self._choose("all_reduce", algorithm, xb.nbytes)
         path = self._path("all_reduce", name, xb.nbytes)
         fused = self._fused
-        shared = self._shared_view(xb.flat) if ob is None and path & 3 == _STAGE else None
+        shared = self._shared_view(xb.flat) if ob is None and path & 3 == STAGE else None
         if shared is not None:
-            path = _SHARED | shared[0] << 2 | shared[1] << 12
+            path = SHARED | shared[0] << 2 | shared[1] << 12
 
         def before(seq: int) -> None:
-            if path & 3 == _POST:
+            if path & 3 == POST:
                 fused.post(seq, xb.flat)  # type: ignore[union-attr]
 
         def run(seq: int) -> Any:
@@ -218,10 +204,10 @@ class Communicator:
                          for region in self._regions[shared[0]][2]]
                 shared_all_reduce(fused, xb.flat, peers,  # type: ignore[arg-type]
                                   reducer(rop, xb.dt))
-            elif xb.count and path & 3 == _POST:
+            elif xb.count and path & 3 == POST:
                 fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
                                          reducer(rop, xb.dt))
-            elif xb.count and path & 3 == _STAGE:
+            elif xb.count and path & 3 == STAGE:
                 fused.direct_all_reduce(xb.flat, reducer(rop, xb.dt),  # type: ignore[union-attr]
                                         None if ob is None else ob.flat)
             else:
@@ -232,8 +218,7 @@ class Communicator:
                 finish_avg(dst.flat, xb.dt, self.size)
             return dst.obj
 
-        return self._submit("all_reduce",
-                            (rop, xb.dt.code, xb.count, 0, _algo_code(name), path),
+        return self._submit(self._desc("all_reduce", op=rop, buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb, before)
 
     @_collective
@@ -246,14 +231,13 @@ class Communicator:
         path = self._path("broadcast", name, xb.nbytes)
 
         def run(seq: int) -> Any:
-            if xb.count and path & 3 == _STAGE:
+            if xb.count and path & 3 == STAGE:
                 self._fused.direct_broadcast(xb.flat, root)  # type: ignore[union-attr]
             else:
                 self._run("broadcast", name, root, xb.count, {Buf.OUT: xb.flat}, xb.dt, None)
             return xb.obj
 
-        return self._submit("broadcast",
-                            (0, xb.dt.code, xb.count, root, _algo_code(name), path),
+        return self._submit(self._desc("broadcast", buf=xb, root=root, algorithm=name, path=path),
                             run, async_op, name, xb)
 
     @_collective
@@ -285,7 +269,7 @@ class Communicator:
                 finish_avg(dst, xb.dt, self.size)
             return (ob or xb).obj
 
-        return self._submit("reduce", (rop, xb.dt.code, xb.count, root, _algo_code(name), 0),
+        return self._submit(self._desc("reduce", op=rop, buf=xb, root=root, algorithm=name),
                             run, async_op, name, xb)
 
     @_collective
@@ -299,15 +283,14 @@ class Communicator:
         path = self._path("all_gather", name, xb.nbytes * self.size)
 
         def run(seq: int) -> Any:
-            if xb.count and path & 3 == _STAGE:
+            if xb.count and path & 3 == STAGE:
                 self._fused.direct_all_gather(xb.flat, ob.flat)  # type: ignore[union-attr]
             else:
                 self._run("all_gather", name, 0, xb.count, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
                           xb.dt, None)
             return ob.obj
 
-        return self._submit("all_gather",
-                            (0, xb.dt.code, xb.count, 0, _algo_code(name), path),
+        return self._submit(self._desc("all_gather", buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb)
 
     @_collective
@@ -324,7 +307,7 @@ class Communicator:
         m = xb.count // self.size
 
         def run(seq: int) -> Any:
-            if m and path & 3 == _STAGE:
+            if m and path & 3 == STAGE:
                 self._fused.direct_reduce_scatter(  # type: ignore[union-attr]
                     xb.flat, ob.flat, reducer(rop, xb.dt))
             else:
@@ -334,8 +317,7 @@ class Communicator:
                 finish_avg(ob.flat, xb.dt, self.size)
             return ob.obj
 
-        return self._submit("reduce_scatter",
-                            (rop, xb.dt.code, xb.count, 0, _algo_code(name), path),
+        return self._submit(self._desc("reduce_scatter", op=rop, buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb)
 
     @_collective
@@ -350,15 +332,14 @@ class Communicator:
         m = xb.count // self.size
 
         def run(seq: int) -> Any:
-            if m and path & 3 == _STAGE:
+            if m and path & 3 == STAGE:
                 self._fused.direct_all_to_all(xb.flat, ob.flat)  # type: ignore[union-attr]
             else:
                 self._run("all_to_all", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
                           xb.dt, None)
             return ob.obj
 
-        return self._submit("all_to_all",
-                            (0, xb.dt.code, xb.count, 0, _algo_code(name), path),
+        return self._submit(self._desc("all_to_all", buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb)
 
     @_collective
@@ -394,7 +375,7 @@ class Communicator:
             self._run("scatter", name, root, ob.count, bufs, ob.dt, None)
             return ob.obj
 
-        return self._submit("scatter", (0, ob.dt.code, ob.count, root, _algo_code(name), 0),
+        return self._submit(self._desc("scatter", buf=ob, root=root, algorithm=name),
                             run, async_op, name, ob)
 
     @_collective
@@ -417,49 +398,47 @@ class Communicator:
             self._run("gather", name, root, xb.count, bufs, xb.dt, None)
             return None if ob is None else ob.obj
 
-        return self._submit("gather", (0, xb.dt.code, xb.count, root, _algo_code(name), 0),
+        return self._submit(self._desc("gather", buf=xb, root=root, algorithm=name),
                             run, async_op, name, xb)
 
     def barrier(self, async_op: bool = False) -> Any:
         """Wait until every rank has entered the barrier."""
-        return self._submit("barrier", (0, 0, 0, 0, 0, 0), lambda seq: None, async_op, "", None)
+        return self._submit(self._desc("barrier"), lambda seq: None, async_op, "", None)
 
     # --- objects (pickled; trusted peers only) -----------------------------------------
 
+    @_collective
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """The root's ``obj``, pickled and sent to every rank.  Trusted peers only:
         unpickling runs code chosen by the sender."""
         root = self._root(root)
-        data, why = None, ""
+        data = np.empty(0, np.uint8)
         if self.rank == root:
-            try:
-                data = np.frombuffer(pickle.dumps(obj), np.uint8)
-            except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-                why = f"{type(exc).__name__}: {exc}"
-        n = np.array([-1 if data is None else data.size], np.int64)
+            data, ok = _pickled(obj)
+        n = np.array([data.size if self.rank != root or ok else -1 - data.size], np.int64)
         self.broadcast(n, root)
-        if n[0] < 0:
-            raise ArgumentError(
-                f"broadcast_object: rank {root} could not pickle its object"
-                + (f" ({why})" if why else ""))
-        buf = data.copy() if data is not None else np.empty(int(n[0]), np.uint8)
+        size = int(n[0]) if n[0] >= 0 else -1 - int(n[0])
+        buf = data if self.rank == root else np.empty(size, np.uint8)
         self.broadcast(buf, root)
+        if n[0] < 0:  # the root could not pickle its object: buf holds why, on every rank
+            raise ArgumentError(f"rank {root} could not pickle its object "
+                                f"({buf.tobytes().decode(errors='replace')})")
         return obj if self.rank == root else pickle.loads(buf.tobytes())
 
+    @_collective
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank (pickled; trusted peers only)."""
-        try:
-            data, why = np.frombuffer(pickle.dumps(obj), np.uint8), ""
-        except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-            data, why = np.empty(0, np.uint8), f"{type(exc).__name__}: {exc}"
-        sizes = self.all_gather(np.array([-1 if why else data.size], np.int64)).reshape(-1)
-        if (sizes < 0).any():
-            bad = [int(q) for q in np.flatnonzero(sizes < 0)]
-            raise ArgumentError(f"all_gather_object: rank(s) {bad} could not pickle their "
-                                f"object" + (f" ({why})" if why else ""))
-        padded = np.zeros(int(sizes.max()), np.uint8)
+        data, ok = _pickled(obj)
+        sizes = self.all_gather(np.array([data.size if ok else -1 - data.size],
+                                         np.int64)).reshape(-1)
+        lengths = np.where(sizes < 0, -1 - sizes, sizes)
+        padded = np.zeros(int(lengths.max()), np.uint8)
         padded[:data.size] = data
         allb = self.all_gather(padded)
+        if (sizes < 0).any():  # every rank learns every reason
+            why = "; ".join(f"rank {q}: " + allb[q, :int(lengths[q])].tobytes().decode(
+                errors="replace") for q in np.flatnonzero(sizes < 0))
+            raise ArgumentError(f"objects that could not be pickled ({why})")
         return [pickle.loads(allb[i, :int(sizes[i])].tobytes()) for i in range(self.size)]
 
     # --- point to point -------------------------------------------------------------------
@@ -538,10 +517,16 @@ class Communicator:
         """
         try:
             dt = np.dtype(dtype)
-            shp = (int(shape),) if isinstance(shape, (int, np.integer)) else \
-                tuple(int(d) for d in shape)
         except TypeError as exc:
-            raise ArgumentError(f"empty: bad shape or dtype ({exc})") from None
+            raise ArgumentError(f"empty: bad dtype {dtype!r} ({exc})") from None
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shp: tuple[int, ...] = (int(shape),)
+        elif isinstance(shape, (tuple, list)) and all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+            shp = tuple(int(d) for d in shape)
+        else:
+            raise ArgumentError(f"empty: shape must be an int or a tuple of ints, got "
+                                f"{shape!r}")
         from .ops import dtype_of_numpy
 
         dtype_of_numpy(dt)
@@ -591,10 +576,13 @@ class Communicator:
             return
         if self._queue is not None:
             done = Work("close")
-            self._queue.put((0, "", (), lambda seq: None, done, "", None, None))
-            done.wait()
+            self._queue.put((0, None, None, done, "", None, None))
+            with contextlib.suppress(RingletError):
+                done.wait()
             self._queue.put(None)
         self._closed = True
+        _LIVE.discard(self)
+        self._t.mark_closed()
         self._regions.clear()
         for mm in self._region_maps:
             with contextlib.suppress(BufferError):  # the user still holds the array
@@ -652,6 +640,10 @@ class Communicator:
         return ob
 
     def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str:
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise ArgumentError(
+                f"algorithm must be a name (str) or None, got {algorithm!r}; valid: "
+                f"{', '.join(_algorithms(collective))}")
         key = (collective, algorithm, nbytes)
         name = self._chosen.get(key)
         if name is None:
@@ -675,11 +667,11 @@ class Communicator:
         The answer (with a digest of the sizes it depends on) goes into the
         descriptor, so ranks whose settings differ get a MismatchError, not garbage.
         """
-        path = _FUSED.get((collective, name), _GENERIC) if self._fused else _GENERIC
-        if path == _POST and not self._fused.fits_post(nbytes):  # type: ignore[union-attr]
-            path = _GENERIC
-        if path == _GENERIC:
-            return _GENERIC
+        path = _FUSED.get((collective, name), GENERIC) if self._fused else GENERIC
+        if path == POST and not self._fused.fits_post(nbytes):  # type: ignore[union-attr]
+            path = GENERIC
+        if path == GENERIC:
+            return GENERIC
         return path | self._shm_digest << 2
 
     def _tmp(self, key: str, dtype: np.dtype[Any], count: int) -> np.ndarray:
@@ -706,40 +698,57 @@ class Communicator:
         red = reducer(op, dt) if op is not None else None
         execute(prog, self._t, flat, red, lambda: self._current)
 
-    def _submit(self, coll: str, words: tuple[int, ...], run: Callable[[int], Any],
-                async_op: bool, name: str, xb: Buffer | None,
-                before: Callable[[int], None] | None = None) -> Any:
+    def _desc(self, coll: str, *, op: ReduceOp | int = 0, buf: Buffer | None = None,
+              root: int = 0, algorithm: str = "", path: int = 0) -> Desc:
+        """This rank's descriptor of a call (named after the compound call it is part of)."""
+        if buf is None:
+            return agreement.make(self._api or coll)
+        return agreement.make(self._api or coll, op=int(op), dtype=buf.dt.code,
+                              count=buf.count, root=root, algorithm=algorithm, path=path,
+                              shape=buf.shape)
+
+    def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
+                xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
         """Number the call and run it inline, or queue it behind pending async work."""
+        if not isinstance(async_op, (bool, np.bool_)):
+            raise ArgumentError(f"async_op must be True or False, got {async_op!r}")
         self._usable()
-        full = (_COLL_CODES[coll], *words, 0)
         with self._submit_lock:
             self._seq += 1
             seq = self._seq
             if not async_op and not self._inflight:
                 # nothing queued: run here (holding the lock keeps the numbering in order)
-                return self._execute(seq, coll, full, run, name, xb, before)
-            work = Work(f"{coll} #{seq}")
+                return self._execute(seq, desc, run, name, xb, before)
+            work = Work(describe(seq, desc))
             self._inflight += 1
-            self._worker().put((seq, coll, full, run, work, name, xb, before))
+            self._worker().put((seq, desc, run, work, name, xb, before))
         return work if async_op else work.wait()
 
-    def _reject(self, coll: str, exc: ArgumentError) -> None:
-        """Publish an error descriptor for the next sequence number (see _collective)."""
-        code = _COLL_CODES.get(coll, 0)
+    def _reject(self, coll: str, note: str, exc: ArgumentError) -> None:
+        """Publish an error descriptor under the next sequence number (see _collective).
 
-        def publish() -> None:
-            self._t.set_note(f"{exc}")
-            self._t.publish(seq, (code, 0, 0, 0, 0, 0, 0, 1))
+        The call is numbered like any other, so the calls after it keep pairing
+        with the right ones on every rank.
+        """
+        desc = agreement.rejected(self._api or coll)
+
+        def publish(seq: int) -> None:
+            self._t.set_note(seq, note)
+            self._t.publish(seq, desc)
+            self._pending_reject = seq
 
         with self._submit_lock:
             self._seq += 1
             seq = self._seq
-            if not self._inflight:
-                publish()
+            if self._inflight:
+                self._inflight += 1
+                self._worker().put((seq, desc, publish, Work(describe(seq, desc)), "", None,
+                                    None))
                 return
-            self._inflight += 1
-            self._worker().put((seq, "reject", (), lambda _: publish(), Work(f"{coll} #{seq}"),
-                                "", None, None))
+            try:
+                self._execute(seq, desc, publish, "", None, None)
+            except RingletError as err:  # the peers never came: the communicator is aborted
+                raise err from exc
 
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
@@ -754,18 +763,15 @@ class Communicator:
             item = q.get()
             if item is None:
                 return
-            seq, coll, full, run, work, name, xb, before = item
+            seq, desc, run, work, name, xb, before = item
             try:
-                if coll == "reject":
-                    res = run(seq)
-                else:
-                    res = self._execute(seq, coll, full, run, name, xb, before) if coll else None
+                res = None if desc is None else self._execute(seq, desc, run, name, xb, before)
                 work._finish(res)
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
             finally:
                 with self._submit_lock:
-                    if coll:
+                    if desc is not None:
                         self._inflight -= 1
 
     def _usable(self) -> None:
@@ -774,278 +780,151 @@ class Communicator:
         if self._broken is not None:
             raise PeerError(f"the communicator was aborted earlier: {self._broken}")
 
+    def _check_thread(self, what: str) -> None:
+        """One thread makes a communicator's calls: the first one that calls it.
+
+        Calls of two threads would pair up differently on different ranks (nothing
+        orders them), so a second thread gets an ArgumentError at once, before
+        anything is numbered or published; once the first thread has ended,
+        another may take over.  Use one communicator per thread (``split``).
+        """
+        me = threading.current_thread()
+        owner = self._owner
+        if owner is me:
+            return
+        if owner is None or not owner.is_alive():
+            self._owner = me
+            return
+        raise ArgumentError(
+            f"{what} on rank {self.rank}: this communicator's calls are made by thread "
+            f"{owner.name!r}, and thread {me.name!r} called it too; calls from two threads "
+            f"would pair up differently on different ranks. Make every call from one thread, "
+            f"or give each thread its own communicator (comm.split(color=0) once per thread, "
+            f"in the same order on every rank)")
+
     @property
     def _current(self) -> str:
         """The call in progress, described for messages (formatted only when needed)."""
-        return "a collective" if self._cur is None else self._describe(*self._cur)
+        return "a collective" if self._cur is None else describe(*self._cur)
 
-    def _describe(self, seq: int, full: tuple[int, ...]) -> str:
-        coll = _COLL_NAMES.get(full[0], f"collective {full[0]}")
-        if coll == "barrier":
-            return f"barrier #{seq}"
-        dt = DTYPE_BY_CODE.get(full[2])
-        text = f"{coll} #{seq} ({full[3]} x {dt.name if dt else full[2]}"
-        if coll in ("broadcast", "reduce", "scatter", "gather"):
-            text += f", root {full[4]}"
-        return text + ")"
-
-    def _execute(self, seq: int, coll: str, full: tuple[int, ...], run: Callable[[int], Any],
+    def _execute(self, seq: int, desc: Desc, run: Callable[[int], Any],
                  name: str, xb: Buffer | None,
                  before: Callable[[int], None] | None = None) -> Any:
         with self._exec_lock:
             self._usable()
-            self._cur = (seq, full)
+            self._cur = (seq, desc)
             try:
+                self._settle()
+                if desc.rejected:
+                    return run(seq)
                 if before is not None:
                     before(seq)
-                self._agree(seq, full)
-                if log.isEnabledFor(logging.INFO) and coll != "barrier":
+                self._agree(seq, desc)
+                if log.isEnabledFor(logging.INFO) and desc.collective != agreement.COLL_CODE[
+                        "barrier"]:
                     log.info("rank %d: %s algorithm %s%s, %d B", self.rank, self._current,
-                             name or _alg_name(coll, full[5]),
-                             " (fused)" if full[6] else "", xb.nbytes if xb else 0)
+                             name or _alg_name(agreement.coll_name(desc.collective),
+                                               desc.algorithm),
+                             " (fused)" if desc.path else "", xb.nbytes if xb else 0)
                 return run(seq)
             except (MismatchError, ArgumentError):
                 raise
             except BaseException as exc:
-                msg = f"rank {self.rank} failed in {self._current}: {exc}"
-                if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
-                    msg = str(exc)  # already names the rank it started on
-                self._broken = msg
-                self._t.discard_pending()
-                self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
-                if isinstance(exc, RingletError):
-                    raise
-                raise PeerError(msg) from exc
+                self._fail(exc)
+                if isinstance(exc, RingletError) or not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt and SystemExit reach the caller as they are
+                raise PeerError(self._broken) from exc
 
-    def _agree(self, seq: int, full: tuple[int, ...]) -> None:
+    def _fail(self, exc: BaseException) -> None:
+        """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""
+        if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
+            msg = str(exc)  # already names the rank it started on
+        elif isinstance(exc, KeyboardInterrupt):
+            msg = f"rank {self.rank} was interrupted (KeyboardInterrupt) in {self._current}"
+        else:
+            msg = f"rank {self.rank} failed in {self._current}: {type(exc).__name__}: {exc}"
+        self._broken = msg
+        self._t.discard_pending()
+        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
+
+    def _settle(self) -> None:
+        """Wait until every peer has published the call this rank last rejected.
+
+        A rank publishes call s+1 in the place call s-1 had, and the one-shot
+        path writes its data there too: it may only do so once every peer has
+        read call s-1, which every peer has once it has published call s.  A
+        call that ran had that wait in its agreement; a rejected one has it
+        here, before this rank publishes anything else.
+        """
+        s = self._pending_reject
+        if s is None:
+            return
+        t = self._t
+        missing = [q for q in range(self.size) if q != self.rank and t.peer_desc(q, s) is None]
+        waiter = None
+        while missing:
+            if waiter is None:
+                waiter = Waiter(t.settings, lambda: self._whereabouts(
+                    f"{self._current}, waiting for the peers to reach call #{s} (which rank "
+                    f"{self.rank} rejected)", missing), lambda: missing,
+                    lambda: t.check(missing))
+            waiter.pause()
+            missing[:] = [q for q in missing if t.peer_desc(q, s) is None]
+        self._pending_reject = None
+
+    def _whereabouts(self, what: str, missing: list[int]) -> str:
+        t = self._t
+        where = []
+        for q in missing:
+            last = t.latest_desc(q)
+            if last is None:
+                where.append(f"rank {q} has not entered any collective")
+            else:
+                where.append(f"rank {q} is in {describe(last[0], Desc(*last[1]))}")
+        return f"{what} ({'; '.join(where)})"
+
+    def _agree(self, seq: int, desc: Desc) -> None:
         """Publish this rank's descriptor and compare it with every rank's."""
         t = self._t
-        t.publish(seq, full)
+        t.publish(seq, desc)
         if self.size == 1:
             return
-        got: dict[int, tuple[int, ...]] = {self.rank: tuple(full)}
+        got: dict[int, Desc] = {self.rank: desc}
         missing = [q for q in range(self.size) if q != self.rank]
-
-        def what() -> str:
-            where = []
-            for q in missing:
-                last = t.latest_desc(q)
-                if last is None:
-                    where.append(f"rank {q} has not entered any collective")
-                else:
-                    where.append(f"rank {q} is in {self._describe(last[0], last[1])}")
-            return f"{self._current} ({'; '.join(where)})"
-
         waiter = None
         while missing:
             for q in list(missing):
                 d = t.peer_desc(q, seq)
                 if d is not None:
-                    got[q] = d[:len(full)]
+                    got[q] = Desc(*d)
                     missing.remove(q)
             if missing:
                 if waiter is None:
-                    waiter = Waiter(t.settings, what, lambda: missing,
-                                    lambda: t.check(missing))
+                    waiter = Waiter(t.settings,
+                                    lambda: self._whereabouts(self._current, missing),
+                                    lambda: missing, lambda: t.check(missing))
                 waiter.pause()
-        ref = got[self.rank]
-        if all(d == ref for d in got.values()):
-            return
-        rejected = [q for q in sorted(got) if got[q][7] == 1]
-        if rejected:
-            why = "; ".join(f"rank {q}: {t.note(q)}" for q in rejected)
-            raise MismatchError(
-                f"{self._current} cannot run: rank{'s' if len(rejected) > 1 else ''} "
-                f"{', '.join(map(str, rejected))} rejected the call's arguments ({why})")
-        for i, field in enumerate(_FIELDS):
-            values: dict[str, list[int]] = {}
-            for r in sorted(got):
-                values.setdefault(self._field(field, got[r][i], got[r]), []).append(r)
-            if len(values) > 1:
-                detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
-                                   f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
-                what_ = (f"collective #{seq}" if field == "collective"
-                         else f"{field} of {self._current}")
-                raise MismatchError(f"ranks disagree about the {what_}: {detail}")
+        agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
-    def _field(self, field: str, v: int, full: tuple[int, ...]) -> str:
-        if field == "collective":
-            return _COLL_NAMES.get(v, str(v))
-        if field == "op":
-            return ReduceOp(v).name if v in ReduceOp._value2member_map_ else str(v)
-        if field == "dtype":
-            d = DTYPE_BY_CODE.get(v)
-            return d.name if d else str(v)
-        if field == "algorithm":
-            return _alg_name(_COLL_NAMES.get(full[0], ""), v)
-        if field == "path":
-            kind = ("generic executor", "fused one-shot", "fused staged",
-                    "zero-copy (buffer from comm.empty)")[v & 3]
-            if v & 3 == _SHARED:
-                return f"{kind}, buffer #{v >> 2 & 0x3FF} at byte {v >> 12}"
-            return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
-        return str(v)
+
+def _pickled(obj: Any) -> tuple[np.ndarray, bool]:
+    """(the pickle of ``obj``, True), or (why it does not pickle, as bytes, False)."""
+    try:
+        return np.frombuffer(pickle.dumps(obj), np.uint8), True
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+        return np.frombuffer(f"{type(exc).__name__}: {exc}".encode()[:4096], np.uint8), False
 
 
 def _alg_name(coll: str, code: int) -> str:
-    try:
-        for n in _algorithms(coll):
-            if _algo_code(n) == code:
-                return n
-    except RingletError:
-        pass
+    names = [coll] if coll in agreement.COLLECTIVES[1:9] else agreement.COLLECTIVES[1:9]
+    for c in names:
+        try:
+            for n in _algorithms(c):
+                if algo_code(n) == code:
+                    return n
+        except RingletError:
+            pass
     return f"#{code}"
-
-
-class _P2P:
-    """User point-to-point messages, on channels of their own (never mixed with collectives).
-
-    A message is a header fragment (magic, tag, bytes, dtype) followed by the
-    payload.  Receives match messages from a source in order by tag; a message
-    that arrives before its receive is posted is kept aside (unexpected queue).
-    """
-
-    def __init__(self, comm: Communicator) -> None:
-        self.c = comm
-        n = comm.size
-        self.lock = threading.RLock()
-        self.sends: list[deque[tuple[SendReq, SendReq, Work]]] = [deque() for _ in range(n)]
-        self.posted: list[deque[tuple[Buffer, int, Work]]] = [deque() for _ in range(n)]
-        self.unexpected: list[deque[tuple[int, int, np.ndarray]]] = [deque() for _ in range(n)]
-        self.active: list[tuple[RecvReq, Callable[[], None]] | None] = [None] * n
-
-    def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
-        w = Work(f"send to rank {dst} (tag {tag})", dst)
-        hdr = np.array([_P2P_MAGIC, tag, xb.nbytes, xb.dt.code, 0, 0, 0, 0], np.int64)
-        t = self.c._t
-        with self.lock:
-            self.c._usable()
-            h = t.isend(dst, [hdr.view(np.uint8)], kind=P2P)
-            p = t.isend(dst, [xb.flat.view(np.uint8)], kind=P2P)
-            self.sends[dst].append((h, p, w))
-            w._driver = self._drive
-            self._progress()
-        return w
-
-    def irecv(self, xb: Buffer, src: int, tag: int) -> Work:
-        w = Work(f"recv from rank {src} (tag {tag})", src)
-        with self.lock:
-            self.c._usable()
-            for i, (utag, code, data) in enumerate(self.unexpected[src]):
-                if utag == tag:
-                    del self.unexpected[src][i]
-                    self._deliver(xb, src, tag, code, data.size, w, data)
-                    return w
-            self.posted[src].append((xb, tag, w))
-            w._driver = self._drive
-            self._progress()
-        return w
-
-    def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
-                 data: np.ndarray | None) -> RecvReq | None:
-        if code != xb.dt.code or nbytes != xb.nbytes:
-            d = DTYPE_BY_CODE.get(code)
-            n = nbytes // d.itemsize if d else nbytes
-            w._finish(error=ArgumentError(
-                f"message from rank {src} (tag {tag}) holds {n} x {d.name if d else code}, "
-                f"but the receive buffer holds {xb.count} x {xb.dt.name}"))
-            return None
-        if data is not None:
-            xb.flat.view(np.uint8)[...] = data
-            w._finish(xb.obj)
-            return None
-        return self.c._t.irecv(src, [xb.flat], None, kind=P2P)
-
-    def _progress(self) -> bool:
-        moved = False
-        t = self.c._t
-        for dq in self.sends:
-            while dq:
-                h, p, w = dq[0]
-                moved |= h.push()
-                if h.done:
-                    moved |= p.push()
-                if not p.done:
-                    break
-                dq.popleft()
-                w._finish(None)
-        for src in range(self.c.size):
-            moved |= self._progress_in(src, t)
-        return moved
-
-    def _progress_in(self, src: int, t: ShmTransport) -> bool:
-        moved = False
-        while True:
-            act = self.active[src]
-            if act is not None:
-                req, finish = act
-                moved |= req.pull()
-                if not req.done:
-                    return moved
-                self.active[src] = None
-                finish()
-                continue
-            ch = t.inn[P2P][src]
-            if ch.head[0] == ch.count:
-                return moved
-            hdr = ch.slots[ch.count % ch.K][:64].view(np.int64).copy()
-            if ch.lens[ch.count % ch.K] != 64 or hdr[0] != _P2P_MAGIC:
-                raise RingletError(f"corrupt point-to-point stream from rank {src}")
-            ch.count += 1
-            ch.tail[0] = ch.count
-            moved = True
-            tag, nbytes, code = int(hdr[1]), int(hdr[2]), int(hdr[3])
-            match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
-                         None)
-            if match is not None:
-                xb, _, w = self.posted[src][match]
-                del self.posted[src][match]
-                into = self._deliver(xb, src, tag, code, nbytes, w, None)
-                if into is None:  # size mismatch: drain the payload aside
-                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, kind=P2P)
-                    self.active[src] = (drain, _nothing)
-                else:
-                    self.active[src] = (into, functools.partial(w._finish, xb.obj))
-            else:
-                data = np.empty(nbytes, np.uint8)
-                req = t.irecv(src, [data], None, kind=P2P)
-                self.active[src] = (req, functools.partial(self._arrived, src, tag, code, data))
-
-    def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:
-        """A message that had no receive when its header came is complete: give it to a
-        receive posted since, or keep it for the next one."""
-        match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
-                     None)
-        if match is None:
-            self.unexpected[src].append((tag, code, data))
-            return
-        xb, _, w = self.posted[src][match]
-        del self.posted[src][match]
-        self._deliver(xb, src, tag, code, data.size, w, data)
-
-    def _drive(self, w: Work, timeout: float | None) -> None:
-        t = self.c._t
-        with self.lock:
-            self._progress()
-            if w._done.is_set() or timeout == 0.0:
-                return
-            watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
-            waiter = Waiter(t.settings, lambda: w._what,
-                            lambda: [] if w._peer is None else [w._peer],
-                            lambda: t.check(watch, w._what),
-                            timeout=timeout)
-            while not w._done.is_set():
-                if not self._progress():
-                    try:
-                        waiter.pause()
-                    except CommTimeoutError:
-                        if timeout is not None:
-                            return
-                        raise
-
-
-def _nothing() -> None:
-    """Completion of a payload nobody wants (drained after a size mismatch)."""
 
 
 def _configure_logging(level: str) -> None:

@@ -42,12 +42,36 @@ class ReduceOp(enum.IntEnum):
             name = {"PRODUCT": "PROD", "MEAN": "AVG", "AVERAGE": "AVG"}.get(name, name)
             if name in cls.__members__:
                 return cls[name]
+        foreign = _foreign_op(op)
+        if foreign is not None:
+            return foreign
         raise ArgumentError(
             f"unknown reduction op {op!r}; use one of "
             f"{', '.join(m.lower() for m in cls.__members__)} or ringlet.ReduceOp")
 
 
 _OP_NAMES: dict[str, ReduceOp] = {}
+_TORCH_NAMES = {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX", "AVG": "AVG",
+                "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"}
+
+
+def _foreign_op(op: object) -> ReduceOp | None:
+    """torch.distributed's ``ReduceOp.SUM``... and mpi4py's ``MPI.SUM``..., when they are
+    what the caller passed (neither library is imported here)."""
+    module = type(op).__module__ or ""
+    if module.startswith("torch"):
+        name = _TORCH_NAMES.get(str(getattr(op, "name", "")))
+        return ReduceOp[name] if name else None
+    if module.startswith("mpi4py"):
+        import sys
+
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None:
+            return None
+        for name in ("SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+            if op == getattr(mpi, name, None):
+                return ReduceOp[name]
+    return None
 
 
 @dataclass(frozen=True)

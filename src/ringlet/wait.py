@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from .config import Settings
-from .errors import CommTimeoutError
+from .errors import CommTimeoutError, PeerError
 
 _sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
@@ -26,12 +26,13 @@ class Waiter:
 
     __slots__ = ("_what", "_missing", "_check", "_start", "_deadline", "_spin_end",
                  "_yield_end", "_sleep", "_sleep_max", "_next_check", "_liveness",
-                 "_polls", "timeout")
+                 "_polls", "timeout", "_rechecked", "_advice")
 
     def __init__(self, settings: Settings, what: Callable[[], str],
                  missing: Callable[[], Iterable[int]],
                  check: Callable[[], None] | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 advice: Callable[[], str] | None = None) -> None:
         self._what = what
         self._missing = missing
         self._check = check
@@ -46,6 +47,8 @@ class Waiter:
         self._liveness = settings.liveness_s
         self._next_check = now + min(self._liveness, 0.01)
         self._polls = 0
+        self._rechecked = False
+        self._advice = advice
 
     def pause(self) -> None:
         """Nothing to do this poll: spin, yield or sleep, and check peers and the deadline."""
@@ -56,7 +59,16 @@ class Waiter:
         if now >= self._next_check:
             self._next_check = now + self._liveness
             if self._check is not None:
-                self._check()
+                try:
+                    self._check()
+                except PeerError:
+                    # a peer that ended may have done what we wait for just before it
+                    # ended: the caller polls once more before this becomes an error
+                    if self._rechecked:
+                        raise
+                    self._rechecked = True
+                    self._next_check = now
+                    return
             if now >= self._deadline:
                 raise self.timeout_error()
         if now < self._spin_end:
@@ -68,6 +80,10 @@ class Waiter:
         self._sleep = min(self._sleep * 2, self._sleep_max)
 
     def timeout_error(self) -> CommTimeoutError:
+        advice = self._advice() if self._advice is not None else ""
+        if advice:
+            return CommTimeoutError(f"timed out after {self.timeout:g} s in {self._what()}: "
+                                    f"{advice}")
         missing = sorted(set(self._missing()))
         who = (f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} "
                f"did not arrive") if missing else "no rank is known to be missing"

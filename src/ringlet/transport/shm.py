@@ -39,6 +39,7 @@ MAGIC = 0x524C4E4731          # "RLNG1"
 DESC_WORDS = 16               # one collective descriptor: seq + 15 words
 ABORT_BYTES = 1024
 COLL, P2P = 0, 1
+STATE_OPEN, STATE_CLOSED = 0, 1
 
 
 def _align(n: int, a: int) -> int:
@@ -58,9 +59,13 @@ class _Layout:
         self.desc = 64
         self.attached = self.desc + 2 * DESC_WORDS * 8
         self.abort = _align(self.attached + 8 * size, 64)
+        # two notes (why this rank rejected a call), alternating by sequence number
         self.note = _align(self.abort + 16 + ABORT_BYTES, 64)
-        self.counters = _align(self.note + 8 + ABORT_BYTES, 64)
-        self.ctrl = self.counters + 64 * STAGE_COUNTERS
+        self.note_bytes = _align(8 + ABORT_BYTES, 64)
+        self.counters = self.note + 2 * self.note_bytes
+        # this rank's state: STATE_OPEN, then STATE_CLOSED once it closed the communicator
+        self.state = self.counters + 64 * STAGE_COUNTERS
+        self.ctrl = self.state + 64
         self.ctrl_bytes = 128 + _align(8 * slots, 64)
         self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096)
         # post: two halves for one-shot collectives, alternating by sequence number;
@@ -243,6 +248,7 @@ class ShmTransport:
         self._active_send: set[int] = set()
         self._active_recv: set[int] = set()
         self.describe: Callable[[], str] = lambda: "a collective"
+        self._state: list[memoryview] | None = None
 
     # --- start-up -------------------------------------------------------------
 
@@ -390,6 +396,7 @@ class ShmTransport:
                      for q in range(self.size)] for k in (COLL, P2P)]
         self._desc = [self._words(q, self.lay.desc, 2 * DESC_WORDS) for q in range(self.size)]
         self._abort = [self._words(q, self.lay.abort, 2) for q in range(self.size)]
+        self._state = [self._words(q, self.lay.state, 1) for q in range(self.size)]
         #: counters[q][k]: rank q's k-th staged-path counter (word 8*k: one per cache line)
         self.counters = [self._words(q, self.lay.counters, 8 * STAGE_COUNTERS)
                          for q in range(self.size)]
@@ -444,23 +451,36 @@ class ShmTransport:
             self._abort[q][1] = len(data)
             self._abort[q][0] = 2 if timeout else 1
 
-    def set_note(self, text: str) -> None:
-        """Leave a message (why this rank rejected a call) for the peers to read."""
+    def set_note(self, seq: int, text: str) -> None:
+        """Leave a message (why this rank rejected call ``seq``) for the peers to read.
+
+        Written before the call's descriptor; the two notes alternate like the
+        descriptors, so a note stays until every peer has read it."""
         data = text.encode()[:ABORT_BYTES]
         mm = self.maps[self.rank]
         if mm is None:
             return
-        off = self.lay.note
+        off = self.lay.note + (seq % 2) * self.lay.note_bytes
         mm[off + 8:off + 8 + len(data)] = data
         mm[off:off + 8] = len(data).to_bytes(8, "little")
 
-    def note(self, q: int) -> str:
+    def note(self, q: int, seq: int) -> str:
+        """Why rank q rejected call ``seq`` (valid while its descriptor of ``seq`` is)."""
         mm = self.maps[q]
         if mm is None:
             return ""
-        off = self.lay.note
+        off = self.lay.note + (seq % 2) * self.lay.note_bytes
         n = int.from_bytes(mm[off:off + 8], "little")
         return bytes(mm[off + 8:off + 8 + n]).decode(errors="replace")
+
+    def mark_closed(self) -> None:
+        """Tell the peers this rank closed the communicator (it will make no more calls)."""
+        if self._state is not None and not self._closed:
+            self._state[self.rank][0] = STATE_CLOSED
+
+    def closed(self, q: int) -> bool:
+        """True if rank q closed the communicator (or exited normally)."""
+        return self._state is not None and self._state[q][0] == STATE_CLOSED
 
     def aborted(self) -> RingletError | None:
         """The error a peer's abort asks this rank to raise, if any."""
@@ -479,7 +499,15 @@ class ShmTransport:
         if err is not None:
             raise err
         for q in range(self.size) if watch is None else watch:
-            if q != self.rank and not _pid_alive(self.pids[q]):
+            if q == self.rank:
+                continue
+            if self.closed(q):
+                raise PeerError(
+                    f"rank {q} closed the communicator (or its program ended) without making "
+                    f"{what or self.describe()}; every rank must make the same calls")
+            if not _pid_alive(self.pids[q]):
+                if self.closed(q):
+                    continue  # closed between the two checks: reported next time
                 raise PeerError(
                     f"rank {q} (pid {self.pids[q]}) died; {what or self.describe()} "
                     f"cannot complete")
@@ -562,6 +590,7 @@ class ShmTransport:
         for chans in self.out + self.inn:
             for c in chans:
                 c.release()
+        self._state = None
         for v in self._views:
             v.release()
         self._views.clear()

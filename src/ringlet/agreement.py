@@ -1,0 +1,173 @@
+"""The per-call descriptor every rank publishes, and the check that all ranks agree.
+
+Before any data moves, each rank publishes a :class:`Desc` of its call under
+the call's sequence number, and compares every rank's.  A rank that rejected
+its own arguments publishes a descriptor with ``rejected=1`` (and leaves the
+reason in its note), so that its peers raise a :class:`MismatchError` quoting
+it instead of waiting for a call that will never come.
+
+A descriptor is 15 machine words; the transport publishes it as a sequence
+of ints (the shm transport writes it into the rank's segment, sequence
+number last).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+from .errors import MismatchError, RingletError
+from .ops import DTYPE_BY_CODE, ReduceOp
+
+#: collective codes in the descriptor; the object forms and split have their own, so that
+#: messages name the call the user made (``split``, not the all_gather inside it)
+COLLECTIVES = ("none", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+               "all_to_all", "scatter", "gather", "barrier", "split", "broadcast_object",
+               "all_gather_object", "empty")
+COLL_CODE = {name: i for i, name in enumerate(COLLECTIVES)}
+
+#: how the call runs (the ``path`` word's low two bits)
+GENERIC, POST, STAGE, SHARED = 0, 1, 2, 3
+#: up to this many dimensions travel as numbers; more as a digest
+SHAPE_DIMS = 6
+
+
+class Desc(NamedTuple):
+    """One rank's call, as published for the agreement check (15 words)."""
+
+    collective: int = 0    # COLL_CODE of the call (the user-facing name)
+    op: int = 0            # ReduceOp value (0 where the collective has no op)
+    dtype: int = 0         # DType code
+    elems: int = 0         # elements of x (scatter: of the block)
+    root: int = 0
+    algorithm: int = 0     # algo_code(name)
+    path: int = 0          # GENERIC / POST / STAGE / SHARED, with the settings digest
+    rejected: int = 0      # 1: this rank rejected its own arguments (see its note)
+    ndim: int = 0          # the shape of x: ndim, then the dimensions (or a digest)
+    d0: int = 0
+    d1: int = 0
+    d2: int = 0
+    d3: int = 0
+    d4: int = 0
+    d5: int = 0
+
+    @property
+    def shape_words(self) -> tuple[int, ...]:
+        return tuple(self[8:])
+
+
+#: the fields compared, in the order their disagreement is reported
+COMPARED = ("collective", "op", "dtype", "elems", "root", "algorithm", "path", "shape")
+#: how a field is named in messages
+LABEL = {"elems": "count"}
+
+
+def algo_code(name: str) -> int:
+    """A stable number for an algorithm's name (compared across ranks)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def shape_words(shape: Sequence[int]) -> tuple[int, ...]:
+    """``(ndim, d0..d5)``; past six dimensions the last word is a digest of the rest."""
+    dims = [int(d) for d in shape]
+    if len(dims) > SHAPE_DIMS:
+        rest = zlib.crc32(",".join(map(str, dims[SHAPE_DIMS - 1:])).encode())
+        dims = dims[:SHAPE_DIMS - 1] + [rest | 1 << 40]
+    return (len(shape), *dims, *[0] * (SHAPE_DIMS - len(dims)))
+
+
+def make(collective: str, *, op: int = 0, dtype: int = 0, count: int = 0, root: int = 0,
+         algorithm: str = "", path: int = 0, shape: Sequence[int] = ()) -> Desc:
+    return Desc(COLL_CODE[collective], int(op), dtype, count, root,
+                algo_code(algorithm) if algorithm else 0, path, 0, *shape_words(shape))
+
+
+def rejected(collective: str) -> Desc:
+    """The descriptor of a call this rank rejected."""
+    return Desc(COLL_CODE.get(collective, 0), rejected=1)
+
+
+def coll_name(code: int) -> str:
+    return COLLECTIVES[code] if 0 <= code < len(COLLECTIVES) else f"collective {code}"
+
+
+def describe(seq: int, d: Desc) -> str:
+    """``all_reduce #5 (8 x float32)``, for messages."""
+    coll = coll_name(d.collective)
+    if coll in ("barrier", "split", "empty", "broadcast_object", "all_gather_object") or \
+            d.rejected:
+        return f"{coll} #{seq}"
+    dt = DTYPE_BY_CODE.get(d.dtype)
+    text = f"{coll} #{seq} ({d.elems} x {dt.name if dt else d.dtype}"
+    if coll in ("broadcast", "reduce", "scatter", "gather"):
+        text += f", root {d.root}"
+    return text + ")"
+
+
+def _shape_text(d: Desc) -> str:
+    n = d.ndim
+    dims = [str(x) for x in d.shape_words[1:1 + min(n, SHAPE_DIMS)]]
+    if n > SHAPE_DIMS:
+        dims[-1] = "..."
+    return "(" + ", ".join(dims) + ("," if n == 1 else "") + ")"
+
+
+def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
+    """One field of ``d`` as a user reads it."""
+    if field == "collective":
+        return coll_name(d.collective)
+    if field == "op":
+        return ReduceOp(d.op).name if d.op in ReduceOp._value2member_map_ else str(d.op)
+    if field == "dtype":
+        dt = DTYPE_BY_CODE.get(d.dtype)
+        return dt.name if dt else str(d.dtype)
+    if field == "algorithm":
+        return alg_name(coll_name(d.collective), d.algorithm)
+    if field == "shape":
+        return _shape_text(d)
+    if field == "path":
+        v = d.path
+        kind = ("generic executor", "fused one-shot", "fused staged",
+                "zero-copy (buffer from comm.empty)")[v & 3]
+        if v & 3 == SHARED:
+            return f"{kind}, buffer #{v >> 2 & 0x3FF} at byte {v >> 12}"
+        return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
+    return str(getattr(d, field))
+
+
+def _value(field: str, d: Desc) -> object:
+    return d.shape_words if field == "shape" else getattr(d, field)
+
+
+def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], str],
+          alg_name: Callable[[str, int], str]) -> None:
+    """Raise MismatchError unless every rank's descriptor equals rank ``mine``'s."""
+    ref = got[mine]
+    if all(d == ref for d in got.values()):
+        return
+    current = describe(seq, ref)
+    rejecters = [q for q in sorted(got) if got[q].rejected]
+    if rejecters:
+        why = "; ".join(f"rank {q}: {note(q)}" for q in rejecters)
+        raise MismatchError(
+            f"{current} cannot run: rank{'s' if len(rejecters) > 1 else ''} "
+            f"{', '.join(map(str, rejecters))} rejected the call's arguments ({why})")
+    for field in COMPARED:
+        values: dict[str, list[int]] = {}
+        raw = {_value(field, got[r]) for r in got}
+        if len(raw) < 2:
+            continue
+        for r in sorted(got):
+            values.setdefault(field_text(field, got[r], alg_name), []).append(r)
+        detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
+                           f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
+        what = (f"collective #{seq}" if field == "collective"
+                else f"{LABEL.get(field, field)} of {current}")
+        hint = ""
+        if field in ("collective", "elems", "shape", "dtype"):
+            hint = (" (calls are paired by their order on each rank: if a rank skipped or "
+                    "added a call, every call after it pairs with the wrong one)")
+        raise MismatchError(f"ranks disagree about the {what}: {detail}{hint}")
+    raise RingletError(f"descriptors of {current} differ in no known field: "  # pragma: no cover
+                       f"{dict(got)}")

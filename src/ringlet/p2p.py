@@ -1,0 +1,196 @@
+"""User point-to-point messages (send, recv, isend, irecv) on their own channels."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .buffers import Buffer
+from .errors import ArgumentError, CommTimeoutError, RingletError
+from .ops import DTYPE_BY_CODE
+from .transport.shm import P2P, RecvReq, SendReq, ShmTransport
+from .wait import Waiter
+from .work import Work
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+_P2P_MAGIC = 0x50325031
+
+
+class P2PEngine:
+    """User point-to-point messages, on channels of their own (never mixed with collectives).
+
+    A message is a header fragment (magic, tag, bytes, dtype) followed by the
+    payload.  Receives match messages from a source in order by tag; a message
+    that arrives before its receive is posted is kept aside (unexpected queue).
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self.c = comm
+        n = comm.size
+        self.lock = threading.RLock()
+        self.sends: list[deque[tuple[SendReq, SendReq, Work]]] = [deque() for _ in range(n)]
+        self.posted: list[deque[tuple[Buffer, int, Work]]] = [deque() for _ in range(n)]
+        self.unexpected: list[deque[tuple[int, int, np.ndarray]]] = [deque() for _ in range(n)]
+        self.active: list[tuple[RecvReq, Callable[[], None]] | None] = [None] * n
+
+    def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
+        w = Work(f"send to rank {dst} (tag {tag})", dst)
+        hdr = np.array([_P2P_MAGIC, tag, xb.nbytes, xb.dt.code, 0, 0, 0, 0], np.int64)
+        t = self.c._t
+        with self.lock:
+            self.c._usable()
+            h = t.isend(dst, [hdr.view(np.uint8)], kind=P2P)
+            p = t.isend(dst, [xb.flat.view(np.uint8)], kind=P2P)
+            self.sends[dst].append((h, p, w))
+            w._driver = self._drive
+            self._progress()
+        return w
+
+    def irecv(self, xb: Buffer, src: int, tag: int) -> Work:
+        w = Work(f"recv from rank {src} (tag {tag})", src)
+        with self.lock:
+            self.c._usable()
+            for i, (utag, code, data) in enumerate(self.unexpected[src]):
+                if utag == tag:
+                    del self.unexpected[src][i]
+                    self._deliver(xb, src, tag, code, data.size, w, data)
+                    return w
+            self.posted[src].append((xb, tag, w))
+            w._driver = self._drive
+            self._progress()
+        return w
+
+    def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
+                 data: np.ndarray | None) -> RecvReq | None:
+        if code != xb.dt.code or nbytes != xb.nbytes:
+            d = DTYPE_BY_CODE.get(code)
+            n = nbytes // d.itemsize if d else nbytes
+            w._finish(error=ArgumentError(
+                f"message from rank {src} (tag {tag}) holds {n} x {d.name if d else code}, "
+                f"but the receive buffer holds {xb.count} x {xb.dt.name}"))
+            return None
+        if data is not None:
+            xb.flat.view(np.uint8)[...] = data
+            w._finish(xb.obj)
+            return None
+        return self.c._t.irecv(src, [xb.flat], None, kind=P2P)
+
+    def _progress(self) -> bool:
+        moved = False
+        t = self.c._t
+        for dq in self.sends:
+            while dq:
+                h, p, w = dq[0]
+                moved |= h.push()
+                if h.done:
+                    moved |= p.push()
+                if not p.done:
+                    break
+                dq.popleft()
+                w._finish(None)
+        for src in range(self.c.size):
+            moved |= self._progress_in(src, t)
+        return moved
+
+    def _progress_in(self, src: int, t: ShmTransport) -> bool:
+        moved = False
+        while True:
+            act = self.active[src]
+            if act is not None:
+                req, finish = act
+                moved |= req.pull()
+                if not req.done:
+                    return moved
+                self.active[src] = None
+                finish()
+                continue
+            ch = t.inn[P2P][src]
+            if ch.head[0] == ch.count:
+                return moved
+            hdr = ch.slots[ch.count % ch.K][:64].view(np.int64).copy()
+            if ch.lens[ch.count % ch.K] != 64 or hdr[0] != _P2P_MAGIC:
+                raise RingletError(f"corrupt point-to-point stream from rank {src}")
+            ch.count += 1
+            ch.tail[0] = ch.count
+            moved = True
+            tag, nbytes, code = int(hdr[1]), int(hdr[2]), int(hdr[3])
+            match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
+                         None)
+            if match is not None:
+                xb, _, w = self.posted[src][match]
+                del self.posted[src][match]
+                into = self._deliver(xb, src, tag, code, nbytes, w, None)
+                if into is None:  # size mismatch: drain the payload aside
+                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, kind=P2P)
+                    self.active[src] = (drain, _nothing)
+                else:
+                    self.active[src] = (into, functools.partial(w._finish, xb.obj))
+            else:
+                data = np.empty(nbytes, np.uint8)
+                req = t.irecv(src, [data], None, kind=P2P)
+                self.active[src] = (req, functools.partial(self._arrived, src, tag, code, data))
+
+    def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:
+        """A message that had no receive when its header came is complete: give it to a
+        receive posted since, or keep it for the next one."""
+        match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
+                     None)
+        if match is None:
+            self.unexpected[src].append((tag, code, data))
+            return
+        xb, _, w = self.posted[src][match]
+        del self.posted[src][match]
+        self._deliver(xb, src, tag, code, data.size, w, data)
+
+    def _drive(self, w: Work, timeout: float | None) -> None:
+        t = self.c._t
+        with self.lock:
+            self._progress()
+            if w._done.is_set() or timeout == 0.0:
+                return
+            watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
+            waiter = Waiter(t.settings, lambda: w._what,
+                            lambda: [] if w._peer is None else [w._peer],
+                            lambda: t.check(watch, w._what),
+                            timeout=timeout, advice=lambda: self._advice(w))
+            try:
+                while not w._done.is_set():
+                    if not self._progress():
+                        try:
+                            waiter.pause()
+                        except CommTimeoutError:
+                            if timeout is not None:
+                                return
+                            raise
+            except KeyboardInterrupt as exc:
+                # a message may be half sent or received: the channels are out of step
+                self.c._fail(exc)
+                raise
+
+    def _advice(self, w: Work) -> str:
+        """Why a point-to-point wait may never end: what is pending from or to the peer."""
+        q = w._peer
+        if q is None:
+            return ""
+        if w._what.startswith("send"):
+            return (f"rank {q} has not received the message (is a matching recv posted on "
+                    f"rank {q}, with the same tag?)")
+        pending = [f"tag {tag} ({data.size} B)" for tag, _, data in self.unexpected[q]]
+        act = self.active[q]
+        if act is not None and act[1] is not _nothing:
+            pending.append("a message still arriving")
+        if pending:
+            return (f"rank {q} sent this rank messages no receive matched: "
+                    f"{', '.join(pending)}; check that send and recv use the same tag")
+        return f"nothing from rank {q} is pending: it has not sent this rank a message"
+
+
+def _nothing() -> None:
+    """Completion of a payload nobody wants (drained after a size mismatch)."""

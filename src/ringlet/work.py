@@ -1,0 +1,49 @@
+"""Handles of asynchronous operations (``async_op=True``, ``isend``, ``irecv``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .errors import CommTimeoutError
+
+
+class Work:
+    """Handle of an asynchronous operation (``async_op=True``, ``isend``, ``irecv``)."""
+
+    def __init__(self, what: str, peer: int | None = None) -> None:
+        self._what = what
+        self._peer = peer
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._driver: Callable[[Work, float | None], None] | None = None
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        """True once the operation finished (successfully or not)."""
+        if not self._done.is_set() and self._driver is not None:
+            self._driver(self, 0.0)
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until done and return the operation's result; re-raise its error.
+
+        ``timeout`` (seconds) bounds this wait only; the operation keeps its own
+        deadline (``RINGLET_TIMEOUT``).
+        """
+        if self._driver is not None and not self._done.is_set():
+            self._driver(self, timeout)
+        if not self._done.wait(timeout):
+            raise CommTimeoutError(f"{self._what} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "pending"
+        return f"<ringlet.Work {self._what} {state}>"
