@@ -216,12 +216,14 @@ def test_one_rank_at_16384_ranks_is_cheap(collective: str, name: str) -> None:
 # --- the values, by running the schedules on numpy data --------------------------------
 
 
-def _run(s: Schedule, m: int, inputs: list[np.ndarray]) -> list[dict[Buf, np.ndarray]]:
-    """Execute every rank's steps round by round on float32 data (sum), as the IR says:
-    sends read the state at the start of the round, writes apply in step order."""
+def _run(s: Schedule, m: int, inputs: list[np.ndarray],
+         op: np.ufunc = np.add) -> list[dict[Buf, np.ndarray]]:
+    """Execute every rank's steps round by round on the inputs' dtype (reducing with
+    ``op``, in the operand order each step says), as the IR says: sends read the state
+    at the start of the round, writes apply in step order."""
     n = s.nranks
     bounds = {b: lay.bounds(m) for b, lay in s.layouts.items()}
-    bufs = [{b: np.full(lay.scale * m, np.nan, np.float32) for b, lay in s.layouts.items()}
+    bufs = [{b: np.full(lay.scale * m, np.nan, inputs[0].dtype) for b, lay in s.layouts.items()}
             for _ in range(n)]
     spec = COLLECTIVES[s.collective]
     first = IN if IN in spec else OUT
@@ -252,7 +254,10 @@ def _run(s: Schedule, m: int, inputs: list[np.ndarray]) -> list[dict[Buf, np.nda
                 for d in parts(r, st.dst):
                     piece = data[pos:pos + d.size]
                     if st.kind in (Kind.RRED, Kind.LRED):
-                        d += piece
+                        if st.src_first:
+                            op(piece, d, out=d)
+                        else:
+                            op(d, piece, out=d)
                     else:
                         d[:] = piece
                     pos += d.size
@@ -436,9 +441,49 @@ def test_verify_catches_reduction_orders_that_differ_between_ranks() -> None:
     assert out[1].tobytes() != out[0].tobytes()
 
 
-def test_verify_accepts_symmetric_pairwise_sums() -> None:
-    # a+b on one rank and b+a on the other, from the same operands: bit-identical
+def _pair(first: tuple[bool, bool]) -> Schedule:
+    """Two ranks swap vectors and each reduces: rank r's reduction puts the received
+    operand first if ``first[r]``."""
     def rank_fn(r: int) -> list[list[Step]]:
         return [[send(1 - r, (OUT, 0)), recv(1 - r, (TMP, 0)),
-                 local_reduce([(TMP, 0)], [(OUT, 0)])], [copy([(OUT, 0)], [(TMP, 0)])]]
-    verify(Schedule("all_reduce", "pair", 2, 2, {OUT: Layout(1), TMP: Layout(1)}, rank_fn))
+                 local_reduce([(TMP, 0)], [(OUT, 0)], src_first=first[r])],
+                [copy([(OUT, 0)], [(TMP, 0)])]]
+    return Schedule("all_reduce", "pair", 2, 2, {OUT: Layout(1), TMP: Layout(1)}, rank_fn)
+
+
+def test_verify_tells_a_op_b_from_b_op_a() -> None:
+    # b (op) a on rank 0 and a (op) b on rank 1: MIN of +0.0 and -0.0 differs
+    with pytest.raises(VerificationError, match=r"rank 1 OUT chunk 0 was reduced in a "
+                                                r"different order than on rank 0"):
+        verify(_pair((False, False)))
+    xs = [np.array([0.0, -0.0]), np.array([-0.0, 0.0])]
+    out = [b[OUT] for b in _run(_pair((False, False)), 2, xs, np.minimum)]
+    assert out[0].tobytes() != out[1].tobytes()
+    # the same expression on both ranks: a (op) b
+    verify(_pair((True, False)))
+    out = [b[OUT] for b in _run(_pair((True, False)), 2, xs, np.minimum)]
+    assert out[0].tobytes() == out[1].tobytes()
+
+
+def _awkward(rng: np.random.Generator, size: int, rank: int) -> np.ndarray:
+    """Signed zeros and NaNs whose payload says which rank they came from."""
+    x = rng.choice(np.array([0.0, -0.0, 1.0, -1.0]), size)
+    bits = x.view(np.uint64)
+    nan = rng.random(size) < 0.3
+    bits[nan] = np.uint64(0x7FF8_0000_0000_0000 + 1 + rank)
+    return x
+
+
+@pytest.mark.parametrize("name", algorithms("all_reduce"))
+@pytest.mark.parametrize("op", [np.add, np.multiply, np.minimum, np.maximum],
+                         ids=lambda u: u.__name__)
+def test_all_reduce_is_bit_identical_where_ops_do_not_commute(name: str, op: np.ufunc) -> None:
+    """The numpy run of the schedule, on values where a (op) b and b (op) a differ."""
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 4, 5, 8, 11):
+        s = build("all_reduce", name, n)
+        xs = [_awkward(rng, 41, r) for r in range(n)]
+        with np.errstate(invalid="ignore"):
+            out = [b[OUT] for b in _run(s, 41, xs, op)]
+        for r in range(1, n):
+            assert out[r].tobytes() == out[0].tobytes(), (s.name, r)

@@ -14,7 +14,16 @@ import pytest
 from ringlet import cli, show
 from ringlet.algorithms import algorithms, build, entry
 from ringlet.errors import ArgumentError
-from ringlet.schedule import COLLECTIVES, ROOTED, Buf, Kind, Schedule, Step
+from ringlet.schedule import (
+    COLLECTIVES,
+    ROOTED,
+    Buf,
+    Kind,
+    Schedule,
+    Step,
+    local_reduce,
+    recv_reduce,
+)
 from ringlet.show import parse_params, parse_ranks, ranks_text, render, trace
 
 
@@ -289,3 +298,20 @@ def test_docs_gallery_is_the_real_output(capsys: pytest.CaptureFixture[str]) -> 
         code, out, _ = run(capsys, *argv)
         assert code == 0
         assert out == want, f"docs/algorithms.md is stale for: ringlet {' '.join(argv)}"
+
+
+
+def test_operand_order_is_drawn() -> None:
+    """Recursive doubling's lower partner puts its own vector first, the higher one
+    reduces as usual; a received operand put first is drawn too."""
+    text = render(trace(build("all_reduce", "recursive_doubling", 4)))
+    first = rounds(text)[0]
+    assert "t0=c0+t0" in first[2] and first[2].startswith("  0 ")
+    assert "t0+=c0" in first[3] and first[3].startswith("  1 ")
+    assert "t0=c0+t0 = reduce c0 into t0, c0 the first operand" in text
+    _, items = show.step_items([recv_reduce(3, (Buf.OUT, 0), src_first=True),
+                                recv_reduce(2, (Buf.OUT, 1)),
+                                local_reduce([(Buf.OUT, 2)], [(Buf.TMP, 0)], src_first=True)])
+    assert items == ["c0=3+c0", "c1+<-2", "c2=t0+c2"]
+    assert str(recv_reduce(3, (Buf.OUT, 0), src_first=True)) == \
+        "recv+reduce OUT[0] <- 3, received first"

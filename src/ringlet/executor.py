@@ -12,6 +12,10 @@ rank held when the round began (if a later write of the same round overlaps
 it, the executor sends a snapshot), and writes apply in step order (a
 receive that reduces into a region an earlier receive of the round is still
 writing waits for it, so reductions happen in the same order on every run).
+
+Reductions compute ``dst = dst (op) src`` with the kernel they are given, or,
+for steps marked ``src_first``, ``dst = src (op) dst``: the kernel runs on a
+copy of ``src`` in a small scratch block, then the block is copied back.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .schedule import Buf, Kind, Ref, Schedule
 from .transport.shm import RecvReq, SendReq, ShmTransport
 
 Range = tuple[int, int, int]   # (buffer, first element, stop element)
+Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
 @dataclass
@@ -34,6 +39,7 @@ class _Op:
     peer: int
     dst: tuple[Range, ...]
     src: tuple[Range, ...]
+    src_first: bool = False     # RRED/LRED: dst = src (op) dst
     snapshot: bool = False      # SEND: send a copy taken at the start of the round
     after_recvs: bool = False   # RECV/RRED: wait for the round's earlier receives first
 
@@ -46,6 +52,7 @@ class Program:
     elems: dict[int, int]                       # buffer -> elements it must hold
     messages: int = 0
     snap_elems: int = 0                         # most elements snapshotted in one round
+    src_first: bool = False                     # some reduction puts its source first
     _peers: set[int] = field(default_factory=set)
 
 
@@ -73,8 +80,8 @@ def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
     rounds: list[list[_Op]] = []
     snap = msgs = 0
     for steps in schedule.steps(rank):
-        ops = [_Op(st.kind, st.peer, _ranges(st.dst, bounds), _ranges(st.src, bounds))
-               for st in steps]
+        ops = [_Op(st.kind, st.peer, _ranges(st.dst, bounds), _ranges(st.src, bounds),
+                   st.src_first) for st in steps]
         writes = tuple(r for op in ops if op.kind is not Kind.SEND for r in op.dst)
         recv_dsts: tuple[Range, ...] = ()
         for op in ops:
@@ -90,14 +97,46 @@ def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
         ops = [op for op in ops if (op.src if op.kind is Kind.SEND else op.dst)]
         rounds.append(ops)
     elems = {int(b): int(bd[-1]) for b, bd in bounds.items()}
-    return Program(rounds, elems, msgs, snap)
+    first = any(op.src_first for ops in rounds for op in ops)
+    return Program(rounds, elems, msgs, snap, first)
+
+
+class SrcFirst:
+    """``dst = src (op) dst`` from an in-place kernel ``reduce(dst, src)`` (``dst = dst
+    (op) src``): the kernel runs on a copy of ``src``, one scratch block at a time.
+
+    One scratch area (two 64 KiB blocks) is allocated per collective call that needs
+    it, none per step.  The result must be bit for bit what a partner computes with
+    one ``reduce(dst, src)`` call on the swapped operands, and numpy's kernels treat
+    an element differently (SIMD body, scalar tail, short-call path) depending on
+    the call's length; so blocks hold a power-of-two number of elements (at least
+    4096: a multiple of every SIMD width) and the remainder joins the last block
+    (never a short call after a long one).
+    """
+
+    BLOCK_BYTES = 1 << 16
+
+    def __init__(self, reduce: Reducer) -> None:
+        self.reduce = reduce
+        self.scratch = np.empty(2 * self.BLOCK_BYTES, np.uint8)
+
+    def __call__(self, dst: np.ndarray, src: np.ndarray) -> None:
+        step, size, lo = self.BLOCK_BYTES // dst.itemsize, dst.size, 0
+        while lo < size:
+            hi = lo + step if size - lo >= 2 * step else size
+            d = dst[lo:hi]
+            t = self.scratch[:d.size * dst.itemsize].view(dst.dtype)
+            t[...] = src[lo:hi]
+            self.reduce(t, d)
+            d[...] = t
+            lo = hi
 
 
 def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarray],
-            reduce: Callable[[np.ndarray, np.ndarray], None] | None,
-            what: Callable[[], str]) -> None:
+            reduce: Reducer | None, what: Callable[[], str]) -> None:
     """Run ``program`` on ``transport`` over the flat typed buffers ``bufs``."""
     round_no = 0
+    first = SrcFirst(reduce) if program.src_first and reduce is not None else None
 
     def describe() -> str:
         return f"{what()}, round {round_no}"
@@ -116,20 +155,20 @@ def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarra
             elif op.kind in (Kind.RECV, Kind.RRED):
                 if op.after_recvs:
                     transport.wait(recvs, describe)
-                r = transport.irecv(op.peer, [bufs[b][lo:hi] for b, lo, hi in op.dst],
-                                    reduce if op.kind is Kind.RRED else None)
+                kernel = None if op.kind is Kind.RECV else first if op.src_first else reduce
+                r = transport.irecv(op.peer, [bufs[b][lo:hi] for b, lo, hi in op.dst], kernel)
                 recvs.append(r)
                 reqs.append(r)
             else:
                 transport.wait(recvs, describe)
                 srcs = [bufs[b][lo:hi] for b, lo, hi in op.src]
                 dsts = [bufs[b][lo:hi] for b, lo, hi in op.dst]
-                _local(op.kind, dsts, srcs, reduce)
+                _local(op.kind, dsts, srcs, first if op.src_first else reduce)
         transport.wait(reqs, describe)
 
 
 def _local(kind: Kind, dsts: list[np.ndarray], srcs: list[np.ndarray],
-           reduce: Callable[[np.ndarray, np.ndarray], None] | None) -> None:
+           reduce: Reducer | None) -> None:
     """COPY or LRED between equal-length lists of ranges (they may split differently)."""
     src = srcs[0] if len(srcs) == 1 else np.concatenate(srcs)
     pos = 0

@@ -21,7 +21,17 @@ Round semantics
 Within a round a rank's sends read what it held at the start of the round;
 receives, copies and reductions are applied in the order the steps are
 listed.  Between a pair of ranks, the k-th send of a round matches the k-th
-receive of that round.  Rounds are a logical clock for verification and cost;
+receive of that round.
+
+Operand order
+-------------
+A reduction writes ``dst = dst (op) src`` (``src`` being the received data of
+a ``RRED`` step), or, when the step's ``src_first`` is set, ``dst = src (op)
+dst``.  The operators commute mathematically but not bit for bit: MIN/MAX of
++0.0 and -0.0, and any op on two NaNs with different payloads, depend on the
+order.  So when two ranks compute the same reduced chunk (recursive doubling's
+partners do), they must compute the same expression, and the flag lets a
+schedule say which operand goes on the left.  Rounds are a logical clock for verification and cost;
 the executor runs them as a data flow, and ranks need not be in the same
 round at the same time.
 
@@ -54,9 +64,10 @@ class Buf(enum.IntEnum):
 class Kind(enum.IntEnum):
     SEND = 0   # send src chunks to peer
     RECV = 1   # receive from peer into dst chunks (overwrite)
-    RRED = 2   # receive from peer and reduce into dst chunks
+    RRED = 2   # receive from peer and reduce into dst chunks: dst = dst (op) received
     COPY = 3   # local: dst chunks = src chunks
     LRED = 4   # local: dst chunks = dst (op) src chunks
+    # (RRED and LRED with src_first: dst = received (op) dst, dst = src (op) dst)
 
 
 Ref = tuple[Buf, int, int]   # (buffer, first chunk, stop chunk)
@@ -68,6 +79,7 @@ class Step:
     peer: int                  # -1 for local steps
     dst: tuple[Ref, ...] = ()  # chunks written (RECV, RRED, COPY, LRED)
     src: tuple[Ref, ...] = ()  # chunks read (SEND, COPY, LRED)
+    src_first: bool = False    # RRED/LRED: dst = src (op) dst, not dst (op) src
 
     def __str__(self) -> str:
         def refs(rs: tuple[Ref, ...]) -> str:
@@ -78,7 +90,10 @@ class Step:
         if self.kind is Kind.RECV:
             return f"recv {refs(self.dst)} <- {self.peer}"
         if self.kind is Kind.RRED:
-            return f"recv+reduce {refs(self.dst)} <- {self.peer}"
+            first = ", received first" if self.src_first else ""
+            return f"recv+reduce {refs(self.dst)} <- {self.peer}{first}"
+        if self.kind is Kind.LRED and self.src_first:
+            return f"reduce {refs(self.dst)} <- {refs(self.src)}, src first"
         verb = "copy" if self.kind is Kind.COPY else "reduce"
         return f"{verb} {refs(self.dst)} <- {refs(self.src)}"
 
@@ -105,8 +120,10 @@ def recv(peer: int, *dst: Ref | tuple[Buf, int]) -> Step:
     return Step(Kind.RECV, int(peer), _refs(dst), ())
 
 
-def recv_reduce(peer: int, *dst: Ref | tuple[Buf, int]) -> Step:
-    return Step(Kind.RRED, int(peer), _refs(dst), ())
+def recv_reduce(peer: int, *dst: Ref | tuple[Buf, int], src_first: bool = False) -> Step:
+    """Receive from ``peer`` and reduce into ``dst``: ``dst = dst (op) received``, or
+    ``received (op) dst`` with ``src_first``."""
+    return Step(Kind.RRED, int(peer), _refs(dst), (), bool(src_first))
 
 
 def copy(dst: Sequence[Ref | tuple[Buf, int]], src: Sequence[Ref | tuple[Buf, int]]) -> Step:
@@ -114,8 +131,9 @@ def copy(dst: Sequence[Ref | tuple[Buf, int]], src: Sequence[Ref | tuple[Buf, in
 
 
 def local_reduce(dst: Sequence[Ref | tuple[Buf, int]],
-                 src: Sequence[Ref | tuple[Buf, int]]) -> Step:
-    return Step(Kind.LRED, -1, _refs(dst), _refs(src))
+                 src: Sequence[Ref | tuple[Buf, int]], src_first: bool = False) -> Step:
+    """``dst = dst (op) src``, or ``src (op) dst`` with ``src_first``."""
+    return Step(Kind.LRED, -1, _refs(dst), _refs(src), bool(src_first))
 
 
 # --- buffers -----------------------------------------------------------------

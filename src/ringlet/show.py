@@ -235,13 +235,18 @@ def step_items(steps: Sequence[Step]) -> tuple[list[str], list[str]]:
         if st.kind is Kind.SEND:
             sends.setdefault(refs_text(st.src), []).append(st.peer)
         elif st.kind in (Kind.RECV, Kind.RRED):
-            arrow = "+<-" if st.kind is Kind.RRED else "<-"
+            arrow = "<-" if st.kind is Kind.RECV else "=<-" if st.src_first else "+<-"
             gets.setdefault((refs_text(st.dst), arrow), []).append(st.peer)
+        elif st.kind is Kind.LRED and st.src_first:
+            d = refs_text(st.dst)
+            local.append(f"{d}={refs_text(st.src)}+{d}")
         else:
             op = "+=" if st.kind is Kind.LRED else "="
             local.append(f"{refs_text(st.dst)}{op}{refs_text(st.src)}")
     out = [f"{refs}->{peers_text(p)}" for refs, p in sends.items()]
-    into = [f"{refs}{arrow}{peers_text(p)}" for (refs, arrow), p in gets.items()]
+    # a reduction with the received operand first reads dst = (from peers) + dst
+    into = [f"{refs}={peers_text(p)}+{refs}" if arrow == "=<-" else
+            f"{refs}{arrow}{peers_text(p)}" for (refs, arrow), p in gets.items()]
     return out, into + local
 
 
@@ -361,22 +366,28 @@ def legend(s: Schedule, notation: Notation, width: int) -> list[str]:
     names = [f"{SLOT[b]}0 = {b.name} chunk 0" for b in (Buf.IN, Buf.OUT, Buf.TMP)
              if b in s.layouts]
     # each kind of step the schedule has, explained on its first one
-    first: dict[Kind, Step] = {}
+    first: dict[tuple[Kind, bool], Step] = {}
     for r in range(n):
         for rnd in s.steps(r):
             for st in rnd:
-                first.setdefault(st.kind, st)
+                first.setdefault((st.kind, st.src_first), st)
     ops = []
-    for kind in Kind:
-        if kind not in first:
+    for key in [(k, f) for k in Kind for f in (False, True)]:
+        if key not in first:
             continue
-        one = first[kind]
+        one = first[key]
         d, src, p = refs_text(one.dst), refs_text(one.src), one.peer
-        ops.append({Kind.SEND: f"{src}->{p} = send {src} to rank {p}",
-                    Kind.RECV: f"{d}<-{p} = receive {d} from rank {p}",
-                    Kind.RRED: f"{d}+<-{p} = receive from rank {p} and reduce into {d}",
-                    Kind.COPY: f"{d}={src} = copy {src} to {d}",
-                    Kind.LRED: f"{d}+={src} = reduce {src} into {d}"}[kind])
+        if key == (Kind.RRED, True):
+            ops.append(f"{d}={p}+{d} = receive from rank {p} and reduce into {d}, "
+                       f"the received operand first")
+        elif key == (Kind.LRED, True):
+            ops.append(f"{d}={src}+{d} = reduce {src} into {d}, {src} the first operand")
+        else:
+            ops.append({Kind.SEND: f"{src}->{p} = send {src} to rank {p}",
+                        Kind.RECV: f"{d}<-{p} = receive {d} from rank {p}",
+                        Kind.RRED: f"{d}+<-{p} = receive from rank {p} and reduce into {d}",
+                        Kind.COPY: f"{d}={src} = copy {src} to {d}",
+                        Kind.LRED: f"{d}+={src} = reduce {src} into {d}"}[key[0]])
     lines = _pack_clauses(data, width, "legend: ", " " * 8)
     lines += _pack_clauses(names + ops, width, " " * 8, " " * 8)
     return lines

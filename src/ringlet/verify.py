@@ -94,10 +94,11 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
     Also checks that every send has a matching receive of the same size
     (for several unit counts ``sizes``), that no step writes ``IN`` or reads
     a chunk its rank does not hold, that no reduction counts a rank twice,
-    and, for all-reduce, that every rank reduces every chunk in the same
-    association order (floating-point results are then bit-identical; the
-    operators are commutative, so ``a (op) b`` on one rank and ``b (op) a`` on
-    another count as the same).
+    and, for all-reduce, that every rank that ends with a chunk computed it as
+    the same expression: the same association order and the same operand
+    order (``a (op) b`` on one rank and ``b (op) a`` on another differ bit for
+    bit for MIN/MAX of signed zeros and for NaNs with different payloads; a
+    step's ``src_first`` flag says which operand goes first).
 
     ``on_round``, if given, is called after every round that passed its checks
     with the round's index and what each rank then holds (``ringlet show``
@@ -127,15 +128,15 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
         init = initial_state(s, r)
         state.append([v for b in s.layouts for v in init[b]])
 
-    # Association order of reductions (all-reduce only): each value has a shape, a
-    # rank for an unreduced contribution or the id of a reduction of two shapes
-    # (unordered: the operators commute).
+    # The expression behind each value (all-reduce only): its shape is a rank for an
+    # unreduced contribution or the id of ``left (op) right`` for two shapes (ordered:
+    # the operators commute, but not bit for bit).
     track = s.collective == "all_reduce"
     shape = [[r] * len(names) for r in range(n)]
     joined: dict[tuple[int, int], int] = {}
 
     def join(a: int, b: int) -> int:
-        key = (a, b) if a < b else (b, a)
+        key = (a, b)
         got = joined.get(key)
         if got is None:
             got = joined[key] = n + len(joined)
@@ -249,7 +250,7 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
                                 f"{twice} twice in {b.name} chunk {i}")
                         sr[j] = (cur[0], cur[1] | v[1])
                         if track:
-                            hr[j] = join(hr[j], shp[k])
+                            hr[j] = join(shp[k], hr[j]) if st.src_first else join(hr[j], shp[k])
                 elif len(sl) == 1:
                     sr[sl[0]] = vals[0]
                     if track:
@@ -287,4 +288,5 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
                         f"{where}: at the end rank {r} OUT chunk {i} was reduced in a different "
                         f"order than on rank 0, so floating-point results would differ: "
                         f"reduce each chunk at one rank and copy it, or have partners "
-                        f"combine the same two operands")
+                        f"compute the same expression (src_first puts the received or "
+                        f"src operand on the left)")

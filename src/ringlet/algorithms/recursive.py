@@ -71,12 +71,10 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
     """Recursive-doubling all-reduce: partners exchange and reduce the whole vector.
 
     lg p rounds of n bytes on a power of two (two more otherwise).  Both
-    partners compute the same sum from the same two operands (a+b on one side,
-    b+a on the other), so every rank ends bit-identical as long as the op is
-    commutative bit for bit: true for integers, bitwise ops, SUM/PROD/AVG of
-    ordinary floats (ringlet's complex PROD kernel is written to be), but not
-    for MIN/MAX of +0.0 and -0.0 or for NaNs with different payloads.  That is
-    why the automatic choice never picks it for all_reduce.
+    partners compute the same expression, the lower rank's operand on the left
+    (``src_first`` on the lower one's reduction), so every rank ends
+    bit-identical even where the ops do not commute bit for bit (MIN/MAX of
+    +0.0 and -0.0, NaNs with different payloads).
     """
     f = Fold(n)
     k = f.steps
@@ -96,12 +94,14 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
             # unfold: the result comes back
             rounds[R - 1].append(recv(r - 1, (OUT, 0)))
             return rounds
-        # doubling: receive the partner's vector into the other buffer and add ours to it
+        # doubling: receive the partner's vector into the other buffer and reduce ours into
+        # it; both partners compute (lower new rank's vector) (op) (higher one's)
         cur, other = OUT, TMP
         for s in range(k):
             peer = f.old(x ^ (1 << s))
+            lower = not x >> s & 1
             rounds[t + s] = [send(peer, (cur, 0)), recv(peer, (other, 0)),
-                             local_reduce([(other, 0)], [(cur, 0)])]
+                             local_reduce([(other, 0)], [(cur, 0)], src_first=lower)]
             cur, other = other, cur
         if f.rem and r < 2 * f.rem:
             rounds[R - 1].append(send(r + 1, (cur, 0)))
