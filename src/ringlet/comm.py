@@ -2,18 +2,33 @@
 
 Every collective goes through the same path:
 
-1. validate the arguments locally (``ArgumentError``, nothing sent, the
-   communicator stays usable);
-2. take the next sequence number and publish a descriptor (collective, op,
-   dtype, count, root, algorithm); wait until every rank has published its
+1. validate the arguments locally.  A rejected call raises ``ArgumentError``
+   on this rank at once, naming the rank, and is still numbered: the rank
+   publishes a *rejected* descriptor under the call's sequence number, so
+   that its peers raise a ``MismatchError`` quoting the reason, and the calls
+   after it keep pairing with the right ones.  Any exception that escapes
+   validation (a ``TypeError`` from a strange argument) is turned into such
+   an ``ArgumentError``: every rank must hear of every call;
+2. take the next sequence number and publish a descriptor
+   (:class:`~ringlet.agreement.Desc`: collective, op, dtype, count, shape,
+   root, algorithm, path); wait until every rank has published its
    descriptor for that number and compare them all: a disagreement raises
    ``MismatchError`` on every rank, a rank that never arrives a
    ``CommTimeoutError`` naming it;
 3. run this rank's steps of the chosen schedule (:mod:`ringlet.executor`).
 
-A failure in step 3 (a peer died, a deadline passed) aborts the communicator
-on every rank, so the others fail fast instead of waiting for their own
-deadline.
+A failure in step 3 (a peer died, a deadline passed, Ctrl-C) aborts the
+communicator on every rank, so the others fail fast instead of waiting for
+their own deadline; a ``KeyboardInterrupt`` reaches the caller as it is.
+
+A rank publishes call s+1 where call s-1 was (two alternating places) and
+the one-shot path writes its data there too, so it may only do so once every
+peer has finished call s-1, that is, once every peer has published call s.
+The agreement of a call that runs waits for that; a rejected call does not
+wait, so the next call waits first (:meth:`Communicator._settle`).
+
+One thread makes a communicator's calls (:meth:`Communicator._check_thread`):
+two threads' calls would pair up differently on different ranks.
 """
 
 from __future__ import annotations
@@ -401,6 +416,7 @@ class Communicator:
         return self._submit(self._desc("gather", buf=xb, root=root, algorithm=name),
                             run, async_op, name, xb)
 
+    @_collective
     def barrier(self, async_op: bool = False) -> Any:
         """Wait until every rank has entered the barrier."""
         return self._submit(self._desc("barrier"), lambda seq: None, async_op, "", None)

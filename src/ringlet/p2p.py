@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .buffers import Buffer
-from .errors import ArgumentError, CommTimeoutError, RingletError
+from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE
 from .transport.shm import P2P, RecvReq, SendReq, ShmTransport
 from .wait import Waiter
@@ -158,7 +158,7 @@ class P2PEngine:
             watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
             waiter = Waiter(t.settings, lambda: w._what,
                             lambda: [] if w._peer is None else [w._peer],
-                            lambda: t.check(watch, w._what),
+                            lambda: self._check(watch, w),
                             timeout=timeout, advice=lambda: self._advice(w))
             try:
                 while not w._done.is_set():
@@ -173,6 +173,15 @@ class P2PEngine:
                 # a message may be half sent or received: the channels are out of step
                 self.c._fail(exc)
                 raise
+
+    def _check(self, watch: list[int], w: Work) -> None:
+        try:
+            self.c._t.check(watch, w._what)
+        except PeerError as exc:
+            advice = self._advice(w)
+            if not advice:
+                raise
+            raise PeerError(f"{exc} ({advice})") from None
 
     def _advice(self, w: Work) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer."""

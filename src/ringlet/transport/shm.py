@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -255,45 +256,78 @@ class ShmTransport:
     def path(self, rank: int) -> str:
         return os.path.join(SHM_DIR, f"{self.prefix}-{rank}")
 
-    def connect(self, timeout: float | None = None) -> None:
-        """Create my segment, map every peer's, and unlink mine once all have mapped it."""
+    def connect(self, timeout: float | None = None,
+                check: Callable[[], None] | None = None) -> None:
+        """Create my segment, map every peer's, and unlink mine once all have mapped it.
+
+        ``check`` runs at every poll and may raise to stop (start-up's watch on
+        signals and the launcher).  Known peer pids (``self.pids``, from the
+        rendezvous) let a peer that dies before creating its segment be seen.
+        On any failure this rank's segment is removed, the peers mapped so far
+        find the reason in their abort mailbox, and the segments of peers that
+        are known to have died are removed, so nothing is left in SHM_DIR.
+        """
         os.makedirs(SHM_DIR, mode=0o700, exist_ok=True)
         mine = self.path(self.rank)
         try:
-            fd = os.open(mine, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(mine, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             raise RingletError(
                 f"shared-memory segment {mine} already exists: two jobs share a job id "
                 f"(RINGLET_JOB_ID={self.prefix!r}?)") from None
         try:
-            os.ftruncate(fd, self.lay.total)
-            mm = mmap.mmap(fd, self.lay.total)
-        finally:
-            os.close(fd)
-        self.maps[self.rank] = mm
-        hdr = self._words(self.rank, 0, 8)
-        hdr[1] = os.getpid()
-        for i, v in enumerate(self._shape(), 2):
-            hdr[i] = v
-        hdr[0] = MAGIC
-        deadline = time.monotonic() + (self.settings.timeout if timeout is None else timeout)
-        try:
-            self._map_peers(deadline)
-            self._await_attached(deadline)
-        finally:
             try:
+                os.ftruncate(fd, self.lay.total)
+                mm = mmap.mmap(fd, self.lay.total)
+            finally:
+                os.close(fd)
+            self.maps[self.rank] = mm
+            hdr = self._words(self.rank, 0, 8)
+            hdr[1] = os.getpid()
+            for i, v in enumerate(self._shape(), 2):
+                hdr[i] = v
+            hdr[0] = MAGIC
+            deadline = time.monotonic() + (self.settings.timeout if timeout is None else timeout)
+            self._map_peers(deadline, check)
+            self._await_attached(deadline, check)
+        except BaseException as exc:
+            # the peers mapped so far learn why (the first reason in a mailbox wins)
+            kind = 3 if isinstance(exc, ConfigError) else 2 if isinstance(exc, CommTimeoutError) \
+                else 1
+            text = str(exc) if kind == 3 else \
+                f"rank {self.rank} failed during start-up: {type(exc).__name__}: {exc}"
+            data = text.encode()[:ABORT_BYTES]
+            a = self.lay.abort
+            for q, peer in enumerate(self.maps):
+                if q != self.rank and peer is not None and not peer[a:a + 8].strip(b"\0"):
+                    peer[a + 16:a + 16 + len(data)] = data
+                    peer[a + 8:a + 16] = len(data).to_bytes(8, "little")
+                    peer[a:a + 8] = kind.to_bytes(8, "little")
+            # a peer that died (SIGKILL) before unlinking its segment leaves it to us
+            for q in range(self.size):
+                if q != self.rank and self.pids[q] and not _pid_alive(self.pids[q]):
+                    with contextlib.suppress(OSError, RingletError):
+                        pfd = _open_private(self.path(q), os.O_RDONLY, "")
+                        try:
+                            head = os.pread(pfd, 16, 0)
+                        finally:
+                            os.close(pfd)
+                        if int.from_bytes(head[8:16], "little") == self.pids[q]:
+                            os.unlink(self.path(q))
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(mine)
-            except FileNotFoundError:
-                pass
         self._channels()
 
-    def _map_peers(self, deadline: float) -> None:
+    def _map_peers(self, deadline: float, check: Callable[[], None] | None = None) -> None:
         pending = [q for q in range(self.size) if q != self.rank]
         delay = 1e-4
         while pending:
             for q in list(pending):
                 try:
-                    fd = os.open(self.path(q), os.O_RDWR)
+                    fd = _open_private(self.path(q), os.O_RDWR,
+                                       f"rank {q}'s shared-memory segment")
                 except FileNotFoundError:
                     continue
                 try:
@@ -314,6 +348,12 @@ class ShmTransport:
                 pending.remove(q)
             if pending:
                 self._start_error()
+                if check is not None:
+                    check()
+                for q in pending:
+                    if self.pids[q] and not _pid_alive(self.pids[q]):
+                        raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up, "
+                                        f"before creating its shared-memory segment")
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(
                         f"timed out starting the shared-memory transport ({self.prefix}): "
@@ -348,7 +388,7 @@ class ShmTransport:
         if kind:
             n = int.from_bytes(mm[a + 8:a + 16], "little")
             msg = bytes(mm[a + 16:a + 16 + n]).decode(errors="replace")
-            raise ConfigError(msg) if kind == 3 else PeerError(msg)
+            raise {2: CommTimeoutError, 3: ConfigError}.get(kind, PeerError)(msg)
 
     def _shape(self) -> tuple[int, ...]:
         """What a peer must agree with to read this rank's segment."""
@@ -363,7 +403,7 @@ class ShmTransport:
         return ("ranks must use the same shared-memory settings; " + "; ".join(diffs[:-1] or
                                                                              diffs))
 
-    def _await_attached(self, deadline: float) -> None:
+    def _await_attached(self, deadline: float, check: Callable[[], None] | None = None) -> None:
         att = self._words(self.rank, self.lay.attached, self.size)
         delay = 1e-4
         while True:
@@ -371,6 +411,8 @@ class ShmTransport:
             if not missing:
                 return
             self._start_error()
+            if check is not None:
+                check()
             for q in missing:
                 if self.pids[q] and not _pid_alive(self.pids[q]):
                     raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up")
@@ -503,8 +545,9 @@ class ShmTransport:
                 continue
             if self.closed(q):
                 raise PeerError(
-                    f"rank {q} closed the communicator (or its program ended) without making "
-                    f"{what or self.describe()}; every rank must make the same calls")
+                    f"rank {q} closed the communicator (or its program ended) while "
+                    f"{what or self.describe()} waited for it: every rank must make the "
+                    f"same calls")
             if not _pid_alive(self.pids[q]):
                 if self.closed(q):
                     continue  # closed between the two checks: reported next time
@@ -610,19 +653,49 @@ class ShmTransport:
             pass
 
 
+def _open_private(path: str, flags: int, what: str) -> int:
+    """Open ``path`` (not following a symbolic link) if it is a regular file of this user
+    with no group or other permissions, as ringlet makes them; else a ConfigError naming
+    the file, its owner and mode.  FileNotFoundError passes through."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be opened ({exc.strerror}); ringlet makes "
+                          f"it a regular file: remove whatever is there") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise ConfigError(
+            f"{what} {path} is not this job's: it belongs to uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o} ({kind}); ringlet makes its files regular, owned "
+            f"by the job's user (uid {os.geteuid()}) and mode 0600, so another user or process "
+            f"made or changed it. It is not used; remove it (as its owner or root) and start "
+            f"again")
+    return fd
+
+
 def create_region(path: str, nbytes: int) -> mmap.mmap:
-    """Create and map a new private (0600) shared-memory file of ``nbytes`` (>= 1)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    """Create and map a new private (0600) shared-memory file of ``nbytes`` (>= 1);
+    the file is removed again if it cannot be sized or mapped."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(fd, max(nbytes, 1))
         return mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
     finally:
         os.close(fd)
 
 
 def open_region(path: str, nbytes: int) -> mmap.mmap:
-    """Map a peer's shared-memory file created by :func:`create_region`."""
-    fd = os.open(path, os.O_RDWR)
+    """Map a peer's shared-memory file created by :func:`create_region` (checked to be a
+    private file of this user, see :func:`_open_private`)."""
+    fd = _open_private(path, os.O_RDWR, "shared buffer")
     try:
         if os.fstat(fd).st_size < max(nbytes, 1):
             raise RingletError(f"shared buffer {path} is smaller than {nbytes} bytes")
@@ -642,8 +715,11 @@ def cleanup(job_id: str) -> list[str]:
         return removed
     for name in names:
         if name.startswith(f"ringlet-{job_id}-"):
+            path = os.path.join(SHM_DIR, name)
             try:
-                os.unlink(os.path.join(SHM_DIR, name))
+                if os.lstat(path).st_uid != os.geteuid():
+                    continue   # not the job's (its user made it): not ours to remove
+                os.unlink(path)
                 removed.append(name)
             except FileNotFoundError:
                 pass

@@ -1,0 +1,503 @@
+"""Error paths in sequences: a good call, a bad one, a good one... on every rank, checked.
+
+A rank that rejects a call must leave the communicator exactly in step: the
+calls after it pair with the right ones on every rank and give the right
+values.  These tests run every collective with every kind of bad argument
+between checked good calls, at N = 2..5 (4 and 5 are oversubscribed on a
+2-core machine: where the last hang hid), on the bad rank alone and on every
+rank, after async calls, and twice in a row.  A hang fails the world's call
+deadline; a wrong value is counted and reported with where it happened.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import get_world
+
+import ringlet
+
+SEQ_SIZES = [2, 3, 4, 5]
+
+# --- the good calls, each checked against numpy on every rank ------------------------------
+
+Good = Callable[[ringlet.Communicator, int], tuple[Any, Any]]
+
+
+def _all_reduce(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    x = np.full(6, c.rank + 1 + i, np.float64)
+    return c.all_reduce(x, **kw), np.full(6, sum(q + 1 + i for q in range(c.size)), np.float64)
+
+
+def _broadcast(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    root = kw.pop("root", i % c.size)
+    x = np.full(5, c.rank * 10 + i, np.int32)
+    return c.broadcast(x, root=root, **kw), np.full(5, root * 10 + i, np.int32)
+
+
+def _reduce(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    root = kw.pop("root", (i + 1) % c.size)
+    x = np.full(4, c.rank + i, np.int64)
+    want = np.full(4, sum(q + i for q in range(c.size)), np.int64) if c.rank == root else None
+    return c.reduce(x, root=root, **kw), want
+
+
+def _all_gather(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    x = np.full(3, c.rank + i, np.float32)
+    return c.all_gather(x, **kw), np.repeat(np.arange(c.size, dtype=np.float32)[:, None] + i,
+                                            3, axis=1)
+
+
+def _reduce_scatter(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    n = c.size
+    x = np.arange(2 * n, dtype=np.float64) + c.rank + i
+    total = sum(np.arange(2 * n, dtype=np.float64) + q + i for q in range(n))
+    return c.reduce_scatter(x, **kw), total[2 * c.rank:2 * c.rank + 2]
+
+
+def _all_to_all(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    n, r = c.size, c.rank
+    x = np.repeat(r * 100 + np.arange(n) + i, 2).astype(np.int64)
+    want = np.repeat(np.arange(n) * 100 + r + i, 2).astype(np.int64)
+    return c.all_to_all(x, **kw), want
+
+
+def _scatter(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    root = kw.pop("root", i % c.size)
+    x = np.arange(2 * c.size, dtype=np.float64) + i if c.rank == root else None
+    got = c.scatter(x, root=root, out=np.empty(2), **kw)
+    return got, np.arange(2 * c.rank, 2 * c.rank + 2, dtype=np.float64) + i
+
+
+def _gather(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    root = kw.pop("root", (i + 2) % c.size)
+    x = np.full(2, c.rank - i, np.int16)
+    want = (np.repeat(np.arange(c.size, dtype=np.int16)[:, None] - i, 2, axis=1)
+            if c.rank == root else None)
+    return c.gather(x, root=root, **kw), want
+
+
+def _barrier(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    return c.barrier(**kw), None
+
+
+def _broadcast_object(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    root = kw.pop("root", i % c.size)
+    obj = {"i": i, "from": c.rank}
+    return c.broadcast_object(obj, root=root), {"i": i, "from": root}
+
+
+def _all_gather_object(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    return c.all_gather_object((c.rank, i)), [(q, i) for q in range(c.size)]
+
+
+def _p2p(c: ringlet.Communicator, i: int, **kw: Any) -> tuple[Any, Any]:
+    n, r = c.size, c.rank
+    out = np.empty(3, np.float64)
+    w = c.isend(np.full(3, r + i, np.float64), (r + 1) % n, tag=i % 5)
+    c.recv(out, (r - 1) % n, tag=i % 5)
+    w.wait()
+    return out, np.full(3, (r - 1) % n + i, np.float64)
+
+
+GOOD: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "all_reduce": _all_reduce, "broadcast": _broadcast, "reduce": _reduce,
+    "all_gather": _all_gather, "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all,
+    "scatter": _scatter, "gather": _gather, "barrier": _barrier,
+    "broadcast_object": _broadcast_object, "all_gather_object": _all_gather_object,
+    "p2p": _p2p,
+}
+
+
+def _same(got: Any, want: Any) -> bool:
+    if want is None or got is None:
+        return got is None and want is None
+    if isinstance(want, np.ndarray):
+        return isinstance(got, np.ndarray) and got.shape == want.shape and \
+            bool(np.array_equal(got, want))
+    return bool(got == want)
+
+
+# --- the bad calls -------------------------------------------------------------------------
+
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+ROOTED = ("broadcast", "reduce", "scatter", "gather")
+BUFFERS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+           "gather")
+
+
+def _call_with_x(c: ringlet.Communicator, coll: str, x: Any) -> Any:
+    return getattr(c, coll)(x)
+
+
+#: kind -> (collectives it applies to, the bad call)
+BAD: dict[str, tuple[tuple[str, ...], Callable[[ringlet.Communicator, str], Any]]] = {
+    "unknown op": (REDUCING, lambda c, k: GOOD[k](c, 0, op="median")),
+    "op None": (REDUCING, lambda c, k: GOOD[k](c, 0, op=None)),
+    "band on floats": (("all_reduce", "reduce_scatter"), lambda c, k: GOOD[k](c, 0, op="band")),
+    "root out of range": (ROOTED + ("broadcast_object",),
+                          lambda c, k: GOOD[k](c, 0, root=c.size + 3)),
+    "root a string": (ROOTED, lambda c, k: GOOD[k](c, 0, root="0")),
+    "algorithm an int": (ROOTED + ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"),
+                         lambda c, k: GOOD[k](c, 0, algorithm=5)),
+    "algorithm a list": (("all_reduce", "broadcast", "all_gather", "all_to_all"),
+                         lambda c, k: GOOD[k](c, 0, algorithm=["ring"])),
+    "unknown algorithm": (("all_reduce", "gather", "reduce_scatter"),
+                          lambda c, k: GOOD[k](c, 0, algorithm="telepathy")),
+    "async_op a string": (("all_reduce", "broadcast", "all_gather", "barrier"),
+                          lambda c, k: GOOD[k](c, 0, async_op="yes")),
+    "numpy scalar": (BUFFERS, lambda c, k: _call_with_x(c, k, np.float32(1))),
+    "list": (BUFFERS, lambda c, k: _call_with_x(c, k, [1.0, 2.0])),
+    "Fortran order": (BUFFERS, lambda c, k: _call_with_x(
+        c, k, np.asfortranarray(np.ones((2 * c.size, 3))))),
+    "np.matrix": (BUFFERS, lambda c, k: _call_with_x(c, k, np.matrix(np.ones((2 * c.size, 4))))),
+    "indivisible": (("reduce_scatter", "all_to_all"),
+                    lambda c, k: _call_with_x(c, k, np.ones(2 * c.size + 1))),
+    "out of the wrong size": (("all_reduce", "all_gather", "all_to_all"),
+                              lambda c, k: getattr(c, k)(np.ones(2 * c.size), out=np.ones(7))),
+    "unpicklable object": (("broadcast_object", "all_gather_object"),
+                           lambda c, k: getattr(c, k)(threading.Lock())),
+    "empty: shape a string": (("empty",), lambda c, k: c.empty("abc")),
+    "empty: bad dtype": (("empty",), lambda c, k: c.empty(4, dtype="nonsense")),
+    "split: color a string": (("split",), lambda c, k: c.split(color="x")),
+}
+
+#: kinds where only the root's arguments matter (every rank raises: the root's error travels)
+_EVERY_RANK_RAISES = {"unpicklable object"}
+
+
+def _cases() -> list[tuple[str, str]]:
+    return [(kind, coll) for kind, (colls, _) in BAD.items() for coll in colls]
+
+
+def _sequence(c: ringlet.Communicator, bad_ranks: str) -> dict[str, Any]:
+    """Every (kind, collective): good, bad, good, bad, bad, async good + bad, good; all checked."""
+    n, r = c.size, c.rank
+    goods = list(GOOD)
+    wrong: list[str] = []
+    errors: list[str] = []
+    step = 0
+
+    def good() -> None:
+        nonlocal step
+        k = goods[step % len(goods)]
+        got, want = GOOD[k](c, step)
+        if not _same(got, want):
+            wrong.append(f"{k} step {step}: got {got!r}, want {want!r}")
+        step += 1
+
+    def bad(kind: str, coll: str) -> None:
+        _, fn = BAD[kind]
+        am_bad = bad_ranks == "all" or r == 1 or kind in _EVERY_RANK_RAISES
+        try:
+            if am_bad or kind in _EVERY_RANK_RAISES:
+                fn(c, coll)
+            elif coll in GOOD:
+                GOOD[coll](c, 99)
+            elif coll == "empty":
+                c.empty(4)
+            elif coll == "split":
+                c.split(color=0)
+        except ringlet.RingletError as exc:
+            want = ringlet.ArgumentError if am_bad else ringlet.MismatchError
+            if kind in _EVERY_RANK_RAISES:
+                want = ringlet.ArgumentError
+            if not isinstance(exc, want):
+                errors.append(f"{kind}/{coll}: {type(exc).__name__}: {exc}")
+            elif am_bad and bad_ranks != "all" and kind not in _EVERY_RANK_RAISES and \
+                    f"on rank {r}" not in str(exc):
+                errors.append(f"{kind}/{coll}: the rank at fault is not named: {exc}")
+        else:
+            errors.append(f"{kind}/{coll}: no error on rank {r} ({bad_ranks} bad)")
+
+    for kind, coll in _cases():
+        good()
+        bad(kind, coll)
+        good()
+        bad(kind, coll)
+        bad(kind, coll)          # two bad calls in a row
+        w = c.all_reduce(np.full(4, r, np.int64), async_op=True)
+        bad(kind, coll)          # a bad call behind async work
+        if not np.array_equal(w.wait(), np.full(4, n * (n - 1) // 2)):
+            wrong.append(f"async all_reduce before {kind}/{coll}")
+        good()
+    return {"wrong": wrong, "errors": errors, "steps": step}
+
+
+@pytest.mark.parametrize("n", SEQ_SIZES, ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("bad_ranks", ["one", "all"])
+def test_bad_calls_between_good_ones(n: int, bad_ranks: str) -> None:
+    world = get_world(n)
+    results = world.run(_sequence, bad_ranks)
+    for r, res in enumerate(results):
+        assert not res["wrong"], f"rank {r}: wrong results: {res['wrong'][:5]}"
+        assert not res["errors"], f"rank {r}: {res['errors'][:5]}"
+        assert res["steps"] == 3 * len(_cases())
+
+
+def _issue_loop(c: ringlet.Communicator, iters: int) -> list[int]:
+    """The reproduction from the issue: one rank passes an unknown op every other call."""
+    r, n = c.rank, c.size
+    bad = []
+    for i in range(iters):
+        x = np.full(8, (r + 1) * 1000 + i, np.float64)
+        c.all_reduce(x)
+        if x[0] != sum((q + 1) * 1000 + i for q in range(n)):
+            bad.append(i)
+        try:
+            c.all_reduce(np.ones(4, np.float32), op="median" if r == 1 else "sum")
+        except (ringlet.ArgumentError, ringlet.MismatchError):
+            pass
+        try:
+            c.broadcast(np.ones(4), root=n + 3)
+        except ringlet.ArgumentError:
+            pass
+    return bad
+
+
+@pytest.mark.parametrize("n", SEQ_SIZES, ids=lambda n: f"N{n}")
+def test_issue_loop_never_wrong(n: int) -> None:
+    assert get_world(n).run(_issue_loop, 150) == [[]] * n
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+def _two_threads(c: ringlet.Communicator) -> dict[str, Any]:
+    errors: list[str] = []
+    results: list[float] = []
+
+    def other() -> None:
+        try:
+            c.all_reduce(np.ones(4))
+        except ringlet.ArgumentError as exc:
+            errors.append(str(exc))
+
+    c.all_reduce(np.ones(2))          # this thread owns the communicator
+    t = threading.Thread(target=other, name="intruder")
+    t.start()
+    t.join()
+    x = np.full(2, float(c.rank))
+    c.all_reduce(x)                    # still in step on every rank
+    results.append(float(x[0]))
+    return {"errors": errors, "results": results}
+
+
+def _spawned_thread_owner(c: ringlet.Communicator) -> list[float]:
+    box: list[float] = []
+
+    def body() -> None:
+        y = np.ones(3)
+        c.all_reduce(y)
+        box.append(float(y[0]))
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()                      # the first thread has ended: the main thread takes over
+    z = np.ones(2)
+    c.all_reduce(z)
+    box.append(float(z[0]))
+    return box
+
+
+@pytest.mark.parametrize("n", [2, 3], ids=lambda n: f"N{n}")
+def test_second_thread_is_refused_and_the_calls_stay_in_step(n: int) -> None:
+    out = ringlet.spawn(_thread_job, n, settings=ringlet.Settings(timeout=20))
+    for r, res in enumerate(out):
+        assert len(res["errors"]) == 1, res
+        assert "thread 'intruder'" in res["errors"][0] and f"on rank {r}" in res["errors"][0]
+        assert res["results"] == [n * (n - 1) / 2]
+        assert res["after"] == [float(n), float(n)]
+
+
+def _thread_job(c: ringlet.Communicator) -> dict[str, Any]:
+    res = _two_threads(c)
+    c2 = c.split(color=0)
+    assert c2 is not None
+    res["after"] = _spawned_thread_owner(c2)
+    c2.close()
+    return res
+
+
+# --- KeyboardInterrupt -------------------------------------------------------------------------
+
+_INTERRUPT = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import numpy as np, ringlet
+    comm = ringlet.init()
+    comm.all_reduce(np.ones(2))
+    if comm.rank == 1:
+        # interrupt this rank while it waits for rank 0 (which sleeps first)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            comm.all_reduce(np.ones(2))
+        except KeyboardInterrupt:
+            print("got KeyboardInterrupt", flush=True)
+            sys.exit(3)
+    else:
+        time.sleep(2.0)
+        try:
+            comm.all_reduce(np.ones(2))   # may complete: rank 1 had posted its data
+            comm.barrier()
+        except ringlet.PeerError as exc:
+            print("peer error:", exc, flush=True)
+            sys.exit(4)
+    print("no error", flush=True)
+""")
+
+
+def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: Any) -> None:
+    script = tmp_path / "interrupt.py"
+    script.write_text(_INTERRUPT)
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--grace", "10",
+                        str(script)], capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "RINGLET_TIMEOUT": "20"})
+    out = p.stdout + p.stderr
+    assert "[1] got KeyboardInterrupt" in out, out
+    assert "[0] peer error: rank 1 was interrupted (KeyboardInterrupt) in all_reduce #2" in out, \
+        out
+    assert p.returncode == 3, out
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+def _skipped(c: ringlet.Communicator) -> str:
+    try:
+        c.all_reduce(np.ones(8 if c.rank == 0 else 4))   # as if rank 1 skipped a call
+    except ringlet.MismatchError as exc:
+        return str(exc)
+    return ""
+
+
+def test_a_skipped_call_is_explained() -> None:
+    for m in get_world(2).run(_skipped_ok):
+        assert "count of all_reduce #" in m and "paired by their order" in m, m
+
+
+def _skipped_ok(c: ringlet.Communicator) -> str:
+    return _skipped(c)
+
+
+def _shapes(c: ringlet.Communicator) -> Any:
+    x = np.ones((2, 3)) if c.rank == 0 else np.ones((3, 2))
+    return c.all_reduce(x)
+
+
+def test_shapes_must_agree_not_only_counts() -> None:
+    errs = get_world(2).run_expect_errors(_shapes)
+    assert set(errs) == {0, 1}
+    for t, m in errs.values():
+        assert t == "MismatchError"
+        assert "shape of all_reduce #" in m and "(2, 3)" in m and "(3, 2)" in m
+
+
+def _split_vs_gather(c: ringlet.Communicator) -> Any:
+    if c.rank == 0:
+        return c.split(color=0)
+    return c.all_gather(np.ones(1))
+
+
+def test_mismatch_names_the_calls_users_made() -> None:
+    errs = get_world(2).run_expect_errors(_split_vs_gather)
+    for _, m in errs.values():
+        assert "split" in m and "all_gather" in m, m
+        assert "rank 0: split" in m
+
+
+def _bcast_obj_mismatch(c: ringlet.Communicator) -> Any:
+    if c.rank == 0:
+        return c.broadcast_object({"a": 1})
+    return c.broadcast(np.zeros(1, np.int64))
+
+
+def test_mismatch_names_broadcast_object() -> None:
+    errs = get_world(2).run_expect_errors(_bcast_obj_mismatch)
+    assert all("broadcast_object" in m for _, m in errs.values()), errs
+
+
+def _unpicklable_root(c: ringlet.Communicator) -> Any:
+    return c.broadcast_object(threading.Lock() if c.rank == 0 else None)
+
+
+def test_every_rank_hears_why_an_object_did_not_pickle() -> None:
+    errs = get_world(3).run_expect_errors(_unpicklable_root)
+    assert set(errs) == {0, 1, 2}
+    for t, m in errs.values():
+        assert t == "ArgumentError" and "rank 0 could not pickle" in m and "lock" in m, m
+
+
+def _foreign_ops(c: ringlet.Communicator) -> list[float]:
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    out = []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, MPI.SUM, MPI.PROD):
+        x = np.full(2, c.rank + 2.0)
+        c.all_reduce(x, op=op)
+        out.append(float(x[0]))
+    return out
+
+
+def test_torch_and_mpi4py_ops_are_accepted() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("mpi4py")
+    out = ringlet.spawn(_foreign_ops, 2)
+    assert out == [[5.0, 3.0, 5.0, 6.0]] * 2
+
+
+def _recv_wrong_tag(c: ringlet.Communicator) -> str:
+    x = np.ones(4)
+    if c.rank == 0:
+        c.send(x, 1, tag=3)
+        time.sleep(2.5)   # stays open: rank 1 times out
+        return ""
+    try:
+        c.recv(x, 0, tag=7)
+    except ringlet.CommTimeoutError as exc:
+        return str(exc)
+    return "no timeout"
+
+
+def test_p2p_timeout_says_what_is_pending() -> None:
+    out = ringlet.spawn(_recv_wrong_tag, 2, settings=ringlet.Settings(timeout=1.0))
+    assert "recv from rank 0 (tag 7)" in out[1]
+    assert "tag 3 (32 B)" in out[1] and "same tag" in out[1], out[1]
+
+
+def _recv_nothing(c: ringlet.Communicator) -> str:
+    if c.rank == 0:
+        return ""
+    try:
+        c.recv(np.ones(4), 0, tag=0)
+    except ringlet.RingletError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_recv_from_a_rank_that_closed_without_sending() -> None:
+    out = ringlet.spawn(_recv_nothing, 2, settings=ringlet.Settings(timeout=5.0))
+    assert out[1].startswith("PeerError: rank 0 closed the communicator"), out[1]
+    assert "it has not sent this rank a message" in out[1], out[1]
+
+
+def _exits_without_calling(c: ringlet.Communicator) -> str:
+    if c.rank == 0:
+        return ""
+    try:
+        c.all_reduce(np.ones(4))
+    except ringlet.RingletError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_a_peer_that_closed_is_not_reported_as_dead() -> None:
+    out = ringlet.spawn(_exits_without_calling, 3, settings=ringlet.Settings(timeout=10.0))
+    for m in out[1:]:
+        assert "rank 0 closed the communicator" in m and "died" not in m, m
