@@ -100,11 +100,13 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
     must hear of every call, or the calls after it pair up wrongly.
     """
     name = fn.__name__
+    compound = name in _COMPOUND
 
     def wrapper(self: Communicator, *args: Any, **kwargs: Any) -> Any:
-        self._check_thread(name)
-        outer = self._api is None
-        if outer and name in _COMPOUND:
+        if self._owner_id != threading.get_ident():
+            self._check_thread(name)
+        outer = compound and self._api is None
+        if outer:
             self._api = name
         seq = self._seq
         try:
@@ -160,6 +162,7 @@ class Communicator:
         self._closed = False
         self._scratch: dict[str, np.ndarray] = {}
         self._chosen: dict[tuple[str, str | None, int], str] = {}
+        self._descs: dict[tuple[Any, ...], Desc] = {}
         self._shm_digest = zlib.crc32(
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
             .encode()) & 0xFFFF
@@ -172,6 +175,7 @@ class Communicator:
         self._pending_reject: int | None = None
         #: the thread that makes this communicator's calls (see _check_thread)
         self._owner: threading.Thread | None = None
+        self._owner_id = -1
         self._fused = Fused(transport, lambda: self._current) if settings.fused else None
         #: shared buffers from empty(): (start address, stop address, every rank's region)
         self._regions: list[tuple[int, int, list[np.ndarray]]] = []
@@ -717,11 +721,18 @@ class Communicator:
     def _desc(self, coll: str, *, op: ReduceOp | int = 0, buf: Buffer | None = None,
               root: int = 0, algorithm: str = "", path: int = 0) -> Desc:
         """This rank's descriptor of a call (named after the compound call it is part of)."""
+        api = self._api or coll
         if buf is None:
-            return agreement.make(self._api or coll)
-        return agreement.make(self._api or coll, op=int(op), dtype=buf.dt.code,
-                              count=buf.count, root=root, algorithm=algorithm, path=path,
-                              shape=buf.shape)
+            return agreement.make(api)
+        key = (api, op, buf.dt.code, buf.shape, root, algorithm, path)
+        d = self._descs.get(key)
+        if d is None:
+            d = agreement.make(api, op=int(op), dtype=buf.dt.code, count=buf.count, root=root,
+                               algorithm=algorithm, path=path, shape=buf.shape)
+            if len(self._descs) > 4096:
+                self._descs.clear()
+            self._descs[key] = d
+        return d
 
     def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
                 xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
@@ -809,7 +820,7 @@ class Communicator:
         if owner is me:
             return
         if owner is None or not owner.is_alive():
-            self._owner = me
+            self._owner, self._owner_id = me, threading.get_ident()
             return
         raise ArgumentError(
             f"{what} on rank {self.rank}: this communicator's calls are made by thread "

@@ -24,6 +24,7 @@ import mmap
 import os
 import stat
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -456,8 +457,7 @@ class ShmTransport:
     def publish(self, seq: int, words: Sequence[int]) -> None:
         """Publish my descriptor of collective ``seq`` (the sequence number is written last)."""
         d, base = self._desc[self.rank], (seq % 2) * DESC_WORDS
-        for i, w in enumerate(words, 1):
-            d[base + i] = int(w)
+        d[base + 1:base + 1 + len(words)] = array("q", words)
         d[base] = seq
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
