@@ -1,5 +1,6 @@
 """What README.md shows runs as shown: the API tour under ``ringlet run`` at 2 and 3
-ranks (with its comments' claims checked), and the ``ringlet.spawn`` example.
+ranks (with its comments' claims checked), the ``ringlet.spawn`` example, and
+``RINGLET_DEBUG`` (INFO: one line per collective; TRACE: also one per round).
 """
 
 from __future__ import annotations
@@ -67,3 +68,35 @@ def test_the_spawn_example_runs_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == str([[60, 60, 60]] * 4)
 
+
+TINY = '''
+import numpy as np
+import ringlet
+
+comm = ringlet.init()
+x = np.ones(1000, np.float32)
+comm.all_reduce(x, algorithm="ring")
+assert (x == 2).all()
+'''
+
+
+def test_debug_trace_adds_a_line_per_round_and_info_does_not(tmp_path: Path) -> None:
+    (tmp_path / "tiny.py").write_text(TINY)
+    argv = [*CLI, "run", "-n", "2", "tiny.py"]
+    info = run(argv, tmp_path, "INFO")
+    trace = run(argv, tmp_path, "TRACE")
+    assert info.returncode == 0 and trace.returncode == 0, info.stderr + trace.stderr
+    for out in (info.stdout + info.stderr, trace.stdout + trace.stderr):
+        for r in range(2):
+            assert f"ringlet INFO rank {r}: all_reduce #1 (1000 x float32) algorithm ring" in out
+    assert "DEBUG" not in info.stdout + info.stderr
+    assert "round" not in info.stdout + info.stderr
+    # the ring on 2 ranks: a reduce-scatter round and an all-gather round, half the
+    # vector (2000 B) each way in each
+    rounds = re.findall(r"ringlet DEBUG rank (\d): all_reduce #1 \(1000 x float32\), "
+                        r"round (\d): (.*); ([\d.]+) us", trace.stdout + trace.stderr)
+    assert sorted((int(rk), int(i)) for rk, i, _, _ in rounds) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for rk, i, steps, _ in rounds:
+        peer = 1 - int(rk)
+        kind = "recv+reduce" if i == "0" else "recv"
+        assert steps == f"send 2000 B -> {peer}, {kind} 2000 B <- {peer}"

@@ -16,10 +16,15 @@ writing waits for it, so reductions happen in the same order on every run).
 Reductions compute ``dst = dst (op) src`` with the kernel they are given, or,
 for steps marked ``src_first``, ``dst = src (op) dst``: the kernel runs on a
 copy of ``src`` in a small scratch block, then the block is copied back.
+
+With ``RINGLET_DEBUG=TRACE`` (the ``ringlet`` logger at DEBUG) every round this
+rank runs is logged: its steps' kinds, peers and bytes, and the time it took.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,6 +36,8 @@ from .transport.shm import RecvReq, SendReq, ShmTransport
 
 Range = tuple[int, int, int]   # (buffer, first element, stop element)
 Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+log = logging.getLogger("ringlet")
 
 
 @dataclass
@@ -137,6 +144,8 @@ def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarra
     """Run ``program`` on ``transport`` over the flat typed buffers ``bufs``."""
     round_no = 0
     first = SrcFirst(reduce) if program.src_first and reduce is not None else None
+    trace = log.isEnabledFor(logging.DEBUG)
+    t0 = 0.0
 
     def describe() -> str:
         return f"{what()}, round {round_no}"
@@ -144,6 +153,8 @@ def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarra
     for round_no, ops in enumerate(program.rounds):  # noqa: B007 - read by describe()
         if not ops:
             continue
+        if trace:
+            t0 = time.perf_counter()
         reqs: list[SendReq | RecvReq] = []
         recvs: list[RecvReq] = []
         for op in ops:
@@ -165,6 +176,26 @@ def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarra
                 dsts = [bufs[b][lo:hi] for b, lo, hi in op.dst]
                 _local(op.kind, dsts, srcs, first if op.src_first else reduce)
         transport.wait(reqs, describe)
+        if trace:
+            _trace(transport.rank, describe(), ops, bufs, time.perf_counter() - t0)
+
+
+_VERB = {Kind.SEND: "send", Kind.RECV: "recv", Kind.RRED: "recv+reduce", Kind.COPY: "copy",
+         Kind.LRED: "reduce"}
+
+
+def _trace(rank: int, where: str, ops: list[_Op], bufs: dict[int, np.ndarray],
+           seconds: float) -> None:
+    """One TRACE line for a round this rank ran: each step's kind, peer and bytes."""
+    items = []
+    for op in ops:
+        refs = op.src if op.kind is Kind.SEND else op.dst
+        nbytes = sum((hi - lo) * bufs[b].itemsize for b, lo, hi in refs)
+        arrow = f" -> {op.peer}" if op.kind is Kind.SEND else \
+            f" <- {op.peer}" if op.peer >= 0 else ""
+        first = ", src first" if op.src_first else ""
+        items.append(f"{_VERB[op.kind]} {nbytes} B{arrow}{first}")
+    log.debug("rank %d: %s: %s; %.1f us", rank, where, ", ".join(items), seconds * 1e6)
 
 
 def _local(kind: Kind, dsts: list[np.ndarray], srcs: list[np.ndarray],
