@@ -51,9 +51,15 @@ class Settings:
     """All of ringlet's settings.  Each is overridable by ``RINGLET_<NAME>``."""
 
     timeout: float = field(default=300.0, metadata={
-        "doc": "Deadline in seconds for every wait (a collective, a recv, a start-up "
-               "rendezvous). A timeout names the collective, its sequence number and "
-               "the ranks that did not arrive."})
+        "doc": "Deadline in seconds for every wait after start-up (a collective, a recv). "
+               "A timeout names the collective, its sequence number and the ranks that "
+               "did not arrive."})
+    init_timeout: float = field(default=60.0, metadata={
+        "doc": "Deadline in seconds for start-up (ringlet.init): for every rank to call "
+               "init and for the shared memory to be set up. A timeout names the ranks "
+               "that did not arrive. Separate from timeout because start-up only waits "
+               "for processes to be started (seconds), while a collective may rightly "
+               "take long; raise it if ranks do slow work (loading data) before init."})
     debug: str = field(default="", metadata={
         "doc": "Logging, like NCCL_DEBUG: '' (quiet), WARN, INFO (one line per "
                "collective: algorithm, count, bytes), TRACE (also every round)."})
@@ -99,8 +105,9 @@ class Settings:
         "doc": "multiprocessing start method of ringlet.spawn: spawn, forkserver or fork."})
 
     def __post_init__(self) -> None:
-        if not self.timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        for name in ("timeout", "init_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
             raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
         object.__setattr__(self, "debug", self.debug.upper())
