@@ -1,22 +1,88 @@
-"""Start-up: joining a job (:func:`init`) and the rendezvous under other launchers.
+"""Start-up: joining a job (:func:`init`) and the rendezvous of its ranks.
 
-``ringlet run`` and :func:`ringlet.spawn` hand every rank a random job id.
-Under torchrun, mpiexec or srun the ranks agree on one through a
-rendezvous file in the shared-memory directory (:func:`_rendezvous`).
+How the ranks meet
+------------------
+``ringlet run`` and :func:`ringlet.spawn` hand every rank a secret random job
+id.  Under torchrun, mpiexec or srun there is none, so rank 0 makes one.
+Either way the ranks of a job (more than one) first meet at a *rendezvous*:
+rank 0 listens on a Unix socket in Linux's abstract namespace, which has no
+file and vanishes with the process; every other rank connects, checks that
+the listener runs as its own user (``SO_PEERCRED``), and says hello (its
+rank, pid and shared-memory settings).  Once all ranks have said hello, rank
+0 answers each with the job id and every rank's pid, or with the error that
+stops the job.  Only then does each rank create its shared-memory segment
+(see :mod:`ringlet.transport.shm`).
+
+The rendezvous address is a digest of the secret job id, or, under other
+launchers, of the launcher's public ids and the parent pid
+(:func:`rendezvous_name`).  The latter is predictable, so it is only a
+meeting point, never trusted:
+
+- rank 0 accepts hellos only from processes of its own user and sends the
+  job id to no one else;
+- a rank that finds the address held by another user's process fails at
+  once with a :class:`ConfigError` naming that process (its pid and uid),
+  and so does rank 0 when it cannot bind the address for that reason.
+  A job never joins a job id it did not make;
+- peers' segments (and shared buffers) are opened without following
+  symbolic links and used only if they are regular files of this user with
+  no group or other permissions; otherwise a :class:`ConfigError` names the
+  file, its owner and its mode.
+
+Start-up guarantees
+-------------------
+- *Bounded.*  Start-up has its own deadline, ``RINGLET_INIT_TIMEOUT``
+  (default 60 s).  When it passes, every rank that arrived fails with the
+  same :class:`CommTimeoutError` naming the ranks that did not call
+  :func:`init`.  Ranks whose settings differ (``RINGLET_SHM_*``, or the
+  world size) all fail at once with one :class:`ConfigError` naming every
+  difference.  A rank that dies, and the launcher itself exiting (its ranks
+  orphaned), make the others fail at once with a :class:`PeerError`.
+- *Nothing left behind.*  While ranks wait for each other nothing exists in
+  the shared-memory directory, so even SIGKILL of every rank (what mpiexec's
+  proxies do when mpiexec dies) leaves nothing.  Segments exist only from
+  the moment every rank has arrived until every peer has mapped them (a few
+  milliseconds); on any failure in that window a rank removes its own
+  segment and the segments of peers it knows are dead.  SIGTERM, SIGINT and
+  SIGHUP arriving during :func:`init` (when their handler is the default)
+  are held until the clean-up has run, then delivered as usual (the
+  process still dies of the signal).  Only SIGKILL inside those few
+  milliseconds can leave a segment, which ``ringlet run`` removes at exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import secrets
+import selectors
+import signal
+import socket
+import sys
+import threading
 import time
-import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from .comm import Communicator
 from .config import Settings
-from .errors import ArgumentError, CommTimeoutError
-from .transport.shm import ShmTransport
+from .errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from .transport.shm import SHM_DIR, ShmTransport
+
+#: Linux has abstract Unix sockets (no file, gone with the process); elsewhere the
+#: rendezvous socket is a file in SHM_DIR, a private (0700) directory there.
+_ABSTRACT = sys.platform.startswith("linux")
+
+#: the settings every rank must share to read each other's segments
+_SHAPE = ("shm_slots", "shm_slot_bytes", "shm_post_bytes", "shm_stage_bytes")
+
+#: signals held during start-up (when their handler is the default), then re-delivered
+_HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+#: longest pause between polls while waiting at the rendezvous
+_POLL = 0.05
 
 
 def init(*, settings: Settings | None = None, rank: int | None = None, size: int | None = None,
@@ -25,72 +91,448 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
 
     Rank and size come from the arguments, else from the launcher's
     environment: ``ringlet run``, torchrun, mpiexec (MPICH, Open MPI) or
-    srun.  With no launcher at all, a single-rank communicator.
+    srun.  With no launcher at all, a single-rank communicator.  Start-up
+    waits at most ``settings.init_timeout`` seconds for the other ranks
+    (see the module documentation for what it guarantees).
     """
     settings = Settings.from_env() if settings is None else settings
-    rdv_file = None
+    key = None
+    parent = None
     if rank is None or size is None:
         from .env import detect
 
         info = detect()
         rank = info.rank if rank is None else rank
         size = info.size if size is None else size
+        if info.source != "single":
+            parent = os.getppid()   # the launcher (or its proxy): watched during start-up
         if job_id is None:
             job_id = info.job_id
-            if job_id is None and size > 1:
-                job_id, rdv_file = _rendezvous(info.rendezvous_key, rank, size, settings)
+            key = info.rendezvous_key
     if not 0 <= rank < size:
         raise ArgumentError(f"rank {rank} is out of range for size {size}")
-    if job_id is None:
-        if size > 1:
-            raise ArgumentError("init: give job_id when passing rank and size for more than "
-                                "one rank (every rank must pass the same one)")
-        job_id = secrets.token_hex(16)
-    t = ShmTransport(rank, size, f"ringlet-{job_id}-w", settings)
-    t.connect()
-    if rdv_file is not None and rank == 0:
-        # every rank has connected, so every rank has read the rendezvous file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(rdv_file)
+    if job_id is None and key is None and size > 1:
+        raise ArgumentError("init: give job_id when passing rank and size for more than "
+                            "one rank (every rank must pass the same one)")
+    if settings.debug:
+        from .comm import _configure_logging
+
+        _configure_logging(settings.debug)
+    held: list[int] = []
+    started = None
+    try:
+        with _held_signals(held):
+            with contextlib.suppress(_Interrupted):  # re-delivered below, after clean-up
+                started = _start(rank, size, settings, job_id, key, _checker(held, parent))
+    finally:
+        if held:
+            if started is not None:
+                started[1].close()
+            _redeliver(held[0])
+    if started is None:
+        raise RingletError("start-up was interrupted")   # not reached: _redeliver raises
+    job_id, t = started
     return Communicator(rank, size, t, settings, job_id)
 
 
-def _rendezvous(key: str, rank: int, size: int, settings: Settings) -> tuple[str, str]:
-    """Agree on a random job id through a file named after the launcher's ids.
+def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,
+           check: Callable[[], None]) -> tuple[str, ShmTransport]:
+    """The rendezvous, then the shared-memory transport's start-up."""
+    pids = [0] * size
+    if size > 1:
+        name = _job_rendezvous_name(job_id) if job_id is not None else \
+            rendezvous_name(key or "")
+        hello = {"rank": rank, "size": size, "pid": os.getpid(),
+                 "shm": [getattr(settings, n) for n in _SHAPE]}
+        if rank == 0:
+            job_id, pids = _serve(name, hello, job_id, settings, check)
+        else:
+            job_id, pids = _join(name, hello, settings, check)
+    elif job_id is None:
+        job_id = secrets.token_hex(16)
+    _log(f"rank {rank} of {size}: job {job_id[:8]}, ranks' pids {pids}")
+    t = ShmTransport(rank, size, f"ringlet-{job_id}-w", settings)
+    t.pids[:] = pids
+    t.connect(settings.init_timeout, check=check)
+    return job_id, t
 
-    Rank 0 writes a fresh random id; the others read it.  The file is only a
-    meeting point (its name is derivable from the environment); the segments
-    themselves get the random id and mode 0600.
-    """
-    from .transport.shm import SHM_DIR
 
-    digest = format(zlib.crc32(key.encode()), "08x") + format(
-        zlib.adler32(key.encode()), "08x")
-    path = os.path.join(SHM_DIR, f"ringlet-rdv-{digest}")
-    deadline = time.monotonic() + settings.timeout
-    if rank == 0:
-        job = secrets.token_hex(16)
-        tmp = f"{path}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{key}\n{job}\n")
-        os.replace(tmp, path)
-        return job, path
-    start = time.time() - 5.0
+def rendezvous_name(key: str) -> str:
+    """The rendezvous address (abstract socket name) of the ranks whose launcher gives
+    them ``key`` (:attr:`ringlet.env.LaunchInfo.rendezvous_key`): public, predictable."""
+    return "ringlet-rdv-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _job_rendezvous_name(job_id: str) -> str:
+    # a one-way digest: abstract socket names are listed in /proc/net/unix for every
+    # user to read, and the job id names the segments, so it must not show there
+    return "ringlet-rdv-" + hashlib.sha256(f"job\0{job_id}".encode()).hexdigest()[:32]
+
+
+def _address(name: str) -> str:
+    return "\0" + name if _ABSTRACT else os.path.join(SHM_DIR, name)
+
+
+def _shown(name: str) -> str:
+    return f"@{name} (an abstract Unix socket)" if _ABSTRACT else os.path.join(SHM_DIR, name)
+
+
+# --- rank 0: the rendezvous --------------------------------------------------------------
+
+
+def _serve(name: str, mine: dict[str, Any], job_id: str | None, settings: Settings,
+           check: Callable[[], None]) -> tuple[str, list[int]]:
+    """Rank 0: wait for every rank's hello, then answer all with the job id and pids."""
+    size = mine["size"]
+    deadline = time.monotonic() + settings.init_timeout
+    lsock = _listen(name)
+    sel = selectors.DefaultSelector()
+    sel.register(lsock, selectors.EVENT_READ)
+    peers: dict[socket.socket, bytes] = {}            # connected, hello not complete
+    hellos: dict[int, tuple[socket.socket, dict[str, Any]]] = {}
+    try:
+        try:
+            while len(hellos) < size - 1:
+                check()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommTimeoutError(_missing(size, hellos, settings))
+                for k, _ in sel.select(min(remaining, _POLL)):
+                    s = cast(socket.socket, k.fileobj)
+                    if s is lsock:
+                        _accept(lsock, peers, sel)
+                    elif s in peers:
+                        _read_hello(s, peers, hellos, mine, sel)
+                    else:   # a rank that said hello closed its end: it ended
+                        _closed(s, hellos)
+            _compare(mine, [h for _, h in hellos.values()])
+            job = secrets.token_hex(16) if job_id is None else job_id
+            pids = [mine["pid"]] + [hellos[q][1]["pid"] for q in range(1, size)]
+            for s, _ in hellos.values():
+                _send(s, {"job": job, "pids": pids})
+            return job, pids
+        except BaseException as exc:
+            # tell every rank that said hello why the job stops (they wait for an answer)
+            kind = ("config" if isinstance(exc, ConfigError) else
+                    "timeout" if isinstance(exc, CommTimeoutError) else "peer")
+            text = str(exc) if isinstance(exc, RingletError) else \
+                f"rank 0 (pid {mine['pid']}) stopped during start-up ({_why(exc)})"
+            for s, _ in hellos.values():
+                with contextlib.suppress(OSError):
+                    _send(s, {"error": text, "kind": kind})
+            raise
+    finally:
+        sel.close()
+        for s in [*peers, *(s for s, _ in hellos.values())]:
+            s.close()
+        lsock.close()
+        if not _ABSTRACT:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_address(name))
+
+
+def _listen(name: str) -> socket.socket:
+    """Bind the rendezvous address, or say who holds it."""
+    if not _ABSTRACT:
+        _private_dir()
+    for attempt in (0, 1):
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lsock.bind(_address(name))
+            lsock.listen(128)
+            return lsock
+        except OSError as exc:
+            lsock.close()
+            holder = _holder(name)
+            if holder is None and not _ABSTRACT and attempt == 0:
+                # a socket file left by a killed job of ours: nobody listens on it
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_address(name))
+                continue
+            if holder is not None and holder[1] != os.geteuid():
+                raise ConfigError(_foreign(name, holder)) from None
+            pid = f" (pid {holder[0]})" if holder is not None else ""
+            raise ConfigError(
+                f"cannot start the rendezvous at {_shown(name)}: it is already in use by "
+                f"another process of this user{pid} ({exc.strerror}); two jobs have the same "
+                f"launcher ids and parent process, or a rank 0 of an earlier job still "
+                f"runs: stop it, or start one job per launcher") from None
+    raise AssertionError("unreachable")
+
+
+def _holder(name: str) -> tuple[int, int] | None:
+    """(pid, uid) of the process listening on the rendezvous address, if any."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(_address(name))
+        pid, uid, _ = _creds(s)
+        return pid, uid
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def _accept(lsock: socket.socket, peers: dict[socket.socket, bytes],
+            sel: selectors.BaseSelector) -> None:
+    try:
+        s, _ = lsock.accept()
+    except OSError:
+        return
+    if _creds(s)[1] != os.geteuid():   # another user's process: never answered
+        s.close()
+        return
+    s.setblocking(False)
+    peers[s] = b""
+    sel.register(s, selectors.EVENT_READ)
+
+
+def _read_hello(s: socket.socket, peers: dict[socket.socket, bytes],
+                hellos: dict[int, tuple[socket.socket, dict[str, Any]]],
+                mine: dict[str, Any], sel: selectors.BaseSelector) -> None:
+    try:
+        data = s.recv(4096)
+    except OSError:
+        data = b""
+    if not data:        # gone before saying hello: it will not be waited for
+        del peers[s]
+        sel.unregister(s)
+        s.close()
+        return
+    buf = peers[s] + data
+    if b"\n" not in buf:
+        peers[s] = buf if len(buf) < 1 << 16 else b""
+        return
+    del peers[s]
+    try:
+        hello = json.loads(buf.split(b"\n", 1)[0])
+        q, n, pid = int(hello["rank"]), int(hello["size"]), int(hello["pid"])
+        shm = [int(v) for v in hello["shm"]]
+    except (ValueError, KeyError, TypeError):
+        sel.unregister(s)
+        s.close()
+        return
+    hello = {"rank": q, "size": n, "pid": pid, "shm": shm}
+    # a bad hello is kept under a negative key, so that it too is answered with the error
+    if n != mine["size"]:
+        hellos[-q - 1] = (s, hello)
+        raise ConfigError(
+            f"ranks disagree about the world size: rank 0 (pid {mine['pid']}) has "
+            f"{mine['size']}, rank {q} (pid {pid}) has {n}; check the launcher's "
+            f"WORLD_SIZE (or equivalent) and that one job runs per launcher")
+    if not 0 < q < n or q in hellos:
+        other = mine["pid"] if q == 0 else hellos[q][1]["pid"] if q in hellos else None
+        hellos[-q - 1] = (s, hello)
+        also = f" and pid {other}" if other is not None else ""
+        raise ConfigError(
+            f"two processes claim rank {q} of the job (pid {pid}{also}): two jobs share one "
+            f"rendezvous (same launcher ids and parent process); start one job per launcher")
+    hellos[q] = (s, hello)
+
+
+def _closed(s: socket.socket, hellos: dict[int, tuple[socket.socket, dict[str, Any]]]) -> None:
+    with contextlib.suppress(OSError):
+        if s.recv(4096):
+            return   # nothing else is expected: ignored
+    q = next(r for r, (c, _) in hellos.items() if c is s)
+    raise PeerError(f"rank {q} (pid {hellos[q][1]['pid']}) ended during start-up, before "
+                    f"every rank had arrived; see its output for why")
+
+
+def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]]) -> None:
+    """One ConfigError naming every shared-memory setting on which ranks differ."""
+    diffs = []
+    for i, n in enumerate(_SHAPE):
+        odd = [h for h in theirs if h["shm"][i] != mine["shm"][i]]
+        if odd:
+            others = "; ".join(f"rank {h['rank']} has {h['shm'][i]}"
+                               for h in sorted(odd, key=lambda h: h["rank"]))
+            diffs.append(f"RINGLET_{n.upper()}: rank 0 has {mine['shm'][i]}; {others}")
+    if diffs:
+        raise ConfigError("ranks must use the same shared-memory settings; " +
+                          " | ".join(diffs))
+
+
+def _missing(size: int, hellos: dict[int, Any], settings: Settings) -> str:
+    missing = [q for q in range(1, size) if q not in hellos]
+    came = [0] + sorted(q for q in hellos if q >= 0)
+    return (f"start-up timed out after {settings.init_timeout:g} s (RINGLET_INIT_TIMEOUT): "
+            f"{_ranks(missing)} of {size} did not call ringlet.init() ({_ranks(came)} did). "
+            f"Check that every rank runs and calls ringlet.init(), that none failed or is "
+            f"still busy before it (raise RINGLET_INIT_TIMEOUT if so), and that all ranks "
+            f"were started by the same launcher")
+
+
+# --- the other ranks -------------------------------------------------------------------
+
+
+def _join(name: str, hello: dict[str, Any], settings: Settings,
+          check: Callable[[], None]) -> tuple[str, list[int]]:
+    """A rank > 0: connect to rank 0, say hello, wait for the job id or the job's error."""
+    deadline = time.monotonic() + settings.init_timeout
     delay = 1e-3
     while True:
+        check()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            st = os.stat(path)
-            if st.st_mtime >= start - settings.timeout:
-                with open(path) as f:
-                    k, job = f.read().split("\n")[:2]
-                if k == key and job:
-                    return job, path
-        except (FileNotFoundError, ValueError):
-            pass
+            s.settimeout(1.0)
+            s.connect(_address(name))
+            break
+        except OSError:
+            s.close()
         if time.monotonic() > deadline:
             raise CommTimeoutError(
-                f"timed out after {settings.timeout:g} s waiting for rank 0 to start "
-                f"(rendezvous file {path})")
+                f"start-up timed out after {settings.init_timeout:g} s "
+                f"(RINGLET_INIT_TIMEOUT): rank {hello['rank']} of {hello['size']} found no "
+                f"rank 0 at the rendezvous {_shown(name)}. Check that rank 0 runs and calls "
+                f"ringlet.init(), that it did not fail first (see its output), and that all "
+                f"ranks were started by the same launcher")
         time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, _POLL)
+    try:
+        pid, uid, _ = _creds(s)
+        if uid != os.geteuid():
+            raise ConfigError(_foreign(name, (pid, uid)))
+        _send(s, hello)
+        s.settimeout(_POLL)
+        # rank 0 answers within its own deadline, which started before it listened,
+        # so before this connection: init_timeout from now always covers it
+        limit = time.monotonic() + settings.init_timeout + 5.0
+        buf = b""
+        while b"\n" not in buf:
+            check()
+            if time.monotonic() > limit:
+                raise CommTimeoutError(
+                    f"start-up timed out: rank 0 (pid {pid}) did not answer within "
+                    f"{settings.init_timeout:g} s (RINGLET_INIT_TIMEOUT); is it stopped?")
+            try:
+                data = s.recv(1 << 16)
+            except TimeoutError:
+                continue
+            if not data:
+                raise PeerError(
+                    f"rank 0 (pid {pid}) ended during start-up without an answer: it "
+                    f"failed or was killed; see its output")
+            buf += data
+    finally:
+        s.close()
+    reply = json.loads(buf.split(b"\n", 1)[0])
+    if "error" in reply:
+        kind = {"config": ConfigError, "timeout": CommTimeoutError}.get(reply["kind"],
+                                                                       PeerError)
+        raise kind(reply["error"])
+    return str(reply["job"]), [int(p) for p in reply["pids"]]
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _creds(s: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    if hasattr(socket, "SO_PEERCRED"):
+        raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid, uid, gid = (int.from_bytes(raw[i:i + 4], sys.byteorder) for i in (0, 4, 8))
+        return pid, uid, gid
+    return 0, os.geteuid(), os.getegid()   # only with a socket file in a private directory
+
+
+def _foreign(name: str, holder: tuple[int, int]) -> str:
+    pid, uid = holder
+    return (f"the rendezvous {_shown(name)} is held by another user's process (pid {pid}, "
+            f"uid {uid}{_user(uid)}), not by this job (uid {os.geteuid()}{_user(os.geteuid())})."
+            f" Its name derives from the launcher's public ids, so another local user can "
+            f"take it first; this job will not trust it. Stop that process (or ask its owner "
+            f"to), or launch with `ringlet run`, whose rendezvous is private")
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f" = {pwd.getpwuid(uid).pw_name}"
+    except (ImportError, KeyError):
+        return ""
+
+
+def _private_dir() -> None:
+    """Without abstract sockets the rendezvous socket lives in SHM_DIR, which must be ours."""
+    os.makedirs(SHM_DIR, mode=0o700, exist_ok=True)
+    st = os.lstat(SHM_DIR)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ConfigError(
+            f"{SHM_DIR} (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}) is not a private "
+            f"directory of this user: remove it, or set TMPDIR to a private directory")
+
+
+def _send(s: socket.socket, msg: dict[str, Any]) -> None:
+    s.setblocking(True)
+    s.settimeout(5.0)
+    s.sendall(json.dumps(msg).encode() + b"\n")
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, _Interrupted):
+        return f"it got {signal.Signals(exc.signum).name}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _log(msg: str) -> None:
+    import logging
+
+    logging.getLogger("ringlet").info(msg)
+
+
+# --- signals and the launcher during start-up ---------------------------------------------
+
+
+class _Interrupted(BaseException):
+    """A held signal arrived: unwind start-up (every clean-up runs), then re-deliver it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _held_signals(held: list[int]) -> Iterator[None]:
+    """Hold SIGTERM, SIGINT and SIGHUP while the block runs: record them instead of dying
+    mid-way with segments in place.  Only in the main thread (Python's rule) and only for
+    signals whose handler is the default: a handler the program installed is kept."""
+    saved: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in _HELD:
+            current = signal.getsignal(sig)
+            if current in (signal.SIG_DFL, signal.default_int_handler):
+                saved[sig] = current
+                signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _redeliver(signum: int) -> None:
+    """Deliver a held signal again, now that its handler is restored (default: it kills)."""
+    os.kill(os.getpid(), signum)
+    time.sleep(0.1)   # the default action ends the process here; a Python handler runs here
+    raise PeerError(f"start-up stopped by {signal.Signals(signum).name}")
+
+
+def _checker(held: list[int], parent: int | None) -> Callable[[], None]:
+    """What every start-up poll calls: stop for a held signal, or if the launcher died."""
+
+    def check() -> None:
+        if held:
+            raise _Interrupted(held[0])
+        if parent is not None and os.getppid() != parent:
+            raise PeerError(
+                f"the launcher (pid {parent}, this rank's parent) exited during start-up; "
+                f"this rank was orphaned and stops")
+
+    return check
