@@ -42,7 +42,10 @@ the parent process id: the ranks that one launcher starts on one host share
 that parent (torchrun's agent, Hydra's proxy, Open MPI's daemon,
 slurmstepd, ``ringlet run`` itself), and two jobs on a host do not.  The
 key is derived from public information: it is only a meeting point, never a
-secret, and nothing may be protected by knowing it.
+secret, and nothing may be protected by knowing it.  Rank 0 listens at an
+address named after it (:func:`ringlet.startup.rendezvous_name`); what the
+ranks trust is the user of the process at the other end of that socket,
+checked by the kernel, never the name (see :mod:`ringlet.startup`).
 """
 
 from __future__ import annotations
