@@ -15,7 +15,7 @@ writing waits for it, so reductions happen in the same order on every run).
 
 Reductions compute ``dst = dst (op) src`` with the kernel they are given, or,
 for steps marked ``src_first``, ``dst = src (op) dst``: the kernel runs on a
-copy of ``src`` in a small scratch block, then the block is copied back.
+copy of ``src`` in a scratch buffer, which is then copied back.
 
 With ``RINGLET_DEBUG=TRACE`` (the ``ringlet`` logger at DEBUG) every round this
 rank runs is logged: its steps' kinds, peers and bytes, and the time it took.
@@ -110,33 +110,29 @@ def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
 
 class SrcFirst:
     """``dst = src (op) dst`` from an in-place kernel ``reduce(dst, src)`` (``dst = dst
-    (op) src``): the kernel runs on a copy of ``src``, one scratch block at a time.
+    (op) src``): the kernel runs on a copy of ``src`` in a scratch buffer, which is
+    then copied back.
 
-    One scratch area (two 64 KiB blocks) is allocated per collective call that needs
-    it, none per step.  The result must be bit for bit what a partner computes with
-    one ``reduce(dst, src)`` call on the swapped operands, and numpy's kernels treat
-    an element differently (SIMD body, scalar tail, short-call path) depending on
-    the call's length; so blocks hold a power-of-two number of elements (at least
-    4096: a multiple of every SIMD width) and the remainder joins the last block
-    (never a short call after a long one).
+    It makes exactly one kernel call, over the whole range, as the partner's
+    ``reduce(dst, src)`` on the swapped operands does: numpy's and torch's kernels
+    treat an element differently by its place in the call (SIMD body, scalar
+    tail, short-call path, each thread's share), so the same operands only give
+    the same bits in calls of the same shape.  The scratch grows to the largest
+    range it is given and is kept for the rest of the collective call: one
+    allocation per call, none per step.
     """
-
-    BLOCK_BYTES = 1 << 16
 
     def __init__(self, reduce: Reducer) -> None:
         self.reduce = reduce
-        self.scratch = np.empty(2 * self.BLOCK_BYTES, np.uint8)
+        self.scratch = np.empty(0, np.uint8)
 
     def __call__(self, dst: np.ndarray, src: np.ndarray) -> None:
-        step, size, lo = self.BLOCK_BYTES // dst.itemsize, dst.size, 0
-        while lo < size:
-            hi = lo + step if size - lo >= 2 * step else size
-            d = dst[lo:hi]
-            t = self.scratch[:d.size * dst.itemsize].view(dst.dtype)
-            t[...] = src[lo:hi]
-            self.reduce(t, d)
-            d[...] = t
-            lo = hi
+        if self.scratch.size < dst.nbytes:
+            self.scratch = np.empty(dst.nbytes, np.uint8)
+        t = self.scratch[:dst.nbytes].view(dst.dtype)
+        t[...] = src
+        self.reduce(t, dst)
+        dst[...] = t
 
 
 def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarray],
