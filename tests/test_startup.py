@@ -197,8 +197,9 @@ def _kill_rank(size: int, victim: int, wait: float, **extra: str) -> list[dict[s
                               stderr=subprocess.PIPE, text=True,
                               env=_env(**_torch_vars(r, size, run_id), **extra))
              for r in range(size)]
-    assert procs[victim].stdout is not None
-    first = json.loads(procs[victim].stdout.readline())
+    out = procs[victim].stdout
+    assert out is not None
+    first = json.loads(out.readline())
     time.sleep(wait)
     procs[victim].kill()
     outs = [p.communicate(timeout=LIMIT)[0] for p in procs]
@@ -452,3 +453,14 @@ def test_a_program_handler_is_left_alone() -> None:
     finally:
         signal.signal(signal.SIGHUP, old)
 
+
+
+def test_rendezvous_names_are_digests() -> None:
+    from ringlet.startup import _job_rendezvous_name
+
+    job = secrets.token_hex(16)
+    name = _job_rendezvous_name(job)
+    assert name.startswith("ringlet-rdv-") and job not in name   # listed in /proc/net/unix
+    assert name != _job_rendezvous_name(secrets.token_hex(16))
+    key = detect(_torch_vars(0, 2, "none"), ppid=4242).rendezvous_key
+    assert rendezvous_name(key) == rendezvous_name(key) != name

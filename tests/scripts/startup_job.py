@@ -57,13 +57,13 @@ if str(info.rank) in os.environ.get("STARTUP_STALL", "").split(","):
 
     ShmTransport._map_peers = _stall  # type: ignore[method-assign]
 extra = _per_rank("STARTUP_SETTINGS").get(info.rank)
-overrides = {}
+overrides: dict[str, object] = {}
 if extra:
     name, _, value = extra.partition("=")
     overrides[name] = int(value)
 start = time.monotonic()
 try:
-    comm = ringlet.init(settings=Settings.from_env(**overrides))
+    comm = ringlet.init(settings=Settings.from_env().replace(**overrides))
 except ringlet.RingletError as exc:
     print(json.dumps({"rank": info.rank, "error": type(exc).__name__, "message": str(exc),
                       "after": time.monotonic() - start}), flush=True)

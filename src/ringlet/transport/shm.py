@@ -265,8 +265,9 @@ class ShmTransport:
         signals and the launcher).  Known peer pids (``self.pids``, from the
         rendezvous) let a peer that dies before creating its segment be seen.
         On any failure this rank's segment is removed, the peers mapped so far
-        find the reason in their abort mailbox, and the segments of peers that
-        are known to have died are removed, so nothing is left in SHM_DIR.
+        find the reason in their abort mailbox, and the segments of the peers
+        whose pids are known are removed too (a peer's mapping outlives its
+        name; a peer that dies without cleaning up leaves nothing).
         """
         os.makedirs(SHM_DIR, mode=0o700, exist_ok=True)
         mine = self.path(self.rank)
@@ -304,9 +305,11 @@ class ShmTransport:
                     peer[a + 16:a + 16 + len(data)] = data
                     peer[a + 8:a + 16] = len(data).to_bytes(8, "little")
                     peer[a:a + 8] = kind.to_bytes(8, "little")
-            # a peer that died (SIGKILL) before unlinking its segment leaves it to us
+            # the start-up failed for every rank (it is all or nothing), so remove the
+            # segments of every known peer too: one that dies now (SIGKILL, e.g. from a
+            # launcher reacting to this rank's exit) cannot remove its own
             for q in range(self.size):
-                if q != self.rank and self.pids[q] and not _pid_alive(self.pids[q]):
+                if q != self.rank and self.pids[q]:
                     with contextlib.suppress(OSError, RingletError):
                         pfd = _open_private(self.path(q), os.O_RDONLY, "")
                         try:
