@@ -43,7 +43,8 @@ Start-up guarantees
   proxies do when mpiexec dies) leaves nothing.  Segments exist only from
   the moment every rank has arrived until every peer has mapped them (a few
   milliseconds); on any failure in that window a rank removes its own
-  segment and the segments of peers it knows are dead.  SIGTERM, SIGINT and
+  segment and its peers' (start-up is all or nothing, and a peer killed
+  with SIGKILL cannot remove its own).  SIGTERM, SIGINT and
   SIGHUP arriving during :func:`init` (when their handler is the default)
   are held until the clean-up has run, then delivered as usual (the
   process still dies of the signal).  Only SIGKILL inside those few
