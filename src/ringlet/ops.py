@@ -159,10 +159,10 @@ def _complex_prod(dst: np.ndarray, src: np.ndarray) -> None:
     """dst *= src for complex buffers, bit-for-bit commutative.
 
     numpy's complex multiply may fuse a multiply and an add (FMA), which makes
-    ``a * b`` and ``b * a`` differ in the last bit; algorithms where partners
-    reduce in opposite orders (recursive doubling) would then leave ranks with
-    different bits.  Separate real multiplies and adds are commutative.
-    """
+    ``a * b`` and ``b * a`` differ in the last bit.  Schedules now give every
+    rank the same operand order (``src_first`` steps), so this is a second line
+    of defence: a product is the same whichever operand a schedule puts first.
+"""
     ar, ai = dst.real.copy(), dst.imag.copy()
     br, bi = src.real, src.imag
     dst.real = ar * br - ai * bi
