@@ -162,7 +162,7 @@ def _complex_prod(dst: np.ndarray, src: np.ndarray) -> None:
     ``a * b`` and ``b * a`` differ in the last bit.  Schedules now give every
     rank the same operand order (``src_first`` steps), so this is a second line
     of defence: a product is the same whichever operand a schedule puts first.
-"""
+    """
     ar, ai = dst.real.copy(), dst.imag.copy()
     br, bi = src.real, src.imag
     dst.real = ar * br - ai * bi
