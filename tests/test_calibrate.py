@@ -189,9 +189,9 @@ def test_plan_sizes_fall_in_the_two_regimes() -> None:
 
 
 def test_fused_paths_mirror_the_communicator() -> None:
-    from ringlet import comm
+    from ringlet import agreement, comm
 
-    names = {comm._POST: "post", comm._STAGE: "staged"}
+    names = {agreement.POST: "post", agreement.STAGE: "staged"}
     assert FUSED == {k: names[v] for k, v in comm._FUSED.items()}
     paths = Paths(post_bytes=4096)
     assert path_of("all_reduce", "oneshot", 4096, paths) == "post"
