@@ -21,7 +21,7 @@ def test_defaults() -> None:
     assert s.shm_slot_bytes == 256 << 10
     assert s.shm_slots == 4
     assert s.grace == 3.0
-    assert s.start_method == "spawn"
+    assert s.start_method == "auto"
     assert Settings.from_env({}) == s
 
 
@@ -89,7 +89,7 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
     ({"RINGLET_SHM_SLOT_BYTES": "4100"}, r"shm_slot_bytes must be a multiple of 64"),
     ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),
     ({"RINGLET_GRACE": "-1"}, r"grace must be >= 0, got -1.0"),
-    ({"RINGLET_START_METHOD": "thread"}, r"start_method must be spawn, forkserver or fork"),
+    ({"RINGLET_START_METHOD": "thread"}, r"start_method must be auto, spawn, forkserver or fork"),
 ])
 def test_invalid_values_are_rejected(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

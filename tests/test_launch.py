@@ -356,7 +356,7 @@ def test_spawn_reports_a_failed_init_and_a_failed_close() -> None:
                                                 r">= 1, got 0"),
     (lambda: fake_spawn(spawnfns.whoami, True, 1), r"got True"),
     (lambda: fake_spawn(spawnfns.whoami, 2, 1, timeout=0), r"timeout must be > 0 seconds"),
-    (lambda: fake_spawn(lambda comm: 1, 2, settings=Settings()),
+    (lambda: fake_spawn(lambda comm: 1, 2, settings=Settings(start_method="spawn")),
      r"fn and its arguments must be picklable .* start method 'spawn'.*module level"),
     (lambda: fake_spawn(spawnfns.whoami, 2, threading.Lock(),
                         settings=Settings(start_method="forkserver")),

@@ -34,6 +34,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     (all of them if None), so ``ringlet --help`` and each subcommand start fast."""
     parser = argparse.ArgumentParser(
         prog="ringlet", description="ringlet: collective communication for Python.")
+    parser.add_argument("--version", action="version", version=f"ringlet {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (modname, help_) in COMMANDS.items():
@@ -46,6 +47,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         entry = f"main_{name}" if hasattr(mod, f"main_{name}") else "main"
         p.set_defaults(_module=modname, _entry=entry)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (the source tree's if it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringlet")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        from . import __version__
+
+        return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

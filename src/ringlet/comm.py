@@ -868,6 +868,8 @@ class Communicator:
             msg = str(exc)  # already names the rank it started on
         elif isinstance(exc, KeyboardInterrupt):
             msg = f"rank {self.rank} was interrupted (KeyboardInterrupt) in {self._current}"
+        elif isinstance(exc, RingletError):
+            msg = f"rank {self.rank} failed in {self._current}: {exc}"
         else:
             msg = f"rank {self.rank} failed in {self._current}: {type(exc).__name__}: {exc}"
         self._broken = msg

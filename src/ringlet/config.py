@@ -101,8 +101,11 @@ class Settings:
                "algorithm choice predicts times with; while the file does not exist, or "
                "with '' (no tuner), the built-in size rules choose. Every rank must read "
                "the same profile."})
-    start_method: str = field(default="spawn", metadata={
-        "doc": "multiprocessing start method of ringlet.spawn: spawn, forkserver or fork."})
+    start_method: str = field(default="auto", metadata={
+        "doc": "multiprocessing start method of ringlet.spawn: auto, spawn, forkserver or "
+               "fork. auto forks where that is safe (Linux, this process has one thread), "
+               "so that spawn works from a script without a __main__ guard, python -c, "
+               "python - and an interactive session; else spawn."})
 
     def __post_init__(self) -> None:
         for name in ("timeout", "init_timeout"):
@@ -125,9 +128,9 @@ class Settings:
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.start_method not in ("spawn", "forkserver", "fork"):
-            raise ConfigError(
-                f"start_method must be spawn, forkserver or fork, got {self.start_method!r}")
+        if self.start_method not in ("auto", "spawn", "forkserver", "fork"):
+            raise ConfigError(f"start_method must be auto, spawn, forkserver or fork, got "
+                              f"{self.start_method!r}")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some settings changed (validated like the original)."""

@@ -35,10 +35,11 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing import connection, get_context
+from multiprocessing import connection, get_all_start_methods, get_context, process
 from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import IO, Any
@@ -63,9 +64,13 @@ _Report = tuple[Any, ...]  # ("ok", result) or ("error", type name, message, tra
 class _Child(abc.ABC):
     """One started rank as the supervisor sees it: a sentinel, an exit code, signals."""
 
-    def __init__(self, rank: int, sentinel: int | None) -> None:
+    #: True if the process leads its own process group (the watchdog kills the group)
+    leads_group = False
+
+    def __init__(self, rank: int, sentinel: int | None, pid: int) -> None:
         self.rank = rank
         self.sentinel = sentinel  # a descriptor that becomes readable when the process ends
+        self.pid = pid
 
     @abc.abstractmethod
     def exitcode(self) -> int | None:
@@ -86,8 +91,9 @@ class _PopenChild(_Child):
             fd: int | None = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
             fd = None
-        super().__init__(rank, fd)
+        super().__init__(rank, fd, popen.pid)
         self.popen = popen
+        self.leads_group = True   # ringlet run starts every rank in a group of its own
 
     def exitcode(self) -> int | None:
         return self.popen.poll()
@@ -103,7 +109,7 @@ class _PopenChild(_Child):
 
 class _ProcessChild(_Child):
     def __init__(self, rank: int, process: BaseProcess) -> None:
-        super().__init__(rank, process.sentinel)
+        super().__init__(rank, process.sentinel, process.pid or 0)
         self.process = process
 
     def exitcode(self) -> int | None:
@@ -136,6 +142,10 @@ class _Outcome:
     first_failed: int | None = None
     interrupted: int = 0                 # the signal the launcher received and forwarded
     timed_out: tuple[int, ...] = ()      # ranks still running at the timeout
+    #: ranks that were stopped (SIGSTOP, a debugger) when the first rank failed
+    frozen: tuple[int, ...] = ()
+    #: the last exception each rank printed (``ringlet run`` reads the ranks' stderr)
+    reasons: dict[int, str] = field(default_factory=dict)
     timeout: float | None = None
 
     @property
@@ -165,7 +175,8 @@ class _Outcome:
             code = "" if e.code == -e.signal_sent else f" ({_code_text(e.code)})"
             return f"{e.stopped_by}{code}"
         if rank == self.first_failed:
-            return f"failed first ({_code_text(e.code)})"
+            why = self.reasons.get(rank)
+            return f"failed first ({_code_text(e.code)}{': ' + why if why else ''})"
         if e.code == 0:
             return "finished (exit code 0)"
         return f"then exited on {{its}} own ({_code_text(e.code)})"
@@ -173,6 +184,10 @@ class _Outcome:
     def summary(self) -> str:
         """One line: the events, then every other rank's ending, grouped."""
         head = []
+        if self.frozen:
+            one = len(self.frozen) == 1
+            head.append(f"{_ranks(self.frozen)} {'was' if one else 'were'} stopped (SIGSTOP or "
+                        f"a debugger) while the others waited for {'it' if one else 'them'}")
         if self.first_failed is not None:
             head.append(f"rank {self.first_failed} {self.how(self.first_failed)}")
         if self.interrupted:
@@ -230,6 +245,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
             out.endings[rank] = _Ending(code, *stops.get(rank, ("", 0)))
             if code != 0 and not event:
                 out.first_failed, event = rank, True
+                out.frozen = tuple(r for r, c in sorted(live.items()) if _stopped(c))
                 stop_at = now + grace
         for sig in interrupts.take() if interrupts is not None else ():
             if not out.interrupted:
@@ -285,19 +301,101 @@ def _stop(children: Sequence[_Child]) -> None:
             return
 
 
+class _Watchdog:
+    """The job's watchdog process (:mod:`ringlet._reaper`): if this launcher dies, however
+    it dies, the watchdog kills the ranks and removes the job's shared-memory files.
+
+    It reads the ranks' pids from a pipe whose write end only this process holds;
+    the pipe's end without a final ``done`` is how it learns that the launcher died.
+    Started in its own session, so that the terminal's Ctrl-C is the launcher's to
+    handle.  If it cannot be started the job runs without it (a warning says so).
+    """
+
+    def __init__(self, job_id: str) -> None:
+        from .transport.shm import SHM_DIR
+
+        self.proc: subprocess.Popen[bytes] | None = None
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", script, job_id, SHM_DIR], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                close_fds=True)
+        except OSError as exc:  # pragma: no cover - no interpreter to start
+            warnings.warn(f"ringlet: no watchdog for job {job_id} ({exc}): if this process "
+                          f"is killed, its ranks may outlive it", RuntimeWarning, stacklevel=3)
+
+    @property
+    def fd(self) -> int | None:
+        """The write end of the watchdog's pipe (a forked rank must close its copy)."""
+        if self.proc is None or self.proc.stdin is None:
+            return None
+        return self.proc.stdin.fileno()
+
+    def watch(self, pid: int, group: bool) -> None:
+        self._say(f"pid {pid} {int(group)}\n")
+
+    def done(self) -> None:
+        """The job is over (every rank ended, files removed): the watchdog exits quietly."""
+        if self.proc is None:
+            return
+        self._say("done\n")
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - it only reads a pipe
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def _say(self, line: str) -> None:
+        if self.proc is None or self.proc.stdin is None:
+            return
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except OSError:  # the watchdog is gone: the job goes on without it
+            self.proc = None
+
+
+#: write ends of the running jobs' watchdog pipes: a forked rank inherits them and closes
+#: them first, or the watchdog would not see the pipe end when the launcher dies
+_WATCHDOG_FDS: set[int] = set()
+
+
+class _Children(list[_Child]):
+    """The job's children; each one appended is also handed to the watchdog."""
+
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def append(self, child: _Child) -> None:
+        super().append(child)
+        self.watchdog.watch(child.pid, child.leads_group)
+
+
 @contextmanager
 def _job(job_id: str) -> Iterator[list[_Child]]:
-    """The children of one job: on the way out, stop any still running, free, clean /dev/shm."""
-    children: list[_Child] = []
+    """The children of one job: on the way out, stop any still running, free, clean /dev/shm.
+
+    A watchdog process does the same if this process dies first."""
+    watchdog = _Watchdog(job_id)
+    children = _Children(watchdog)
+    if watchdog.fd is not None:
+        _WATCHDOG_FDS.add(watchdog.fd)
     try:
         yield children
     finally:
+        _WATCHDOG_FDS.discard(watchdog.fd)
         try:
             _stop(children)
         finally:
             for c in children:
                 c.close()
             _remove_segments(job_id)
+            watchdog.done()
 
 
 def _remove_segments(job_id: str) -> None:
@@ -408,23 +506,37 @@ def main_run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + _DRAIN
     for pump in pumps:  # a rank's grandchildren may hold its pipes open: do not wait for them
         pump.join(max(0.0, deadline - time.monotonic()))
+    for rank, pump in enumerate(pumps[1::2]):  # the stderr pumps, in rank order
+        if pump.error:
+            outcome.reasons[rank] = pump.error
     if not outcome.ok:
         print(f"ringlet run: {outcome.summary()}", file=sys.stderr, flush=True)
     return outcome.exit_code
 
 
 class _Pump(threading.Thread):
-    """Copy a rank's output to the launcher's, each line whole and prefixed with ``[rank] ``."""
+    """Copy a rank's output to the launcher's, each line whole and prefixed with ``[rank] ``.
+
+    On the rank's stderr it also remembers the last exception the rank printed
+    (the line that ends a traceback), which the launcher's summary quotes.
+    """
 
     def __init__(self, src: IO[bytes], dst: IO[bytes], prefix: bytes,
                  lock: threading.Lock) -> None:
         super().__init__(daemon=True, name=f"ringlet-pump-{prefix.decode().strip()}")
         self.src, self.dst, self.prefix, self.lock = src, dst, prefix, lock
+        self.error = ""
 
     def run(self) -> None:
         broken = False  # the launcher's output is gone: keep draining so the rank never blocks
+        in_traceback = False
         with self.src:
             for line in iter(self.src.readline, b""):
+                if line.startswith(b"Traceback (most recent call last):"):
+                    in_traceback = True
+                elif in_traceback and line.strip() and not line[:1].isspace():
+                    in_traceback = False
+                    self.error = line.decode(errors="replace").strip()[:400]
                 if broken:
                     continue
                 if not line.endswith(b"\n"):
@@ -490,9 +602,18 @@ def spawn(fn: Callable[..., Any], nranks: int, *args: Any, settings: Settings | 
     """Run ``fn(comm, *args)`` on ``nranks`` local processes; return the results in rank order.
 
     Each process joins a fresh job with :func:`ringlet.init` and gets its
-    world communicator.  ``fn``, ``args`` and the results travel by pickle,
-    so with the ``spawn`` and ``forkserver`` start methods
-    (``settings.start_method``) ``fn`` must be defined at module level.
+    world communicator.  The results travel by pickle.  With the default start
+    method (``settings.start_method="auto"``) the ranks are forked where that
+    is safe (Linux, no other Python thread running: see :func:`start_method`),
+    so ``fn`` may be defined anywhere: in a script without an
+    ``if __name__ == "__main__":`` guard, in ``python -c``, ``python -`` or an
+    interactive session.  With ``spawn`` or ``forkserver`` (and ``auto``
+    elsewhere) ``fn`` and ``args`` are pickled and ``fn`` must be importable:
+    defined at module level, in a script whose call to spawn is under the
+    ``__main__`` guard; where that cannot work spawn says so.
+
+    If the calling process is killed, however it is killed, a watchdog
+    process kills the ranks and removes their shared memory.
 
     If a rank fails, the others get the grace period (``settings.grace``)
     to fail on their own, then are stopped, and :class:`SpawnError` is
@@ -523,7 +644,9 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    ctx = get_context(settings.start_method)
+    method = start_method(settings)
+    ctx = get_context(method)
+    _check_bootstrap(fn, method)
     job_id = secrets.token_hex(16)
     reports: dict[int, _Report] = {}
     rank_of: dict[connection.Connection, int] = {}
@@ -555,7 +678,7 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
                         raise
                     raise ArgumentError(
                         f"spawn: fn and its arguments must be picklable to reach processes "
-                        f"started with start method {settings.start_method!r} "
+                        f"started with start method {method!r} "
                         f"({type(exc).__name__}: {exc}); define fn at module level (not a "
                         f"lambda or a nested function)") from None
                 finally:
@@ -569,10 +692,54 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
         finally:
             for conn in rank_of:
                 conn.close()
-    return _results(outcome, reports)
+    return _results(outcome, reports, method)
 
 
-def _results(outcome: _Outcome, reports: dict[int, _Report]) -> list[Any]:
+def start_method(settings: Settings) -> str:
+    """The multiprocessing start method :func:`spawn` uses: ``settings.start_method``, with
+    ``auto`` resolved.
+
+    ``auto`` forks where that is safe: on Linux, while this process runs no
+    Python thread but the main one (forking while another thread holds a lock,
+    the logging module's say, would copy the lock held forever).  Native
+    worker threads (OpenBLAS, which numpy starts at import, and torch's
+    OpenMP pool) handle fork themselves.  Forked ranks need nothing
+    re-imported, so a function defined in a script without a ``__main__``
+    guard, in ``python -c``, ``python -`` or an interactive session works.
+    Otherwise ``auto`` is ``spawn``.
+    """
+    method = settings.start_method
+    if method != "auto":
+        return method
+    if sys.platform.startswith("linux") and "fork" in get_all_start_methods() and \
+            threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
+def _check_bootstrap(fn: Callable[..., Any], method: str) -> None:
+    """Raise a clear error where spawn/forkserver ranks cannot work (see :func:`spawn`)."""
+    if method == "fork":
+        return
+    if process.current_process().name != "MainProcess" and \
+            getattr(process.current_process(), "_inheriting", False):
+        raise SpawnError(
+            "ringlet.spawn was called while a new rank was importing your main module: the "
+            "ranks of start method 'spawn' re-import it, so the call to ringlet.spawn must be "
+            "under `if __name__ == \"__main__\":` (or set start_method='fork')")
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise SpawnError(
+            f"ringlet.spawn cannot start {getattr(fn, '__qualname__', fn)!r} with start method "
+            f"{method!r}: it is defined in an interactive session, `python -c` or `python -`, "
+            f"which new processes cannot import. This process has several threads, so "
+            f"ringlet does not fork it by itself: define the function in a module (a .py "
+            f"file you import), or pass settings=ringlet.Settings(start_method='fork') if "
+            f"no other thread holds a lock while you call spawn")
+
+
+def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork"
+             ) -> list[Any]:
     """The ranks' results in order, or the SpawnError that describes every failed rank."""
     failures: dict[int, str] = {}
     details: dict[int, str] = {}
@@ -601,6 +768,11 @@ def _results(outcome: _Outcome, reports: dict[int, _Report]) -> list[Any]:
         head.append(f"{len(failures)} of {outcome.nranks} ranks failed")
     order = sorted(failures, key=lambda r: (r != first, r))
     lines = [f"ringlet.spawn: {'; '.join(head)}:"] + [f"  rank {r}: {failures[r]}" for r in order]
+    if method != "fork" and all(r not in reports for r in order):
+        lines.append(
+            f"no rank got as far as reporting: with start method {method!r} every rank first "
+            f"re-imports the main module and unpickles fn; their output above says why (a "
+            f"call to ringlet.spawn in a script must be under `if __name__ == \"__main__\":`)")
     shown = next((r for r in order if r in details), None)
     if shown is not None:
         lines.append(f"traceback of rank {shown} (all of them in SpawnError.details):")
@@ -618,6 +790,10 @@ def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size
     it exits with status 1 (``SystemExit``) after reporting a failure, so
     the supervisor sees the failure as soon as the process ends.
     """
+    for fd in list(_WATCHDOG_FDS):  # forked: this copy would keep the watchdog's pipe open
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _WATCHDOG_FDS.clear()
     try:
         comm = init(settings=settings, rank=rank, size=size, job_id=job_id)
     except BaseException as exc:
@@ -664,6 +840,16 @@ def _failure(exc: BaseException, context: str = "") -> _Report:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _stopped(child: _Child) -> bool:
+    """True if the child is stopped (state T: SIGSTOP, or traced by a debugger)."""
+    try:
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"T", b"t")
 
 
 def _check_nranks(n: object, name: str) -> int:

@@ -226,9 +226,11 @@ def run_ringlet(job: Job, settings: Settings, timeout: float, progress: Progress
     """ringlet's sweep on ``job.nranks`` ranks started by :func:`ringlet.spawn`."""
     from multiprocessing import get_context
 
-    from ..launch import spawn
+    from ..launch import spawn, start_method
     from .suite import run_rank
 
+    # one method for the queue and the ranks (the watcher thread would change auto's answer)
+    settings = settings.replace(start_method=start_method(settings))
     q = get_context(settings.start_method).SimpleQueue()
 
     def follow() -> None:

@@ -1,0 +1,97 @@
+"""The launcher's watchdog: when ``ringlet run`` or a ``ringlet.spawn`` parent dies, its ranks go.
+
+``ringlet run`` and :func:`ringlet.spawn` start this script (by its path, so
+that it imports nothing of ringlet, numpy included) with a pipe as its
+standard input, whose write end only the launcher holds.  The launcher writes
+one line per rank it starts (``pid PID GROUP``, GROUP 1 if the rank leads its
+own process group) and ``done`` when the job is over.  If the pipe reaches its
+end without ``done``, the launcher died, however it died (SIGKILL included):
+the watchdog SIGKILLs every rank still running (its process group where it
+leads one), waits until they are gone, and removes every file the job left in
+the shared-memory directory (``ringlet-<job id>-*`` owned by this user).
+
+Usage: ``python _reaper.py JOB_ID SHM_DIR`` (the launcher's business only).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+#: seconds to wait for killed ranks to be gone before removing their files anyway
+GONE_WITHIN = 2.0
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    if fields[:1] in ([b"Z"], [b"X"]):
+        return None
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _kill(pid: int, group: bool, started: str | None) -> None:
+    if started is None or _start_time(pid) != started:
+        return  # gone, or the pid now belongs to another process
+    try:
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove(job_id: str, shm_dir: str) -> None:
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return
+    uid = os.geteuid()
+    for name in names:
+        if not name.startswith(f"ringlet-{job_id}-"):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            if os.lstat(path).st_uid == uid:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    job_id, shm_dir = argv[1], argv[2]
+    if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
+        return 2
+    # the terminal's Ctrl-C is the launcher's to handle, not this process's
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ranks: list[tuple[int, bool, str | None]] = []
+    done = False
+    for line in sys.stdin.buffer:
+        words = line.split()
+        if words[:1] == [b"pid"] and len(words) == 3:
+            pid = int(words[1])
+            ranks.append((pid, words[2] == b"1", _start_time(pid)))
+        elif words == [b"done"]:
+            done = True
+    if done:
+        return 0
+    for pid, group, started in ranks:
+        _kill(pid, group, started)
+    deadline = time.monotonic() + GONE_WITHIN
+    while time.monotonic() < deadline and any(
+            _start_time(pid) == started and started is not None for pid, _, started in ranks):
+        time.sleep(0.01)
+    _remove(job_id, shm_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
