@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ringlet.procs import alive
 from ringlet.transport.shm import SHM_DIR
 
 _ENV = {**os.environ, "RINGLET_TIMEOUT": "20", "RINGLET_INIT_TIMEOUT": "20"}
@@ -51,23 +52,13 @@ _SPAWN_PARENT = textwrap.dedent("""
 """)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
-
-
 def _wait_gone(pids: list[int], within: float) -> list[int]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        alive = [p for p in pids if not _gone(p)]
-        if not alive:
+        if not any(alive(p) for p in pids):
             return []
         time.sleep(0.02)
-    return [p for p in pids if not _gone(p)]
+    return [p for p in pids if alive(p)]
 
 
 def _files_of(job: str) -> list[str]:

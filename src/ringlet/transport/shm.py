@@ -32,6 +32,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from ..procs import alive
 from ..wait import Waiter
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
@@ -212,24 +213,6 @@ def oversubscribed(settings: Settings, nranks: int) -> Settings:
     return settings.replace(spin_us=0.0) if nranks > cores else settings
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
-
-
 class ShmTransport:
     """Channels between the ranks of one communicator on one host."""
 
@@ -355,7 +338,7 @@ class ShmTransport:
                 if check is not None:
                     check()
                 for q in pending:
-                    if self.pids[q] and not _pid_alive(self.pids[q]):
+                    if self.pids[q] and not alive(self.pids[q]):
                         raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up, "
                                         f"before creating its shared-memory segment")
                 if time.monotonic() > deadline:
@@ -418,7 +401,7 @@ class ShmTransport:
             if check is not None:
                 check()
             for q in missing:
-                if self.pids[q] and not _pid_alive(self.pids[q]):
+                if self.pids[q] and not alive(self.pids[q]):
                     raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up")
             if time.monotonic() > deadline:
                 raise CommTimeoutError(
@@ -551,7 +534,7 @@ class ShmTransport:
                     f"rank {q} closed the communicator (or its program ended) while "
                     f"{what or self.describe()} waited for it: every rank must make the "
                     f"same calls")
-            if not _pid_alive(self.pids[q]):
+            if not alive(self.pids[q]):
                 if self.closed(q):
                     continue  # closed between the two checks: reported next time
                 raise PeerError(
