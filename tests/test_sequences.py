@@ -307,7 +307,7 @@ def _spawned_thread_owner(c: ringlet.Communicator) -> list[float]:
     return box
 
 
-@pytest.mark.parametrize("n", [2, 3], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("n", SEQ_SIZES, ids=lambda n: f"N{n}")
 def test_second_thread_is_refused_and_the_calls_stay_in_step(n: int) -> None:
     out = ringlet.spawn(_thread_job, n, settings=ringlet.Settings(timeout=20))
     for r, res in enumerate(out):
@@ -353,10 +353,12 @@ _INTERRUPT = textwrap.dedent("""
 """)
 
 
-def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: Any) -> None:
+@pytest.mark.parametrize("n", [2, 5], ids=lambda n: f"N{n}")
+def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: Any,
+                                                                     n: int) -> None:
     script = tmp_path / "interrupt.py"
     script.write_text(_INTERRUPT)
-    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--grace", "10",
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), "--grace", "10",
                         str(script)], capture_output=True, text=True, timeout=60,
                        env={**__import__("os").environ, "RINGLET_TIMEOUT": "20"})
     out = p.stdout + p.stderr
