@@ -6,6 +6,7 @@ launcher, a file left in the shared-memory directory or a hang fails it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,7 +43,7 @@ _SPAWN_PARENT = textwrap.dedent("""
 
     def body(comm, path, delay):
         with open(f"{path}.{comm.rank}", "w") as f:
-            f.write(str(os.getpid()))
+            f.write(f"{os.getpid()} {comm.job_id}")
         time.sleep(delay)
         return comm.rank
 
@@ -59,6 +60,15 @@ def _wait_gone(pids: list[int], within: float) -> list[int]:
             return []
         time.sleep(0.02)
     return [p for p in pids if alive(p)]
+
+
+def _assert_gone(pids: list[int], within: float = 2.0) -> None:
+    """Fail if any of ``pids`` still runs after ``within`` s (then SIGKILL it: no leftovers)."""
+    alive = _wait_gone(pids, within)
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert alive == [], f"processes {alive} still run {within:g} s after their launcher died"
 
 
 def _files_of(job: str) -> list[str]:
@@ -107,26 +117,103 @@ def _run(script: Path, *args: str, n: int = 3) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, env=_ENV)
 
 
-@pytest.mark.parametrize("during", ["running", "start-up"])
-def test_kill_9_of_ringlet_run_takes_the_ranks_and_their_files(tmp_path: Path,
-                                                                 during: str) -> None:
+def _children(pid: int) -> dict[int, str]:
+    """``pid``'s child processes and their command lines, from /proc."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat[stat.rfind(b")") + 2:].split()[1]) == pid:
+            found[int(entry)] = cmdline
+    return found
+
+
+def _kill_watchdog(launcher: int) -> None:
+    """SIGKILL the launcher's watchdog (``ringlet._reaper``), so only the kernel is left."""
+    dogs = [pid for pid, cmd in _children(launcher).items() if "_reaper.py" in cmd]
+    assert len(dogs) == 1, _children(launcher)
+    os.kill(dogs[0], signal.SIGKILL)
+    _assert_gone(dogs)
+
+
+@pytest.mark.parametrize("during,n", [("running", 2), ("running", 4), ("start-up", 3)])
+def test_kill_9_of_ringlet_run_takes_the_ranks_and_their_files(tmp_path: Path, during: str,
+                                                                 n: int) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(_SLEEPER)
     args = ["30"] if during == "start-up" else []
-    proc = _run(script, *args)
+    proc = _run(script, *args, n=n)
     out = _Output(proc)
-    out.wait_for("ready" if during == "running" else "pid", 3, timeout=30)
+    out.wait_for("ready" if during == "running" else "pid", n, timeout=30)
     if args:
         time.sleep(0.5)   # ranks 0 and 2 are inside ringlet.init, rank 1 sleeps before it
-    pids, job = _pids_and_job(out.wait_for("pid", 3, timeout=5))
-    assert len(pids) == 3 and job
+    pids, job = _pids_and_job(out.wait_for("pid", n, timeout=5))
+    assert len(pids) == n and job
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    assert _wait_gone(pids, 2.0) == [], "ranks outlived their launcher by 2 s"
+    _assert_gone(pids)
     deadline = time.monotonic() + 2.0
     while _files_of(job) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _files_of(job) == []
+
+
+#: each rank leaves a file in the job's name (as a rank killed in start-up leaves its
+#: segment), then waits; rank 1 sleeps before ringlet.init, so the others wait inside it
+_LITTERER = textwrap.dedent("""
+    import os, sys, time
+    import ringlet
+    from ringlet.transport.shm import SHM_DIR
+    job, rank = os.environ["RINGLET_JOB_ID"], os.environ["RANK"]
+    fd = os.open(os.path.join(SHM_DIR, f"ringlet-{job}-left{rank}"),
+                 os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.ftruncate(fd, 1 << 20)
+    print("pid", os.getpid(), "job", job, flush=True)
+    if rank == "1":
+        time.sleep(30)
+    ringlet.init()
+    time.sleep(30)
+""")
+
+
+def test_double_fault_leaves_no_file(tmp_path: Path) -> None:
+    """``ringlet run`` and a rank in start-up are both SIGKILLed: nobody is left to clean
+    up but the watchdog, which must remove every file of the job."""
+    script = tmp_path / "litterer.py"
+    script.write_text(_LITTERER)
+    proc = _run(script, n=3)
+    lines = _Output(proc).wait_for("pid", 3, timeout=30)
+    time.sleep(0.5)
+    pids, job = _pids_and_job(lines)
+    assert len(_files_of(job)) == 3
+    os.kill(pids[0], signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    _assert_gone(pids)
+    deadline = time.monotonic() + 2.0
+    while _files_of(job) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _files_of(job) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_ranks_die_with_ringlet_run_even_without_its_watchdog(tmp_path: Path) -> None:
+    """The kernel (PR_SET_PDEATHSIG, set before the rank's program runs) kills the ranks."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    proc = _run(script, "30", n=2)   # rank 1 sleeps before ringlet.init, rank 0 waits in it
+    pids, _ = _pids_and_job(_Output(proc).wait_for("pid", 2, timeout=30))
+    _kill_watchdog(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    _assert_gone(pids)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -140,25 +227,38 @@ def test_signal_to_ringlet_run_during_start_up_leaves_nothing(tmp_path: Path, si
     proc.send_signal(sig)
     proc.wait(15)
     assert proc.returncode == 128 + sig
-    assert _wait_gone(pids, 2.0) == []
+    _assert_gone(pids)
     assert _files_of(job) == []
 
 
-def test_kill_9_of_a_spawn_parent_takes_the_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["auto", "spawn", "forkserver"])
+@pytest.mark.parametrize("watchdog", ["watchdog", "no watchdog"])
+def test_kill_9_of_a_spawn_parent_takes_the_ranks(tmp_path: Path, method: str,
+                                                  watchdog: str) -> None:
+    """With its watchdog, or with only the kernel (PR_SET_PDEATHSIG) left to do it."""
+    if watchdog == "no watchdog" and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    if watchdog == "no watchdog" and method == "forkserver":
+        pytest.skip("a fork server's children keep it alive: only the watchdog stops them")
     script = tmp_path / "parent.py"
     script.write_text(_SPAWN_PARENT)
     marks = tmp_path / "pid"
     proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_ENV)
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**_ENV, "RINGLET_START_METHOD": method})
     deadline = time.monotonic() + 30
     files = [Path(f"{marks}.{r}") for r in range(3)]
     while not all(f.exists() and f.read_text() for f in files):
         assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.05)
-    pids = [int(f.read_text()) for f in files]
+    pids = [int(f.read_text().split()[0]) for f in files]
+    job = files[0].read_text().split()[1]
+    if watchdog == "no watchdog":
+        _kill_watchdog(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    assert _wait_gone(pids, 2.0) == [], "spawned ranks outlived their parent by 2 s"
+    _assert_gone(pids)
+    assert _files_of(job) == []
 
 
 # --- ringlet.spawn where people try it first -----------------------------------------------

@@ -17,6 +17,20 @@ At the end every file the job left in the shared-memory directory
 segments as soon as every rank has mapped them, so this is only the
 backstop for ranks killed during start-up.
 
+The ranks never outlive the launcher, however it dies (``kill -9``
+included), and leave no file behind:
+
+- a watchdog process (:mod:`ringlet._reaper`, :class:`_Watchdog`) holds the
+  read end of a pipe only the launcher writes to; when the pipe ends without
+  the launcher's ``done``, it SIGKILLs the ranks (``ringlet run``'s: their
+  process groups), waits until they are gone and removes the job's files;
+- on Linux the kernel also SIGKILLs each rank when the launcher dies
+  (``PR_SET_PDEATHSIG``, set before the rank runs any of the user's code:
+  ``ringlet run`` starts a rank through a few lines that set it and exec the
+  rank's program; a spawned rank sets it first thing), which holds even if
+  the watchdog itself was killed.  Not for ``forkserver`` ranks, whose parent
+  is the fork server.
+
 Each job gets a fresh ``RINGLET_JOB_ID`` of 128 random bits, which names its
 segments (see :mod:`ringlet.env`).
 """
@@ -46,6 +60,7 @@ from typing import IO, Any
 
 from .config import Settings
 from .errors import ArgumentError, RingletError, SpawnError
+from .procs import stopped
 
 #: Seconds between SIGTERM and SIGKILL when the supervisor stops a rank.
 KILL_AFTER = 1.0
@@ -245,7 +260,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
             out.endings[rank] = _Ending(code, *stops.get(rank, ("", 0)))
             if code != 0 and not event:
                 out.first_failed, event = rank, True
-                out.frozen = tuple(r for r, c in sorted(live.items()) if _stopped(c))
+                out.frozen = tuple(r for r, c in sorted(live.items()) if stopped(c.pid))
                 stop_at = now + grace
         for sig in interrupts.take() if interrupts is not None else ():
             if not out.interrupted:
@@ -362,6 +377,48 @@ class _Watchdog:
 #: write ends of the running jobs' watchdog pipes: a forked rank inherits them and closes
 #: them first, or the watchdog would not see the pipe end when the launcher dies
 _WATCHDOG_FDS: set[int] = set()
+
+#: ``prctl`` option: the signal the kernel sends a process when its parent dies
+_PR_SET_PDEATHSIG = 1
+
+#: ``ringlet run`` starts a rank (on Linux) as ``python -I -S -c _DIE_WITH_LAUNCHER LAUNCHER_PID
+#: COMMAND...``: the process asks the kernel for SIGKILL when the launcher dies (kept across
+#: exec), dies now if the launcher already has (its parent is no longer LAUNCHER_PID), then
+#: becomes COMMAND, with the same pid.  No ringlet import: it costs a few milliseconds.
+_DIE_WITH_LAUNCHER = """\
+import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, ctypes.c_ulong(9), 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os.kill(os.getpid(), 9)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing).
+
+    ``PR_SET_PDEATHSIG`` fires when the thread that started this process
+    ends, which for a rank is the launcher's thread that waits for it.  If
+    the parent died before the call (this process's parent is no longer
+    ``parent``), it is too late for the kernel: this process ends itself.
+    ``parent`` None: nothing is done.
+    The watchdog (:class:`_Watchdog`) is the other half: it also removes
+    the job's files, which a killed rank cannot.
+    """
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - no libc to call
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Children(list[_Child]):
@@ -491,8 +548,8 @@ def main_run(args: argparse.Namespace) -> int:
             pipe = None if args.no_prefix else subprocess.PIPE
             try:
                 popen = subprocess.Popen(
-                    command, env=env, stdin=_stdin_for(rank), stdout=pipe, stderr=pipe,
-                    **_own_process_group())
+                    _dying_with_me(command), env=env, stdin=_stdin_for(rank), stdout=pipe,
+                    stderr=pipe, **_own_process_group())
             except OSError as exc:
                 raise RingletError(f"could not start rank {rank} ({command[0]}): {exc}") from exc
             children.append(_PopenChild(rank, popen))
@@ -563,6 +620,13 @@ def _command(program: Sequence[str], *, module: bool) -> list[str]:
     if not os.path.exists(program[0]):
         raise ArgumentError(f"no such script: {program[0]!r} (to run a module, use -m)")
     return [sys.executable, *program]
+
+
+def _dying_with_me(command: list[str]) -> list[str]:
+    """``command``, started so that the kernel kills it when this launcher dies (Linux)."""
+    if not sys.platform.startswith("linux") or not os.path.isabs(command[0]):
+        return command
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_LAUNCHER, str(os.getpid()), *command]
 
 
 def _stdin_for(rank: int) -> int | None:
@@ -670,7 +734,8 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
                 rank_of[reader] = rank
                 process = ctx.Process(  # type: ignore[attr-defined]
                     target=_rank_main, name=f"ringlet-rank-{rank}",
-                    args=(init, fn, rank, nranks, job_id, settings, writer, args))
+                    args=(init, fn, rank, nranks, job_id, settings, writer, args,
+                          None if method == "forkserver" else os.getpid()))
                 try:
                     process.start()  # spawn and forkserver pickle fn and args here
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -782,14 +847,21 @@ def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork
 
 def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size: int,
                job_id: str, settings: Settings, conn: connection.Connection,
-               args: tuple[Any, ...]) -> None:
+               args: tuple[Any, ...], parent: int | None = None) -> None:
     """One spawned rank: init, ``fn(comm, *args)``, report, close.
+
+    The rank dies with ``parent``, the process that called :func:`spawn`
+    (:func:`_die_with_parent`).  With ``forkserver`` the rank's parent is the
+    fork server, which outlives the caller as long as any of its children
+    holds its "alive" pipe (they all do): ``parent`` is None, and only the
+    watchdog stops the ranks.
 
     The report is sent before ``comm.close()``, so the parent has it even if
     the rank is stopped while closing.  This is the process's entry point:
     it exits with status 1 (``SystemExit``) after reporting a failure, so
     the supervisor sees the failure as soon as the process ends.
     """
+    _die_with_parent(parent)
     for fd in list(_WATCHDOG_FDS):  # forked: this copy would keep the watchdog's pipe open
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -840,16 +912,6 @@ def _failure(exc: BaseException, context: str = "") -> _Report:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _stopped(child: _Child) -> bool:
-    """True if the child is stopped (state T: SIGSTOP, or traced by a debugger)."""
-    try:
-        with open(f"/proc/{child.pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"T", b"t")
 
 
 def _check_nranks(n: object, name: str) -> int:
