@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -347,6 +348,71 @@ def test_summary_blames_the_stopped_rank_and_quotes_the_error(tmp_path: Path) ->
                               "the others waited for it; rank "), summary
     assert "failed first (exit code 1: ringlet.errors.CommTimeoutError: " in summary
     assert "rank 2 did not arrive" in summary
+
+
+#: the last rank never calls a collective: the others time out waiting for it
+_ABSENT = textwrap.dedent("""
+    import time
+    import numpy as np, ringlet
+    comm = ringlet.init()
+    if comm.rank == comm.size - 1:
+        time.sleep(60)
+    comm.all_reduce(np.ones(2))
+""")
+
+
+@pytest.mark.parametrize("prefix", ["prefix", "no prefix"])
+def test_summary_quotes_the_error_that_names_the_absent_rank(tmp_path: Path,
+                                                             prefix: str) -> None:
+    """The ranks' own reports (a pipe to the launcher), not their stderr: --no-prefix too."""
+    script = tmp_path / "absent.py"
+    script.write_text(_ABSENT)
+    flags = ["--no-prefix"] if prefix == "no prefix" else []
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "4", "--grace", "1",
+                        *flags, str(script)], capture_output=True, text=True, timeout=60,
+                       env={**_ENV, "RINGLET_TIMEOUT": "2"})
+    summary = p.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"ringlet run: rank [012] failed first \(exit code 1: ringlet\.errors\.CommTimeoutError: "
+        r".*rank 3 did not arrive\..*\); .*rank 3 was stopped with SIGTERM after the 1 s "
+        r"grace period", summary), summary
+    assert p.returncode == 1
+
+
+_HANDLED = textwrap.dedent("""
+    import sys, traceback
+    import ringlet
+    try:
+        raise ValueError("handled before init")
+    except ValueError:
+        traceback.print_exc()
+    comm = ringlet.init()
+    if comm.rank == 1:
+        try:
+            raise KeyError("handled after init")
+        except KeyError:
+            traceback.print_exc()
+        if len(sys.argv) > 1:
+            sys.excepthook = sys.__excepthook__   # a hook of the user's own
+            raise RuntimeError("the real one")
+        sys.exit(5)
+""")
+
+
+@pytest.mark.parametrize("how", ["sys.exit", "own excepthook"])
+def test_summary_does_not_quote_a_handled_exception(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "handled.py"
+    script.write_text(_HANDLED)
+    args = ["raise"] if how == "own excepthook" else []
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script),
+                        *args], capture_output=True, text=True, timeout=60, env=_ENV)
+    summary = p.stderr.strip().splitlines()[-1]
+    if how == "sys.exit":     # no uncaught exception: nothing to quote
+        assert summary == "ringlet run: rank 1 failed first (exit code 5); rank 0 finished " \
+                          "(exit code 0)", p.stderr
+    else:                     # the pipe was not told: the last exception on stderr is quoted
+        assert summary == "ringlet run: rank 1 failed first (exit code 1: RuntimeError: the " \
+                          "real one); rank 0 finished (exit code 0)", p.stderr
 
 
 def test_version() -> None:

@@ -11,6 +11,11 @@ Both start N local processes and hand them to one supervisor
    later.
 3. The report says which rank failed first and how each other rank ended:
    it had already finished, it exited on its own, or it was stopped.
+   ``ringlet run`` quotes why the first failed rank failed: the uncaught
+   exception the rank reported on a private pipe once it got through
+   ``ringlet.init`` (:func:`report_uncaught`), else the last one it printed
+   on stderr; and it names the ranks that were stopped (SIGSTOP, a
+   debugger) when the first one failed, since they are the likely cause.
 
 At the end every file the job left in the shared-memory directory
 (``/dev/shm/ringlet-<job id>-*``) is removed.  The transport unlinks its
@@ -39,11 +44,13 @@ from __future__ import annotations
 
 import abc
 import argparse
+import atexit
 import contextlib
 import os
 import pickle
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -55,7 +62,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import connection, get_all_start_methods, get_context, process
 from multiprocessing.process import BaseProcess
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import IO, Any
 
 from .config import Settings
@@ -540,18 +547,25 @@ def main_run(args: argparse.Namespace) -> int:
     width = len(str(nranks - 1))
     lock = threading.Lock()
     pumps: list[_Pump] = []
-    with _Interrupts() as interrupts, _job(job_id) as children:
+    errors: list[int] = []   # read ends of the pipes the ranks write their error to
+    with _Interrupts() as interrupts, _job(job_id) as children, _closing(errors):
         for rank in range(nranks):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nranks),
                        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nranks),
                        RINGLET_JOB_ID=job_id, PYTHONUNBUFFERED="1")
             pipe = None if args.no_prefix else subprocess.PIPE
+            error_r, error_w = os.pipe()
+            errors.append(error_r)
+            os.set_blocking(error_r, False)
+            env[_ERRORS_VARIABLE] = f"{os.getpid()}:{error_w}"
             try:
                 popen = subprocess.Popen(
                     _dying_with_me(command), env=env, stdin=_stdin_for(rank), stdout=pipe,
-                    stderr=pipe, **_own_process_group())
+                    stderr=pipe, pass_fds=(error_w,), **_own_process_group())
             except OSError as exc:
                 raise RingletError(f"could not start rank {rank} ({command[0]}): {exc}") from exc
+            finally:
+                os.close(error_w)
             children.append(_PopenChild(rank, popen))
             if popen.stdout is not None and popen.stderr is not None:
                 prefix = f"[{rank:>{width}}] ".encode()
@@ -560,15 +574,102 @@ def main_run(args: argparse.Namespace) -> int:
                 pumps[-2].start()
                 pumps[-1].start()
         outcome = _supervise(children, grace=grace, interrupts=interrupts)
+        reported = {rank: why for rank, fd in enumerate(errors)
+                    if (why := _reported(fd)) is not None}
     deadline = time.monotonic() + _DRAIN
     for pump in pumps:  # a rank's grandchildren may hold its pipes open: do not wait for them
         pump.join(max(0.0, deadline - time.monotonic()))
     for rank, pump in enumerate(pumps[1::2]):  # the stderr pumps, in rank order
         if pump.error:
             outcome.reasons[rank] = pump.error
+    for rank, why in reported.items():  # what a rank said of itself outranks its stderr
+        outcome.reasons[rank] = why
+        if not why:
+            del outcome.reasons[rank]
     if not outcome.ok:
         print(f"ringlet run: {outcome.summary()}", file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+#: ``ringlet run`` -> rank: ``LAUNCHER_PID:FD``, the write end of the pipe where the rank's
+#: uncaught exception goes (:func:`report_uncaught`).  Internal, so not a ``RINGLET_`` setting.
+_ERRORS_VARIABLE = "_RINGLET_RUN_ERRORS"
+#: the longest error text the summary quotes
+_REASON_CHARS = 400
+
+
+@contextmanager
+def _closing(fds: list[int]) -> Iterator[None]:
+    """Close every descriptor in ``fds`` (as it is when the block ends)."""
+    try:
+        yield
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _reported(fd: int) -> str | None:
+    """What a rank wrote to its errors pipe ``fd`` (non-blocking): its uncaught exception,
+    '' if it had none, None if it never said (it did not get through ``ringlet.init``)."""
+    data = b""
+    with contextlib.suppress(OSError):   # BlockingIOError: nothing more for now
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    lines = data.decode(errors="replace").splitlines()
+    errors = [ln[len("error "):].strip() for ln in lines if ln.startswith("error ")]
+    if errors:
+        return errors[-1]
+    states = [ln for ln in lines if ln in ("watching", "unwatched")]
+    return "" if states[-1:] == ["watching"] else None
+
+
+def report_uncaught() -> None:
+    """In a rank of ``ringlet run``: have its uncaught exception reported to the launcher.
+
+    :func:`ringlet.init` calls this.  Chains a :data:`sys.excepthook` that
+    writes the exception's type and message, on one line, to the pipe the
+    launcher gave this process (then does what the previous hook did), so
+    that the launcher's summary quotes why the first failed rank failed,
+    with or without ``--no-prefix``.  It first writes ``watching``: from then
+    on the launcher trusts the pipe alone (a rank that printed a traceback it
+    handled, then called ``sys.exit(1)``, had no uncaught exception), where
+    before it can only quote the last exception the rank printed; and so
+    again if at exit another hook has replaced this one (``unwatched``).  Anywhere
+    else (another launcher, a process the rank started, a second call) it
+    does nothing.
+    """
+    value = os.environ.get(_ERRORS_VARIABLE, "")
+    launcher, _, fd_text = value.partition(":")
+    if getattr(sys.excepthook, "_ringlet_reports", False):
+        return
+    try:
+        if int(launcher) != os.getppid() or not stat.S_ISFIFO(os.fstat(int(fd_text)).st_mode):
+            return
+    except (ValueError, OSError):
+        return
+    fd, pid, previous = int(fd_text), os.getpid(), sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if os.getpid() == pid:   # not in a process forked from the rank
+            line = " ".join(traceback.format_exception_only(kind, exc)[0].split())
+            with contextlib.suppress(OSError, ValueError):
+                os.set_blocking(fd, False)
+                os.write(fd, b"error " + line[:_REASON_CHARS].encode(errors="replace") + b"\n")
+        previous(kind, exc, tb)
+
+    def at_exit() -> None:   # another hook replaced this one: the pipe may miss an error
+        if sys.excepthook is not hook and os.getpid() == pid:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"unwatched\n")
+
+    hook._ringlet_reports = True  # type: ignore[attr-defined]
+    try:
+        os.write(fd, b"watching\n")
+    except OSError:
+        return
+    sys.excepthook = hook
+    atexit.register(at_exit)
 
 
 class _Pump(threading.Thread):
@@ -593,7 +694,7 @@ class _Pump(threading.Thread):
                     in_traceback = True
                 elif in_traceback and line.strip() and not line[:1].isspace():
                     in_traceback = False
-                    self.error = line.decode(errors="replace").strip()[:400]
+                    self.error = line.decode(errors="replace").strip()[:_REASON_CHARS]
                 if broken:
                     continue
                 if not line.endswith(b"\n"):

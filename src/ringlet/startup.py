@@ -133,6 +133,7 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     if started is None:
         raise RingletError("start-up was interrupted")   # not reached: _redeliver raises
     job_id, t = started
+    __import__("ringlet.launch").launch.report_uncaught()  # for `ringlet run`'s summary
     return Communicator(rank, size, t, settings, job_id)
 
 
