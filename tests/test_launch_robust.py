@@ -299,6 +299,41 @@ def test_spawn_works_where_people_try_it_first(tmp_path: Path, how: str) -> None
     assert "result [3.0, 3.0]" in p.stdout, p.stdout + p.stderr
 
 
+_TORCH = textwrap.dedent("""
+    import sys
+    import torch
+    import ringlet
+
+    def total(comm):
+        x = (torch.ones(300, 300) @ torch.ones(300, 300))[0, :2].contiguous()
+        comm.all_reduce(x)
+        return x.tolist()
+
+    if sys.argv[1] == "warm":   # torch starts its OpenMP pool: a forked rank would hang in it
+        torch.ones(300, 300) @ torch.ones(300, 300)
+    if sys.argv[2] == "guard":
+        if __name__ == "__main__":
+            print("result", ringlet.spawn(total, 2))
+    else:
+        print("result", ringlet.spawn(total, 2))
+""")
+
+
+@pytest.mark.parametrize("warm,guard", [("cold", "noguard"), ("warm", "guard"),
+                                        ("warm", "noguard")])
+def test_spawn_with_torch_never_hangs(tmp_path: Path, warm: str, guard: str) -> None:
+    """auto forks only while no thread pool runs: torch's OpenMP pool does not survive fork."""
+    script = tmp_path / "withtorch.py"
+    script.write_text(_TORCH)
+    p = subprocess.run([sys.executable, str(script), warm, guard], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env=_ENV)
+    if warm == "warm" and guard == "noguard":   # spawn, which needs the guard: says so
+        assert p.returncode != 0
+        assert "ringlet did not fork: this process runs" in p.stderr, p.stderr
+    else:
+        assert "result [[600.0, 600.0], [600.0, 600.0]]" in p.stdout, p.stdout + p.stderr
+
+
 def test_spawn_method_without_guard_says_what_to_change(tmp_path: Path) -> None:
     script = tmp_path / "noguard.py"
     script.write_text(_TOTAL)

@@ -769,16 +769,19 @@ def spawn(fn: Callable[..., Any], nranks: int, *args: Any, settings: Settings | 
     Each process joins a fresh job with :func:`ringlet.init` and gets its
     world communicator.  The results travel by pickle.  With the default start
     method (``settings.start_method="auto"``) the ranks are forked where that
-    is safe (Linux, no other Python thread running: see :func:`start_method`),
-    so ``fn`` may be defined anywhere: in a script without an
-    ``if __name__ == "__main__":`` guard, in ``python -c``, ``python -`` or an
-    interactive session.  With ``spawn`` or ``forkserver`` (and ``auto``
-    elsewhere) ``fn`` and ``args`` are pickled and ``fn`` must be importable:
-    defined at module level, in a script whose call to spawn is under the
-    ``__main__`` guard; where that cannot work spawn says so.
+    is safe (Linux, no other Python thread running and no thread pool started
+    since ringlet was imported, such as torch's OpenMP pool after a torch
+    operation: see :func:`start_method`), so ``fn`` may be defined anywhere:
+    in a script without an ``if __name__ == "__main__":`` guard, in
+    ``python -c``, ``python -`` or an interactive session.  With ``spawn`` or
+    ``forkserver`` (and ``auto`` where it does not fork) ``fn`` and ``args``
+    are pickled and ``fn`` must be importable: defined at module level, in a
+    script whose call to spawn is under the ``__main__`` guard; where that
+    cannot work, spawn says so and why it did not fork.
 
-    If the calling process is killed, however it is killed, a watchdog
-    process kills the ranks and removes their shared memory.
+    If the calling process is killed, however it is killed (``kill -9``
+    included), the ranks are killed too (by the kernel on Linux, and by a
+    watchdog process, which also removes their shared memory).
 
     If a rank fails, the others get the grace period (``settings.grace``)
     to fail on their own, then are stopped, and :class:`SpawnError` is
@@ -811,7 +814,9 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
     method = start_method(settings)
     ctx = get_context(method)
-    _check_bootstrap(fn, method)
+    why = _fork_is_unsafe() if settings.start_method == "auto" else \
+        f"start method {method!r} was asked for"
+    _check_bootstrap(fn, method, why)
     job_id = secrets.token_hex(16)
     reports: dict[int, _Report] = {}
     rank_of: dict[connection.Connection, int] = {}
@@ -858,18 +863,16 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
         finally:
             for conn in rank_of:
                 conn.close()
-    return _results(outcome, reports, method)
+    return _results(outcome, reports, method, why)
 
 
 def start_method(settings: Settings) -> str:
     """The multiprocessing start method :func:`spawn` uses: ``settings.start_method``, with
     ``auto`` resolved.
 
-    ``auto`` forks where that is safe: on Linux, while this process runs no
-    Python thread but the main one (forking while another thread holds a lock,
-    the logging module's say, would copy the lock held forever).  Native
-    worker threads (OpenBLAS, which numpy starts at import, and torch's
-    OpenMP pool) handle fork themselves.  Forked ranks need nothing
+    ``auto`` forks where that is safe (:func:`_fork_is_unsafe`): on Linux,
+    while this process runs no Python thread but the main one and no more
+    native threads than when ringlet was imported.  Forked ranks need nothing
     re-imported, so a function defined in a script without a ``__main__``
     guard, in ``python -c``, ``python -`` or an interactive session works.
     Otherwise ``auto`` is ``spawn``.
@@ -877,14 +880,47 @@ def start_method(settings: Settings) -> str:
     method = settings.start_method
     if method != "auto":
         return method
-    if sys.platform.startswith("linux") and "fork" in get_all_start_methods() and \
-            threading.active_count() == 1:
-        return "fork"
-    return "spawn"
+    return "spawn" if _fork_is_unsafe() else "fork"
 
 
-def _check_bootstrap(fn: Callable[..., Any], method: str) -> None:
-    """Raise a clear error where spawn/forkserver ranks cannot work (see :func:`spawn`)."""
+def _native_threads() -> int:
+    """How many threads this process runs (/proc/self/task), 0 where that cannot be read."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+#: the process's threads when ringlet was imported: the main one, and numpy's BLAS pool
+#: (OpenBLAS re-creates its threads in a forked child).  ``ringlet/__init__`` imports
+#: numpy before this module.
+_THREADS_AT_IMPORT = _native_threads()
+
+
+def _fork_is_unsafe() -> str:
+    """Why ``auto`` must not fork this process now ('' if it may).
+
+    Forking copies only the calling thread.  A lock another Python thread
+    holds (the logging module's, say) stays held in the child forever; an
+    OpenMP pool started since ringlet was imported (torch's, by its first
+    parallel operation) is gone in the child, whose next parallel
+    operation waits for it forever.
+    """
+    if not sys.platform.startswith("linux") or "fork" not in get_all_start_methods():
+        return "fork is Linux's only here"
+    if threading.active_count() > 1:
+        return f"this process runs {threading.active_count()} Python threads"
+    now = _native_threads()
+    if now > _THREADS_AT_IMPORT:
+        return (f"this process runs {now} threads, {now - _THREADS_AT_IMPORT} more than when "
+                f"ringlet was imported (a thread pool such as torch's OpenMP one, which a "
+                f"forked process would wait for forever)")
+    return ""
+
+
+def _check_bootstrap(fn: Callable[..., Any], method: str, why: str) -> None:
+    """Raise a clear error where spawn/forkserver ranks cannot work (see :func:`spawn`);
+    ``why`` says why this method was chosen."""
     if method == "fork":
         return
     if process.current_process().name != "MainProcess" and \
@@ -898,14 +934,16 @@ def _check_bootstrap(fn: Callable[..., Any], method: str) -> None:
         raise SpawnError(
             f"ringlet.spawn cannot start {getattr(fn, '__qualname__', fn)!r} with start method "
             f"{method!r}: it is defined in an interactive session, `python -c` or `python -`, "
-            f"which new processes cannot import. This process has several threads, so "
-            f"ringlet does not fork it by itself: define the function in a module (a .py "
-            f"file you import), or pass settings=ringlet.Settings(start_method='fork') if "
-            f"no other thread holds a lock while you call spawn")
+            f"which new processes cannot import, and ringlet does not fork this process by "
+            f"itself ({why}): "
+            f"define the function in a module (a .py file you import); or call "
+            f"ringlet.spawn before starting threads or running torch operations; or pass "
+            f"settings=ringlet.Settings(start_method='fork') if no other thread holds a lock "
+            f"and no thread pool is in use while you call spawn")
 
 
-def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork"
-             ) -> list[Any]:
+def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork",
+             why: str = "") -> list[Any]:
     """The ranks' results in order, or the SpawnError that describes every failed rank."""
     failures: dict[int, str] = {}
     details: dict[int, str] = {}
@@ -938,7 +976,8 @@ def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork
         lines.append(
             f"no rank got as far as reporting: with start method {method!r} every rank first "
             f"re-imports the main module and unpickles fn; their output above says why (a "
-            f"call to ringlet.spawn in a script must be under `if __name__ == \"__main__\":`)")
+            f"call to ringlet.spawn in a script must be under `if __name__ == \"__main__\":`)"
+            f"{'; ringlet did not fork: ' + why if why else ''}")
     shown = next((r for r in order if r in details), None)
     if shown is not None:
         lines.append(f"traceback of rank {shown} (all of them in SpawnError.details):")
