@@ -437,6 +437,10 @@ def test_every_rank_hears_why_an_object_did_not_pickle() -> None:
 
 def _foreign_ops(c: ringlet.Communicator) -> list[float]:
     import torch.distributed as dist
+    import mpi4py
+
+    mpi4py.rc.initialize = False      # the op constants only: no MPI job, no MPICH files
+    mpi4py.rc.finalize = False
     from mpi4py import MPI
 
     out = []
