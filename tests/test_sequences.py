@@ -436,8 +436,8 @@ def test_every_rank_hears_why_an_object_did_not_pickle() -> None:
 
 
 def _foreign_ops(c: ringlet.Communicator) -> list[float]:
-    import torch.distributed as dist
     import mpi4py
+    import torch.distributed as dist
 
     mpi4py.rc.initialize = False      # the op constants only: no MPI job, no MPICH files
     mpi4py.rc.finalize = False
