@@ -13,7 +13,9 @@ number last).
 
 from __future__ import annotations
 
+import functools
 import zlib
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -61,6 +63,13 @@ class Desc(NamedTuple):
 COMPARED = ("collective", "op", "dtype", "elems", "root", "algorithm", "path", "shape")
 #: how a field is named in messages
 LABEL = {"elems": "count"}
+
+
+@functools.lru_cache(maxsize=4096)
+def packed(d: Desc) -> array:
+    """``d`` as the machine words a transport publishes (cached: building the array from
+    the record costs more than the rest of a small call's agreement)."""
+    return array("q", d)
 
 
 def algo_code(name: str) -> int:

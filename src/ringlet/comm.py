@@ -915,7 +915,7 @@ class Communicator:
     def _agree(self, seq: int, desc: Desc) -> None:
         """Publish this rank's descriptor and compare it with every rank's."""
         t = self._t
-        t.publish(seq, desc)
+        t.publish(seq, agreement.packed(desc))
         if self.size == 1:
             return
         got: dict[int, Desc] = {self.rank: desc}

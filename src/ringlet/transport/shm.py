@@ -443,7 +443,8 @@ class ShmTransport:
     def publish(self, seq: int, words: Sequence[int]) -> None:
         """Publish my descriptor of collective ``seq`` (the sequence number is written last)."""
         d, base = self._desc[self.rank], (seq % 2) * DESC_WORDS
-        d[base + 1:base + 1 + len(words)] = array("q", words)
+        d[base + 1:base + 1 + len(words)] = words if isinstance(words, array) else \
+            array("q", words)
         d[base] = seq
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
