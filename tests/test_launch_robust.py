@@ -72,6 +72,14 @@ def _assert_gone(pids: list[int], within: float = 2.0) -> None:
     assert alive == [], f"processes {alive} still run {within:g} s after their launcher died"
 
 
+def _assert_no_files(job: str, within: float = 2.0) -> None:
+    """No file of ``job`` in the shared-memory directory (the watchdog has ``within`` s)."""
+    deadline = time.monotonic() + within
+    while _files_of(job) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _files_of(job) == []
+
+
 def _files_of(job: str) -> list[str]:
     try:
         return [f for f in os.listdir(SHM_DIR) if f.startswith(f"ringlet-{job}-")]
@@ -160,10 +168,7 @@ def test_kill_9_of_ringlet_run_takes_the_ranks_and_their_files(tmp_path: Path, d
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     _assert_gone(pids)
-    deadline = time.monotonic() + 2.0
-    while _files_of(job) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _files_of(job) == []
+    _assert_no_files(job)
 
 
 #: each rank leaves a file in the job's name (as a rank killed in start-up leaves its
@@ -198,10 +203,7 @@ def test_double_fault_leaves_no_file(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     _assert_gone(pids)
-    deadline = time.monotonic() + 2.0
-    while _files_of(job) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _files_of(job) == []
+    _assert_no_files(job)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
