@@ -367,9 +367,7 @@ def _launch_and_signal(launcher: str, sig: signal.Signals, **extra: str) -> tupl
         seen: list[dict[str, Any]] = []
         deadline = time.monotonic() + 60
         while len(seen) < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if line.startswith('{"rank"'):
-                seen.append(json.loads(line))
+            seen.extend(_reports(proc.stdout.readline()))   # ranks' lines may be joined
         assert len(seen) == 2, seen
         pids = {r["pid"] for r in seen}
         if "STARTUP_STALL" in extra:   # wait for both segments, so the signal meets them
