@@ -65,6 +65,7 @@ from .executor import compile_program, execute
 from .ops import ReduceOp, check_op, finish_avg, reducer
 from .p2p import P2PEngine
 from .schedule import Buf
+from .transport.base import Transport
 from .transport.fused import Fused, shared_all_reduce
 from .transport.shm import SHM_DIR, ShmTransport, create_region, open_region
 from .wait import Waiter
@@ -146,7 +147,7 @@ class Communicator:
         comm.all_reduce(x)          # Rank 0, 1, 2, 3: x == [6, 6, 6, 6]
     """
 
-    def __init__(self, rank: int, size: int, transport: ShmTransport, settings: Settings,
+    def __init__(self, rank: int, size: int, transport: Transport, settings: Settings,
                  job_id: str) -> None:
         self.rank = rank
         self.size = size
@@ -176,7 +177,8 @@ class Communicator:
         #: the thread that makes this communicator's calls (see _check_thread)
         self._owner: threading.Thread | None = None
         self._owner_id = -1
-        self._fused = Fused(transport, lambda: self._current) if settings.fused else None
+        self._fused = Fused(transport, lambda: self._current) \
+            if settings.fused and isinstance(transport, ShmTransport) else None
         #: shared buffers from empty(): (start address, stop address, every rank's region)
         self._regions: list[tuple[int, int, list[np.ndarray]]] = []
         self._region_maps: list[Any] = []
@@ -507,10 +509,8 @@ class Communicator:
         members = sorted((k, r) for r, (cc, k, _) in enumerate(table) if cc == c)
         ranks = [r for _, r in members]
         token = table[ranks[0]][2]
-        t = ShmTransport(ranks.index(self.rank), len(ranks),
-                         f"ringlet-{self.job_id}-{token}", self.settings)
         try:
-            t.connect()
+            t = self._t.split(ranks, token)
         finally:
             # no rank leaves split before every group has mapped its segments
             self.barrier()
@@ -558,6 +558,8 @@ class Communicator:
             raise MismatchError(
                 "empty: ranks asked for different buffers: " + "; ".join(
                     f"rank {q}: {sp[0]} {np.dtype(sp[1]).name}" for q, sp in enumerate(spec)))
+        if not self._t.caps.shared_buffers:   # ranks on several hosts: an ordinary array
+            return np.empty(shp, dt)
         token = self.broadcast_object(secrets.token_hex(8) if self.rank == 0 else None)
         path = os.path.join(SHM_DIR, f"ringlet-{self.job_id}-buf{token}-{{}}")
         maps: list[Any] = [None] * self.size
@@ -760,8 +762,7 @@ class Communicator:
         desc = agreement.rejected(self._api or coll)
 
         def publish(seq: int) -> None:
-            self._t.set_note(seq, note)
-            self._t.publish(seq, desc)
+            self._t.publish(seq, agreement.packed(desc), note)
             self._pending_reject = seq
 
         with self._submit_lock:

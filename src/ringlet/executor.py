@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 
 from .schedule import Buf, Kind, Ref, Schedule
-from .transport.shm import RecvReq, SendReq, ShmTransport
+from .transport.base import Request, Transport
 
 Range = tuple[int, int, int]   # (buffer, first element, stop element)
 Reducer = Callable[[np.ndarray, np.ndarray], None]
@@ -135,7 +135,7 @@ class SrcFirst:
         dst[...] = t
 
 
-def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarray],
+def execute(program: Program, transport: Transport, bufs: dict[int, np.ndarray],
             reduce: Reducer | None, what: Callable[[], str]) -> None:
     """Run ``program`` on ``transport`` over the flat typed buffers ``bufs``."""
     round_no = 0
@@ -151,8 +151,8 @@ def execute(program: Program, transport: ShmTransport, bufs: dict[int, np.ndarra
             continue
         if trace:
             t0 = time.perf_counter()
-        reqs: list[SendReq | RecvReq] = []
-        recvs: list[RecvReq] = []
+        reqs: list[Request] = []
+        recvs: list[Request] = []
         for op in ops:
             if op.kind is Kind.SEND:
                 parts = [bufs[b][lo:hi] for b, lo, hi in op.src]

@@ -13,7 +13,7 @@ import numpy as np
 from .buffers import Buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE
-from .transport.shm import P2P, RecvReq, SendReq, ShmTransport
+from .transport.base import P2P, Request, Transport
 from .wait import Waiter
 from .work import Work
 
@@ -26,8 +26,11 @@ _P2P_MAGIC = 0x50325031
 class P2PEngine:
     """User point-to-point messages, on channels of their own (never mixed with collectives).
 
-    A message is a header fragment (magic, tag, bytes, dtype) followed by the
-    payload.  Receives match messages from a source in order by tag; a message
+    A message is a 64-byte header (magic, tag, bytes, dtype) followed by the
+    payload, both on the transport's P2P channel.  One header receive per
+    source is posted at a time, and the next only once the payload before it
+    has been taken in (an engine matches receives in the order they were
+    posted).  Receives match messages from a source in order by tag; a message
     that arrives before its receive is posted is kept aside (unexpected queue).
     """
 
@@ -35,10 +38,12 @@ class P2PEngine:
         self.c = comm
         n = comm.size
         self.lock = threading.RLock()
-        self.sends: list[deque[tuple[SendReq, SendReq, Work]]] = [deque() for _ in range(n)]
+        self.sends: list[deque[tuple[Request, Request, Work]]] = [deque() for _ in range(n)]
         self.posted: list[deque[tuple[Buffer, int, Work]]] = [deque() for _ in range(n)]
         self.unexpected: list[deque[tuple[int, int, np.ndarray]]] = [deque() for _ in range(n)]
-        self.active: list[tuple[RecvReq, Callable[[], None]] | None] = [None] * n
+        self.active: list[tuple[Request, Callable[[], None]] | None] = [None] * n
+        #: the posted header receive per source, and the buffer it fills
+        self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
 
     def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
         w = Work(f"send to rank {dst} (tag {tag})", dst)
@@ -46,8 +51,8 @@ class P2PEngine:
         t = self.c._t
         with self.lock:
             self.c._usable()
-            h = t.isend(dst, [hdr.view(np.uint8)], kind=P2P)
-            p = t.isend(dst, [xb.flat.view(np.uint8)], kind=P2P)
+            h = t.isend(dst, [hdr.view(np.uint8)], P2P)
+            p = t.isend(dst, [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
             w._driver = self._drive
             self._progress()
@@ -68,7 +73,7 @@ class P2PEngine:
         return w
 
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
-                 data: np.ndarray | None) -> RecvReq | None:
+                 data: np.ndarray | None) -> Request | None:
         if code != xb.dt.code or nbytes != xb.nbytes:
             d = DTYPE_BY_CODE.get(code)
             n = nbytes // d.itemsize if d else nbytes
@@ -80,7 +85,7 @@ class P2PEngine:
             xb.flat.view(np.uint8)[...] = data
             w._finish(xb.obj)
             return None
-        return self.c._t.irecv(src, [xb.flat], None, kind=P2P)
+        return self.c._t.irecv(src, [xb.flat], None, P2P)
 
     def _progress(self) -> bool:
         moved = False
@@ -88,9 +93,9 @@ class P2PEngine:
         for dq in self.sends:
             while dq:
                 h, p, w = dq[0]
-                moved |= h.push()
+                moved |= h.advance()
                 if h.done:
-                    moved |= p.push()
+                    moved |= p.advance()
                 if not p.done:
                     break
                 dq.popleft()
@@ -99,26 +104,30 @@ class P2PEngine:
             moved |= self._progress_in(src, t)
         return moved
 
-    def _progress_in(self, src: int, t: ShmTransport) -> bool:
+    def _progress_in(self, src: int, t: Transport) -> bool:
         moved = False
         while True:
             act = self.active[src]
             if act is not None:
                 req, finish = act
-                moved |= req.pull()
+                moved |= req.advance()
                 if not req.done:
                     return moved
                 self.active[src] = None
                 finish()
                 continue
-            ch = t.inn[P2P][src]
-            if ch.head[0] == ch.count:
+            posted = self.hdr[src]
+            if posted is None:
+                buf = np.empty(64, np.uint8)
+                posted = self.hdr[src] = (t.irecv(src, [buf], None, P2P), buf)
+            hreq, buf = posted
+            moved |= hreq.advance()
+            if not hreq.done:
                 return moved
-            hdr = ch.slots[ch.count % ch.K][:64].view(np.int64).copy()
-            if ch.lens[ch.count % ch.K] != 64 or hdr[0] != _P2P_MAGIC:
+            self.hdr[src] = None
+            hdr = buf.view(np.int64)
+            if hdr[0] != _P2P_MAGIC:
                 raise RingletError(f"corrupt point-to-point stream from rank {src}")
-            ch.count += 1
-            ch.tail[0] = ch.count
             moved = True
             tag, nbytes, code = int(hdr[1]), int(hdr[2]), int(hdr[3])
             match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
@@ -128,13 +137,13 @@ class P2PEngine:
                 del self.posted[src][match]
                 into = self._deliver(xb, src, tag, code, nbytes, w, None)
                 if into is None:  # size mismatch: drain the payload aside
-                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, kind=P2P)
+                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, P2P)
                     self.active[src] = (drain, _nothing)
                 else:
                     self.active[src] = (into, functools.partial(w._finish, xb.obj))
             else:
                 data = np.empty(nbytes, np.uint8)
-                req = t.irecv(src, [data], None, kind=P2P)
+                req = t.irecv(src, [data], None, P2P)
                 self.active[src] = (req, functools.partial(self._arrived, src, tag, code, data))
 
     def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:

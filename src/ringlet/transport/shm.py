@@ -34,6 +34,7 @@ from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
 from ..procs import alive
 from ..wait import Waiter
+from .base import COLL, P2P, Caps, Request, Transport
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
     os.environ.get("TMPDIR", "/tmp"), "ringlet-shm")
@@ -41,7 +42,6 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
 MAGIC = 0x524C4E4731          # "RLNG1"
 DESC_WORDS = 16               # one collective descriptor: seq + 15 words
 ABORT_BYTES = 1024
-COLL, P2P = 0, 1
 STATE_OPEN, STATE_CLOSED = 0, 1
 
 
@@ -122,6 +122,9 @@ class SendReq:
     def done(self) -> bool:
         return self.remaining == 0
 
+    def advance(self) -> bool:
+        return self.push()
+
     def push(self) -> bool:
         """Write as many fragments as there are free slots; True if any was written."""
         ch, moved = self.chan, False
@@ -165,6 +168,9 @@ class RecvReq:
     @property
     def done(self) -> bool:
         return self.remaining == 0
+
+    def advance(self) -> bool:
+        return self.pull()
 
     def pull(self) -> bool:
         """Consume every fragment that has arrived; True if any was."""
@@ -213,8 +219,12 @@ def oversubscribed(settings: Settings, nranks: int) -> Settings:
     return settings.replace(spin_us=0.0) if nranks > cores else settings
 
 
-class ShmTransport:
-    """Channels between the ranks of one communicator on one host."""
+class ShmTransport(Transport):
+    """Channels between the ranks of one communicator on one host.
+
+    Channels COLL and P2P only: agreement and status live in the header."""
+
+    caps = Caps(fused=True, shared_buffers=True)
 
     def __init__(self, rank: int, size: int, prefix: str, settings: Settings) -> None:
         self.rank, self.size, self.prefix = rank, size, prefix
@@ -440,8 +450,10 @@ class ShmTransport:
 
     # --- collective descriptors -------------------------------------------------
 
-    def publish(self, seq: int, words: Sequence[int]) -> None:
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
         """Publish my descriptor of collective ``seq`` (the sequence number is written last)."""
+        if note is not None:
+            self.set_note(seq, note)
         d, base = self._desc[self.rank], (seq % 2) * DESC_WORDS
         d[base + 1:base + 1 + len(words)] = words if isinstance(words, array) else \
             array("q", words)
@@ -544,20 +556,20 @@ class ShmTransport:
 
     # --- requests -------------------------------------------------------------------
 
-    def isend(self, peer: int, parts: Sequence[np.ndarray], kind: int = COLL) -> SendReq:
+    def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> SendReq:
         """Queue a message of ``parts`` (uint8 views) to ``peer``; progress() moves it."""
-        req = SendReq(self.out[kind][peer], parts, peer)
-        if kind == COLL and req.remaining:
+        req = SendReq(self.out[channel][peer], parts, peer)
+        if channel == COLL and req.remaining:
             self._sendq[peer].append(req)
             self._active_send.add(peer)
         return req
 
     def irecv(self, peer: int, parts: Sequence[np.ndarray],
               reducer: Callable[[np.ndarray, np.ndarray], None] | None = None,
-              kind: int = COLL) -> RecvReq:
+              channel: int = COLL) -> RecvReq:
         """Queue a receive from ``peer`` into ``parts`` (typed views), copying or reducing."""
-        req = RecvReq(self.inn[kind][peer], parts, reducer, peer)
-        if kind == COLL and req.remaining:
+        req = RecvReq(self.inn[channel][peer], parts, reducer, peer)
+        if channel == COLL and req.remaining:
             self._recvq[peer].append(req)
             self._active_recv.add(peer)
         return req
@@ -588,7 +600,7 @@ class ShmTransport:
     def pending_peers(self) -> list[int]:
         return sorted(self._active_send | self._active_recv)
 
-    def wait(self, reqs: Sequence[SendReq | RecvReq], what: Callable[[], str]) -> None:
+    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
         """Progress until every request in ``reqs`` is done, within the deadline."""
         if all(r.done for r in reqs):
             return
@@ -609,6 +621,15 @@ class ShmTransport:
             rq.clear()
         self._active_send.clear()
         self._active_recv.clear()
+
+    # --- groups -------------------------------------------------------------------------
+
+    def split(self, ranks: Sequence[int], token: str) -> ShmTransport:
+        """The shared-memory transport of the group ``ranks`` (its members call this)."""
+        t = ShmTransport(list(ranks).index(self.rank), len(ranks), f"{self.prefix}-{token}",
+                         self.settings)
+        t.connect()
+        return t
 
     # --- shutdown ---------------------------------------------------------------------
 

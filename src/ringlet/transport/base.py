@@ -1,0 +1,365 @@
+"""The transport seam: what the Communicator, the executor and p2p need from a transport.
+
+A transport moves bytes between the ranks of one communicator.  Three
+implement :class:`Transport`:
+
+- :class:`~ringlet.transport.shm.ShmTransport`: shared memory, every rank on
+  one host (the default; it also has the fused paths and shared buffers);
+- the engine transports, :mod:`ringlet.transport.mpi` (mpi4py) and
+  :mod:`ringlet.transport.torch` (torch.distributed with gloo), which carry
+  ringlet between hosts on an existing engine;
+- :class:`~ringlet.transport.routed.RoutedTransport`: shared memory to the
+  peers on this rank's node, the engine to the others.
+
+The interface
+-------------
+*Messages.*  ``isend(peer, parts, channel)`` and ``irecv(peer, parts,
+reducer, channel)`` start a message and return a :class:`Request`.  Messages
+between two ranks on one channel arrive in the order they were sent (FIFO per
+ordered pair and channel), and a receive must expect exactly the bytes the
+matching send sends.  ``parts`` of a send are uint8 views; of a receive,
+typed views that the message fills in order, copied or, with ``reducer``,
+reduced on arrival (``reducer(dst, src)`` computes ``dst = dst (op) src``).
+A message of zero bytes is never sent: both requests are done at once.
+Collective requests (channel :data:`COLL`) are moved by ``progress()``;
+requests on other channels are moved by their owner with
+:meth:`Request.advance` (the p2p engine matches user messages itself).
+``wait(reqs, what)`` progresses until the requests are done, within the
+deadline, checking liveness as it goes.
+
+*Agreement.*  Before any data of call ``seq`` moves, every rank publishes a
+descriptor (``publish(seq, words, note)``: 15 words, see
+:class:`ringlet.agreement.Desc`, and, for a call the rank rejected, why) and
+reads every peer's (``peer_desc(q, seq)``, ``note(q, seq)``).  A rank
+publishes call s+1 only after every peer has published call s (the
+communicator waits for that), so a transport needs to keep only the last
+two calls of each peer.  ``latest_desc(q)`` says where a peer is, for
+timeout messages.
+
+*Liveness.*  ``check(watch, what)`` raises if a peer aborted the
+communicator, closed it, or died; ``abort(message)`` makes every peer's next
+``check`` raise; ``mark_closed()`` tells the peers this rank makes no more
+calls.
+
+*Groups.*  ``split(ranks, token)`` is called by the members of a new group
+(``ranks``, this transport's ranks in the group's order, all calling with the
+same ``token``) and returns the group's transport.
+
+*Capabilities* (:class:`Caps`) say what more a transport can do: the fused
+shared-memory paths, buffers that every rank maps (``comm.empty``), and the
+engine's own collectives.
+
+:class:`MessageAgreement` and :class:`StatusBoard` implement agreement and
+liveness with messages, for transports that have nothing better (the
+engines); shared memory publishes descriptors in place instead.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import CommTimeoutError, ConfigError, PeerError, RingletError
+
+#: channels: collective data, the user's point-to-point messages, agreement frames and
+#: status frames (abort, closed).  They never mix.
+COLL, P2P, CTRL, STATUS = 0, 1, 2, 3
+
+#: words of a descriptor as published (see ringlet.agreement.Desc)
+DESC_WORDS = 15
+#: bytes of a note (why a rank rejected a call) carried with a descriptor
+NOTE_BYTES = 1024
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Request(Protocol):
+    """One message being sent or received."""
+
+    peer: int
+
+    @property
+    def done(self) -> bool: ...
+
+    def advance(self) -> bool:
+        """Move what can be moved now; True if any byte moved."""
+        ...
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a transport can do besides messages."""
+
+    #: the fused shared-memory paths (oneshot, staged direct): every rank on one host
+    fused: bool = False
+    #: buffers every rank maps (comm.empty gives zero-copy collectives)
+    shared_buffers: bool = False
+    #: the engine under the transport ("mpi", "torch"), None for shared memory only
+    engine: str | None = None
+    #: the engine's own collectives can run a call (algorithm "native")
+    native: bool = False
+
+
+class Transport(ABC):
+    """Moves bytes between the ranks of one communicator (see the module documentation)."""
+
+    rank: int
+    size: int
+    #: the settings every wait of this communicator uses
+    settings: Settings
+    caps: Caps = Caps()
+    #: the call in progress, described for messages (set by the communicator)
+    describe: Callable[[], str] = staticmethod(lambda: "a collective")
+
+    # --- messages ---------------------------------------------------------------------
+
+    @abstractmethod
+    def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> Request:
+        """Start sending ``parts`` (uint8 views) to ``peer``."""
+
+    @abstractmethod
+    def irecv(self, peer: int, parts: Sequence[np.ndarray], reducer: Reducer | None = None,
+              channel: int = COLL) -> Request:
+        """Start receiving from ``peer`` into ``parts`` (typed views), copying or reducing."""
+
+    @abstractmethod
+    def progress(self) -> bool:
+        """Advance every pending collective request; True if any byte moved."""
+
+    @abstractmethod
+    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
+        """Progress until every request in ``reqs`` is done, within the deadline."""
+
+    @abstractmethod
+    def discard_pending(self) -> None:
+        """Forget pending collective requests (the communicator is being aborted)."""
+
+    # --- agreement ----------------------------------------------------------------------
+
+    @abstractmethod
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+        """Publish this rank's descriptor of call ``seq`` (and why it rejected it)."""
+
+    @abstractmethod
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        """Rank q's descriptor of call ``seq``, or None if it has not arrived."""
+
+    @abstractmethod
+    def note(self, q: int, seq: int) -> str:
+        """Why rank q rejected call ``seq`` ("" if it gave no reason)."""
+
+    @abstractmethod
+    def latest_desc(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        """(seq, descriptor) of the last call rank q is known to have entered."""
+
+    # --- liveness ---------------------------------------------------------------------
+
+    @abstractmethod
+    def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
+        """Raise if a peer aborted the communicator, or a watched peer closed or died."""
+
+    @abstractmethod
+    def abort(self, message: str, timeout: bool = False) -> None:
+        """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``)."""
+
+    @abstractmethod
+    def mark_closed(self) -> None:
+        """Tell the peers this rank closed the communicator."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything (idempotent)."""
+
+    # --- the engine's own collectives ---------------------------------------------------
+
+    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
+               op: Any, what: Callable[[], str]) -> None:
+        """Run ``collective`` with the engine's own implementation (``caps.native``).
+
+        ``bufs`` are the flat typed buffers the executor would get (keys
+        ``int(Buf.IN)``, ``int(Buf.OUT)``; all_reduce and broadcast work in place
+        on OUT), ``count`` the elements per rank (per block for reduce_scatter,
+        all_to_all, scatter), ``op`` a :class:`ringlet.ReduceOp` (never AVG: the
+        communicator divides) or None.  Waits within the deadline.
+        """
+        raise ConfigError(f"this transport has no native collectives ({collective})")
+
+    # --- groups -----------------------------------------------------------------------
+
+    @abstractmethod
+    def split(self, ranks: Sequence[int], token: str) -> Transport:
+        """The transport of the group ``ranks`` (called by its members only)."""
+
+
+# --- agreement and status by messages ---------------------------------------------------
+
+#: a control frame: seq, the descriptor's words, the note's length, then the note
+_FRAME_WORDS = 1 + DESC_WORDS + 1
+FRAME_BYTES = _FRAME_WORDS * 8 + NOTE_BYTES
+#: a status frame: kind, length, then the text
+STATUS_BYTES = 16 + NOTE_BYTES
+ABORT_PEER, ABORT_TIMEOUT, ABORT_CONFIG, CLOSED = 1, 2, 3, 4
+_ERRORS: dict[int, type[RingletError]] = {ABORT_PEER: PeerError,
+                                          ABORT_TIMEOUT: CommTimeoutError,
+                                          ABORT_CONFIG: ConfigError}
+
+
+def _frame(words: Sequence[int], head: int, note: str | None, size: int) -> np.ndarray:
+    """A fixed-size frame: ``head``, ``words``, the note's length and the note."""
+    buf = np.zeros(size, np.uint8)
+    data = (note or "").encode()[:NOTE_BYTES]
+    ints = buf[:(len(words) + 2) * 8].view(np.int64)
+    ints[0] = head
+    ints[1:1 + len(words)] = words
+    ints[1 + len(words)] = len(data)
+    off = (len(words) + 2) * 8
+    buf[off:off + len(data)] = np.frombuffer(data, np.uint8)
+    return buf
+
+
+class MessageAgreement:
+    """Descriptors exchanged as fixed-size frames on the CTRL channel.
+
+    ``publish`` sends the frame to every peer in ``peers``; a receive per peer
+    is always posted, and what arrives is kept (the last two calls per peer).
+    """
+
+    def __init__(self, t: Transport, peers: Sequence[int]) -> None:
+        self.t = t
+        self.peers = list(peers)
+        self._got: dict[int, dict[int, tuple[tuple[int, ...], str]]] = {q: {} for q in peers}
+        self._latest: dict[int, int] = {}
+        self._bufs: dict[int, np.ndarray] = {}
+        self._reqs: dict[int, Request] = {}
+        self._sends: list[Request] = []
+        for q in self.peers:
+            self._post(q)
+
+    def _post(self, q: int) -> None:
+        buf = np.empty(FRAME_BYTES, np.uint8)
+        self._bufs[q] = buf
+        self._reqs[q] = self.t.irecv(q, [buf], None, CTRL)
+
+    def publish(self, seq: int, words: Sequence[int], note: str | None) -> None:
+        frame = _frame(words, seq, note, FRAME_BYTES)
+        self._sends = [r for r in self._sends if not r.advance() and not r.done]
+        for q in self.peers:
+            r = self.t.isend(q, [frame], CTRL)
+            r.advance()
+            if not r.done:
+                self._sends.append(r)
+
+    def poll(self) -> bool:
+        """Take in every frame that has arrived; True if any did."""
+        got = False
+        for r in self._sends:
+            r.advance()
+        self._sends = [r for r in self._sends if not r.done]
+        for q in self.peers:
+            while True:
+                r = self._reqs[q]
+                r.advance()
+                if not r.done:
+                    break
+                buf = self._bufs[q]
+                ints = buf[:_FRAME_WORDS * 8].view(np.int64)
+                seq = int(ints[0])
+                n = int(ints[_FRAME_WORDS - 1])
+                note = bytes(buf[_FRAME_WORDS * 8:_FRAME_WORDS * 8 + n]).decode(
+                    errors="replace")
+                calls = self._got[q]
+                calls[seq] = (tuple(int(w) for w in ints[1:1 + DESC_WORDS]), note)
+                for old in [s for s in calls if s < seq - 1]:
+                    del calls[old]
+                self._latest[q] = max(self._latest.get(q, 0), seq)
+                self._post(q)
+                got = True
+        return got
+
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        hit = self._got[q].get(seq)
+        if hit is None:
+            self.poll()
+            hit = self._got[q].get(seq)
+        return None if hit is None else hit[0]
+
+    def note(self, q: int, seq: int) -> str:
+        hit = self._got[q].get(seq)
+        return "" if hit is None else hit[1]
+
+    def latest(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        self.poll()
+        s = self._latest.get(q)
+        return None if s is None else (s, self._got[q][s][0])
+
+    def pending_sends(self) -> bool:
+        self.poll()
+        return bool(self._sends)
+
+
+class StatusBoard:
+    """Abort and closed notices exchanged as frames on the STATUS channel."""
+
+    def __init__(self, t: Transport, peers: Sequence[int]) -> None:
+        self.t = t
+        self.peers = list(peers)
+        self.error: RingletError | None = None
+        self.closed: set[int] = set()
+        self._bufs: dict[int, np.ndarray] = {}
+        self._reqs: dict[int, Request] = {}
+        self._sends: list[Request] = []
+        self._said = False
+        for q in self.peers:
+            self._post(q)
+
+    def _post(self, q: int) -> None:
+        buf = np.empty(STATUS_BYTES, np.uint8)
+        self._bufs[q] = buf
+        self._reqs[q] = self.t.irecv(q, [buf], None, STATUS)
+
+    def tell(self, kind: int, text: str) -> None:
+        """Send a notice to every peer (once: an abort or a close is final)."""
+        if self._said:
+            return
+        self._said = True
+        frame = _frame([], kind, text, STATUS_BYTES)
+        for q in self.peers:
+            if q in self.closed:
+                continue
+            r = self.t.isend(q, [frame], STATUS)
+            r.advance()
+            self._sends.append(r)
+
+    def poll(self) -> None:
+        for r in self._sends:
+            r.advance()
+        self._sends = [r for r in self._sends if not r.done]
+        for q in self.peers:
+            if q in self.closed:
+                continue
+            r = self._reqs[q]
+            r.advance()
+            if not r.done:
+                continue
+            buf = self._bufs[q]
+            kind, n = (int(v) for v in buf[:16].view(np.int64))
+            text = bytes(buf[16:16 + n]).decode(errors="replace")
+            if kind == CLOSED:
+                self.closed.add(q)
+            elif self.error is None:
+                self.error = _ERRORS.get(kind, PeerError)(text)
+
+    def flush(self, seconds: float) -> None:
+        """Give notices in flight up to ``seconds`` to leave (best effort, at close)."""
+        import time
+
+        end = time.monotonic() + seconds
+        while self._sends and time.monotonic() < end:
+            self.poll()
+            time.sleep(0.001)
+
