@@ -17,7 +17,7 @@ def test_defaults() -> None:
     assert s.timeout == 300.0
     assert s.debug == ""
     assert s.algo == ""
-    assert s.transport == "auto"
+    assert s.engine == "auto" and s.node == ""
     assert s.shm_slot_bytes == 256 << 10
     assert s.shm_slots == 4
     assert s.grace == 3.0
@@ -84,7 +84,7 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
     ({"RINGLET_TIMEOUT": "0"}, r"timeout must be > 0 seconds, got 0.0"),
     ({"RINGLET_TIMEOUT": "nan"}, r"timeout must be > 0 seconds"),
     ({"RINGLET_DEBUG": "LOUD"}, r"debug must be '', WARN, INFO or TRACE, got 'LOUD'"),
-    ({"RINGLET_TRANSPORT": "tcp"}, r"transport must be 'auto' or 'shm', got 'tcp'"),
+    ({"RINGLET_ENGINE": "tcp"}, r"engine must be auto, mpi, torch or none, got 'tcp'"),
     ({"RINGLET_SHM_SLOT_BYTES": "1K"}, r"shm_slot_bytes must be a multiple of 64 and >= 4096"),
     ({"RINGLET_SHM_SLOT_BYTES": "4100"}, r"shm_slot_bytes must be a multiple of 64"),
     ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),

@@ -65,6 +65,7 @@ from .executor import compile_program, execute
 from .ops import ReduceOp, check_op, finish_avg, reducer
 from .p2p import P2PEngine
 from .schedule import Buf
+from .topology import Topology
 from .transport.base import Transport
 from .transport.fused import Fused, shared_all_reduce
 from .transport.shm import SHM_DIR, ShmTransport, create_region, open_region
@@ -76,6 +77,8 @@ log = logging.getLogger("ringlet")
 _FUSED = {("all_reduce", "oneshot"): POST, ("all_reduce", "direct"): STAGE,
           ("broadcast", "direct"): STAGE, ("all_gather", "direct"): STAGE,
           ("reduce_scatter", "direct"): STAGE, ("all_to_all", "direct"): STAGE}
+#: the engine's own collectives (an algorithm name)
+NATIVE = "native"
 #: calls made of other collectives: the descriptors of their parts carry this name
 _COMPOUND = frozenset({"split", "broadcast_object", "all_gather_object", "empty"})
 #: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
@@ -148,11 +151,13 @@ class Communicator:
     """
 
     def __init__(self, rank: int, size: int, transport: Transport, settings: Settings,
-                 job_id: str) -> None:
+                 job_id: str, topology: Topology | None = None) -> None:
         self.rank = rank
         self.size = size
         self.settings = settings
         self.job_id = job_id
+        #: which ranks share a node, and the engine between nodes (see ringlet.topology)
+        self.topology = topology or Topology.single(size)
         self._t = transport
         self._seq = 0
         self._exec_lock = threading.RLock()
@@ -668,11 +673,21 @@ class Communicator:
                 f"{', '.join(_algorithms(collective))}")
         key = (collective, algorithm, nbytes)
         name = self._chosen.get(key)
+        if name is None and algorithm == NATIVE:
+            if not self._t.caps.native:
+                raise ArgumentError(
+                    f"algorithm 'native' runs the engine's own {collective}: it needs an "
+                    f"engine (MPI or torch.distributed, RINGLET_ENGINE=mpi|torch); this "
+                    f"communicator has none")
+            name = NATIVE
         if name is None:
             from .algorithms.select import choose, tuner_for
 
+            topo = self.topology
             name = choose(collective, self.size, nbytes, requested=algorithm,
-                          setting=self.settings.algo, tuner=tuner_for(self.settings))
+                          setting=self.settings.algo, nodes=len(topo.nodes),
+                          ranks_per_node=topo.ranks_per_node,
+                          tuner=tuner_for(self.settings) if len(topo.nodes) == 1 else None)
             if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
                     and not self._fused.fits_post(nbytes):
                 # the automatic choice runs oneshot fused or not at all: past the post area
@@ -709,7 +724,14 @@ class Communicator:
         """Run this rank's steps of ``name`` for ``collective`` over flat typed buffers."""
         if m == 0:
             return
-        sched = _build(collective, name, self.size, root)
+        if name == NATIVE:
+            self._t.native(collective, root, m, {int(b): a for b, a in bufs.items()},
+                           ReduceOp.SUM if op is ReduceOp.AVG else op, lambda: self._current)
+            return
+        g = self.topology.ranks_per_node   # the groups of a two-level schedule: the nodes
+        sched = _build(collective, name, self.size, root, **(
+            {"group": g} if name == "hierarchical" and g is not None
+            and len(self.topology.nodes) > 1 else {}))
         prog = compile_program(sched, self.rank, m)
         flat = {int(b): a for b, a in bufs.items()}
         tmp_elems = prog.elems.get(int(Buf.TMP))
@@ -946,6 +968,8 @@ def _pickled(obj: Any) -> tuple[np.ndarray, bool]:
 
 
 def _alg_name(coll: str, code: int) -> str:
+    if code == algo_code(NATIVE):
+        return NATIVE
     names = [coll] if coll in agreement.COLLECTIVES[1:9] else agreement.COLLECTIVES[1:9]
     for c in names:
         try:

@@ -66,8 +66,17 @@ class Settings:
     algo: str = field(default="", metadata={
         "doc": "Algorithm overrides per collective, e.g. 'all_reduce:ring;broadcast:tree'; "
                "'^name' excludes an algorithm from the automatic choice."})
-    transport: str = field(default="auto", metadata={
-        "doc": "'auto' or 'shm' (shared memory on one host)."})
+    engine: str = field(default="auto", metadata={
+        "doc": "What carries ringlet between nodes (hosts): 'mpi' (mpi4py), 'torch' "
+               "(torch.distributed with gloo), 'none' (one node only) or 'auto': an engine "
+               "only when the job spans nodes (the launcher says so, or RINGLET_NODE is "
+               "set), MPI under mpiexec or srun, torch under torchrun or `ringlet run "
+               "--nodes`. Inside a node ranks always use shared memory."})
+    node: str = field(default="", metadata={
+        "doc": "This rank's node, like NCCL_HOSTID: ranks with the same value share "
+               "memory, others talk over the engine. '' (default): the host (its name and "
+               "boot id). Set it differently on groups of ranks to emulate several nodes "
+               "on one machine."})
     shm_slot_bytes: int = field(default=256 << 10, metadata={
         "doc": "Bytes in one shared-memory message slot (a fragment). Accepts K/M/G."})
     shm_slots: int = field(default=4, metadata={
@@ -114,8 +123,8 @@ class Settings:
         if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
             raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
         object.__setattr__(self, "debug", self.debug.upper())
-        if self.transport not in ("auto", "shm"):
-            raise ConfigError(f"transport must be 'auto' or 'shm', got {self.transport!r}")
+        if self.engine not in ("auto", "mpi", "torch", "none"):
+            raise ConfigError(f"engine must be auto, mpi, torch or none, got {self.engine!r}")
         if self.shm_slot_bytes < 4096 or self.shm_slot_bytes % 64:
             raise ConfigError(
                 f"shm_slot_bytes must be a multiple of 64 and >= 4096, got {self.shm_slot_bytes}")

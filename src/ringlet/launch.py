@@ -519,6 +519,11 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     """Options of ``ringlet run -n N [--grace S] [--no-prefix] [-m] PROGRAM [ARGS...]``."""
     parser.add_argument("-n", "--nranks", type=int, required=True, metavar="N",
                         help="number of ranks to start on this host")
+    parser.add_argument("--nodes", type=int, default=1, metavar="K",
+                        help="emulate K nodes on this host: ranks 0..N/K-1 are node 0, and so "
+                             "on (RINGLET_NODE); inside a node they share memory, between "
+                             "nodes they talk over torch.distributed (gloo on loopback), as "
+                             "a multi-node job would. N must be a multiple of K")
     parser.add_argument("--grace", type=float, default=None, metavar="S",
                         help="seconds the other ranks get to exit on their own after one "
                              "failed, before they are stopped (default: RINGLET_GRACE, 3)")
@@ -531,8 +536,9 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
                         help="the script (or with -m, the module) and its arguments")
     parser.epilog = (
         "Each rank runs `python PROGRAM ARGS` with RANK, WORLD_SIZE, LOCAL_RANK, "
-        "LOCAL_WORLD_SIZE and RINGLET_JOB_ID set. Exit status: 0, the first failed rank's "
-        "exit code, or 128 + signal.")
+        "LOCAL_WORLD_SIZE and RINGLET_JOB_ID set (with --nodes also RINGLET_NODE, "
+        "RINGLET_ENGINE=torch, MASTER_ADDR and MASTER_PORT). Exit status: 0, the first "
+        "failed rank's exit code, or 128 + signal.")
 
 
 def main_run(args: argparse.Namespace) -> int:
@@ -543,6 +549,15 @@ def main_run(args: argparse.Namespace) -> int:
     if grace < 0:
         raise ArgumentError(f"--grace must be >= 0 seconds, got {grace:g}")
     command = _command(args.program, module=args.module)
+    nodes = _check_nranks(args.nodes, "--nodes")
+    if nranks % nodes:
+        raise ArgumentError(f"--nodes {nodes} does not divide -n {nranks}: every emulated "
+                            f"node runs the same number of ranks")
+    per_node = nranks // nodes
+    extra: dict[str, str] = {}
+    if nodes > 1:
+        extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(_free_port())}
     job_id = secrets.token_hex(16)
     width = len(str(nranks - 1))
     lock = threading.Lock()
@@ -551,8 +566,10 @@ def main_run(args: argparse.Namespace) -> int:
     with _Interrupts() as interrupts, _job(job_id) as children, _closing(errors):
         for rank in range(nranks):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nranks),
-                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nranks),
-                       RINGLET_JOB_ID=job_id, PYTHONUNBUFFERED="1")
+                       LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
+                       RINGLET_JOB_ID=job_id, PYTHONUNBUFFERED="1", **extra)
+            if nodes > 1:
+                env["RINGLET_NODE"] = f"node{rank // per_node}"
             pipe = None if args.no_prefix else subprocess.PIPE
             error_r, error_w = os.pipe()
             errors.append(error_r)
@@ -589,6 +606,15 @@ def main_run(args: argparse.Namespace) -> int:
     if not outcome.ok:
         print(f"ringlet run: {outcome.summary()}", file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+def _free_port() -> int:
+    """A TCP port on loopback that is free now (for the emulated nodes' store)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 #: ``ringlet run`` -> rank: ``LAUNCHER_PID:FD``, the write end of the pipe where the rank's

@@ -70,6 +70,8 @@ from typing import Any, cast
 from .comm import Communicator
 from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from .topology import Topology
+from .transport.base import Transport
 from .transport.shm import SHM_DIR, ShmTransport
 
 #: Linux has abstract Unix sockets (no file, gone with the process); elsewhere the
@@ -99,10 +101,13 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     settings = Settings.from_env() if settings is None else settings
     key = None
     parent = None
+    engine = settings.engine if settings.engine in ("mpi", "torch") else None
     if rank is None or size is None:
+        from .engines import engine_for
         from .env import detect
 
         info = detect()
+        engine = engine_for(settings, info)
         rank = info.rank if rank is None else rank
         size = info.size if size is None else size
         if info.source != "single":
@@ -120,11 +125,19 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
 
         _configure_logging(settings.debug)
     held: list[int] = []
-    started = None
+    started: tuple[str, Transport, Topology] | None = None
     try:
         with _held_signals(held):
             with contextlib.suppress(_Interrupted):  # re-delivered below, after clean-up
-                started = _start(rank, size, settings, job_id, key, _checker(held, parent))
+                check = _checker(held, parent)
+                if engine is None:
+                    job, shm = _start(rank, size, settings, job_id, key, check)
+                    started = job, shm, Topology.single(size)
+                else:
+                    from .engines import start
+
+                    started = start(engine, rank, size, settings, job_id,
+                                    lambda lr, ls, j: _start(lr, ls, settings, j, None, check))
     finally:
         if held:
             if started is not None:
@@ -132,9 +145,11 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
             _redeliver(held[0])
     if started is None:
         raise RingletError("start-up was interrupted")   # not reached: _redeliver raises
-    job_id, t = started
+    job_id, t, topo = started
+    _log(f"rank {rank} of {size}: {topo.describe()}; this rank: node {topo.node}, local rank "
+         f"{topo.local_ranks.index(rank)} of {len(topo.local_ranks)}")
     __import__("ringlet.launch").launch.report_uncaught()  # for `ringlet run`'s summary
-    return Communicator(rank, size, t, settings, job_id)
+    return Communicator(rank, size, t, settings, job_id, topo)
 
 
 def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,

@@ -261,6 +261,29 @@ class Tuner:
         return name
 
 
+#: algorithms whose point is that every rank reads its peers' memory (one host only)
+ONE_HOST = frozenset({"oneshot", "direct"})
+
+
+def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str],
+              ranks_per_node: int | None) -> str:
+    """The automatic choice across nodes.
+
+    all_reduce: ``hierarchical`` (reduce-scatter inside each node, all-reduce of
+    one shard per local rank across nodes, all-gather inside each node) when
+    every node holds the same number g of consecutive ranks and 1 < g < p: only
+    1/g of the vector per rank crosses the network, all local ranks at once,
+    which is what a link between nodes needs (NCCL's and Horovod's scheme).
+    Otherwise, and for the other collectives, the alpha-beta rules of
+    :func:`heuristic` for a network, without the one-host algorithms.
+    """
+    g = ranks_per_node
+    if collective == "all_reduce" and "hierarchical" in allowed and g is not None \
+            and 1 < g < nranks:
+        return "hierarchical"
+    return heuristic(collective, nranks, nbytes, (allowed - ONE_HOST) or allowed)
+
+
 def tuner_for(settings: Any) -> Tuner | None:
     """The :class:`Tuner` of a :class:`~ringlet.config.Settings`: its ``profile`` file
     read (once per version of the file) with its shared-memory paths, or None if the
@@ -296,11 +319,17 @@ def _tuner(path: str, mtime_ns: int, size: int, paths: Paths) -> Tuner:
 
 
 def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
-           setting: str, tuner: Tuner | None = None) -> str:
+           setting: str, tuner: Tuner | None = None, nodes: int = 1,
+           ranks_per_node: int | None = None) -> str:
     """The canonical name of the algorithm to run (see the module docs for the precedence).
 
     ``tuner`` (see :func:`tuner_for`) makes the automatic choice by predicted
     time; without it, :func:`heuristic` does.
+
+    ``nodes`` > 1 (a job across nodes, :func:`multinode`): the automatic
+    choice leaves out the one-host algorithms and puts the two-level one first
+    where the node layout allows it; a tuner is not used, since its profile is
+    one host's and ranks on different hosts must never choose differently.
 
     >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="")
     'oneshot'
@@ -322,6 +351,8 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
     if forced is not None:
         return forced
     allowed = frozenset(algorithms(collective)) - excluded
+    if nodes > 1:
+        return multinode(collective, nranks, nbytes, allowed, ranks_per_node)
     if tuner is not None:
         return tuner.choose(collective, nranks, nbytes, allowed)
     return heuristic(collective, nranks, nbytes, allowed)

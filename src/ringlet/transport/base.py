@@ -41,7 +41,7 @@ communicator, closed it, or died; ``abort(message)`` makes every peer's next
 ``check`` raise; ``mark_closed()`` tells the peers this rank makes no more
 calls.
 
-*Groups.*  ``split(ranks, token)`` is called by the members of a new group
+*Groups.*  ``split(ranks, token, remote)`` is called by the members of a new group
 (``ranks``, this transport's ranks in the group's order, all calling with the
 same ``token``) and returns the group's transport.
 
@@ -192,8 +192,14 @@ class Transport(ABC):
     # --- groups -----------------------------------------------------------------------
 
     @abstractmethod
-    def split(self, ranks: Sequence[int], token: str) -> Transport:
-        """The transport of the group ``ranks`` (called by its members only)."""
+    def split(self, ranks: Sequence[int], token: str,
+              remote: Sequence[int] | None = None) -> Transport:
+        """The transport of the group ``ranks`` (called by its members only).
+
+        ``remote``: for an engine transport under a routed one, the group's
+        ranks (numbered in the group) that the new transport's agreement and
+        status frames cover, as ``remote=`` of its constructor; default all
+        other members."""
 
 
 # --- agreement and status by messages ---------------------------------------------------

@@ -244,6 +244,9 @@ class ShmTransport(Transport):
         self._active_recv: set[int] = set()
         self.describe: Callable[[], str] = lambda: "a collective"
         self._state: list[memoryview] | None = None
+        #: how ranks are named in messages: this communicator's rank of each local rank
+        #: (a routed transport's shared memory holds only the ranks of one node)
+        self.names: list[int] = list(range(size))
 
     # --- start-up -------------------------------------------------------------
 
@@ -544,14 +547,14 @@ class ShmTransport(Transport):
                 continue
             if self.closed(q):
                 raise PeerError(
-                    f"rank {q} closed the communicator (or its program ended) while "
+                    f"rank {self.names[q]} closed the communicator (or its program ended) while "
                     f"{what or self.describe()} waited for it: every rank must make the "
                     f"same calls")
             if not alive(self.pids[q]):
                 if self.closed(q):
                     continue  # closed between the two checks: reported next time
                 raise PeerError(
-                    f"rank {q} (pid {self.pids[q]}) died; {what or self.describe()} "
+                    f"rank {self.names[q]} (pid {self.pids[q]}) died; {what or self.describe()} "
                     f"cannot complete")
 
     # --- requests -------------------------------------------------------------------
@@ -624,7 +627,8 @@ class ShmTransport(Transport):
 
     # --- groups -------------------------------------------------------------------------
 
-    def split(self, ranks: Sequence[int], token: str) -> ShmTransport:
+    def split(self, ranks: Sequence[int], token: str,
+              remote: Sequence[int] | None = None) -> ShmTransport:
         """The shared-memory transport of the group ``ranks`` (its members call this)."""
         t = ShmTransport(list(ranks).index(self.rank), len(ranks), f"{self.prefix}-{token}",
                          self.settings)

@@ -1,0 +1,146 @@
+"""Start-up across nodes: meet over the engine, find the nodes, build the routed transport.
+
+When a job spans nodes (see :func:`engine_for`), :func:`ringlet.init` does:
+
+1. join the engine: MPI (``MPI_Init`` through mpi4py, under ``mpiexec`` or
+   ``srun``) or torch.distributed's env:// rendezvous (a TCP store, under
+   ``torchrun`` or ``ringlet run --nodes``);
+2. exchange every rank's node key (:func:`ringlet.topology.node_key`) and the
+   job id (rank 0's) over it, so every rank computes the same
+   :class:`~ringlet.topology.Topology`;
+3. start shared memory among the ranks of its node (the one-host start-up of
+   :mod:`ringlet.startup`, per node), and the engine transport for the peers
+   on other nodes;
+4. return a :class:`~ringlet.transport.routed.RoutedTransport` over both.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from .config import Settings
+from .env import LaunchInfo
+from .errors import ConfigError
+from .topology import Topology, node_key
+from .transport.base import Transport
+
+#: what each launcher's jobs use between nodes when RINGLET_ENGINE=auto
+_AUTO = {"mpich": "mpi", "openmpi": "mpi", "slurm": "mpi", "torchrun": "torch",
+         "ringlet": "torch"}
+
+#: init() calls in this process so far: keys in a torch store are per call
+_calls = 0
+
+
+def engine_for(settings: Settings, info: LaunchInfo) -> str | None:
+    """The engine a job needs, or None for one node (shared memory only).
+
+    ``RINGLET_ENGINE=mpi|torch`` forces one; ``none`` forbids one.  ``auto``
+    uses one when the job spans nodes: the launcher runs fewer ranks on this
+    host than in the job, or ``RINGLET_NODE`` is set (emulated nodes).
+    """
+    if settings.engine == "none" or info.size == 1:
+        return None
+    if settings.engine != "auto":
+        return settings.engine
+    if not settings.node and info.local_size >= info.size:
+        return None
+    engine = _AUTO.get(info.source)
+    if engine is None:
+        raise ConfigError(
+            f"this job spans nodes but its launcher ({info.source}) has no engine ringlet "
+            f"knows; set RINGLET_ENGINE=mpi (under mpiexec/srun) or RINGLET_ENGINE=torch "
+            f"(with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE)")
+    return engine
+
+
+class _Mpi:
+    """MPI's COMM_WORLD for start-up; the transport on a duplicate of it."""
+
+    name = "mpi"
+
+    def __init__(self, settings: Settings, rank: int, size: int) -> None:
+        from .transport import mpi as tm
+
+        self.tm = tm
+        self.settings = settings
+        self.comm = tm.world_comm()
+        if (self.comm.Get_rank(), self.comm.Get_size()) != (rank, size):
+            raise ConfigError(
+                f"MPI says this is rank {self.comm.Get_rank()} of {self.comm.Get_size()}, the "
+                f"launcher's variables say rank {rank} of {size}: run one job per mpiexec")
+
+    def allgather(self, text: str) -> list[str]:
+        return [str(t) for t in self.comm.allgather(text)]
+
+    def from_rank0(self, text: str) -> str:
+        return str(self.comm.bcast(text, root=0))
+
+    def transport(self, remote: list[int]) -> Transport:
+        return self.tm.MpiTransport(self.comm, self.settings, remote=remote)
+
+
+class _Torch:
+    """torch.distributed's env:// store for start-up; a gloo group on it for the transport."""
+
+    name = "torch"
+
+    def __init__(self, settings: Settings, rank: int, size: int) -> None:
+        from .transport import torch as tt
+
+        global _calls
+        _calls += 1
+        self.tt = tt
+        self.settings = settings
+        self.rank, self.size = rank, size
+        self.store = tt.env_store(settings, rank, size)
+        self.prefix = f"ringlet/{_calls}"
+
+    def allgather(self, text: str) -> list[str]:
+        self.store.set(f"{self.prefix}/key/{self.rank}", text)
+        keys = [f"{self.prefix}/key/{q}" for q in range(self.size)]
+        self.store.wait(keys)
+        return [bytes(self.store.get(k)).decode() for k in keys]
+
+    def from_rank0(self, text: str) -> str:
+        key = f"{self.prefix}/job"
+        if self.rank == 0:
+            self.store.set(key, text)
+        self.store.wait([key])
+        return bytes(self.store.get(key)).decode()
+
+    def transport(self, remote: list[int]) -> Transport:
+        return self.tt.TorchTransport(self.store, self.rank, self.size, self.settings,
+                                      f"{self.prefix}/pg", remote=remote)
+
+
+def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | None,
+          local_start: Callable[[int, int, str], Any]) -> tuple[str, Transport, Topology]:
+    """Steps 1 to 4 of the module documentation; ``local_start(local rank, local size,
+    node job id)`` is the one-host start-up, returning (job id, ShmTransport)."""
+    from .transport.routed import RoutedTransport
+
+    boot: _Mpi | _Torch = _Mpi(settings, rank, size) if engine == "mpi" else \
+        _Torch(settings, rank, size)
+    keys = boot.allgather(node_key(settings))
+    job = boot.from_rank0(job_id or secrets.token_hex(16) if rank == 0 else "")
+    if job_id is not None and job != job_id:
+        raise ConfigError("ranks were given different job ids (RINGLET_JOB_ID): run one job "
+                          "per launcher")
+    topo = Topology.from_keys(keys, rank, engine)
+    if topo.engine is None:   # one node, engine forced: it stays available (native)
+        topo = Topology(topo.nodes, topo.node, engine)
+    here = topo.local_ranks
+    local = None
+    if len(here) > 1:
+        local = local_start(here.index(rank), len(here), f"{job}-n{topo.node}")[1]
+    remote = [q for q in range(size) if q not in here]
+    try:
+        eng = boot.transport(remote)
+    except BaseException:
+        if local is not None:
+            local.close()
+        raise
+    return job, RoutedTransport(rank, topo.node_of(), local, eng), topo

@@ -1,0 +1,174 @@
+"""Shared memory inside a node, the engine between nodes: the transport of a multi-node job.
+
+A :class:`RoutedTransport` dispatches by peer.  A peer on this rank's node
+is reached through the node's :class:`~ringlet.transport.shm.ShmTransport`
+(which holds only the node's ranks, numbered locally); any other peer
+through the engine transport (MPI or torch.distributed), which numbers every
+rank of the communicator and runs agreement and status frames only with the
+peers on other nodes (its ``remote`` peers).  Nothing above this class sees
+the difference: the executor runs any schedule on it, so a two-level
+schedule (``hierarchical``) keeps its intra-node rounds in shared memory and
+sends only its inter-node rounds over the network.
+
+The fused shared-memory paths need every rank on one host, so a routed
+transport has none (``caps.fused`` is False); the engine's own collectives
+(``native``) run over the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..wait import Waiter
+from .base import COLL, Caps, Reducer, Request, Transport
+from .shm import ShmTransport
+
+
+class RoutedTransport(Transport):
+    """Shared memory to the peers on this node, ``engine`` to the others."""
+
+    def __init__(self, rank: int, node_of: Sequence[int], local: ShmTransport | None,
+                 engine: Transport) -> None:
+        self.rank, self.size = rank, len(node_of)
+        self.node_of = list(node_of)
+        me = self.node_of[rank]
+        #: this communicator's ranks on this node, in order (the local transport's ranks)
+        self.locals = [q for q in range(self.size) if self.node_of[q] == me]
+        self.lidx = {q: i for i, q in enumerate(self.locals)}
+        self.remote = [q for q in range(self.size) if self.node_of[q] != me]
+        if (local is None) != (len(self.locals) == 1):
+            raise ValueError("a routed transport needs shared memory iff its node has peers")
+        self.local = local
+        self.engine = engine
+        if local is not None:
+            local.names = list(self.locals)
+        self.settings = local.settings if local is not None else engine.settings
+        self.caps = Caps(engine=engine.caps.engine, native=engine.caps.native)
+
+    def _set_describe(self, fn: Callable[[], str]) -> None:
+        self._describe = fn
+        self.engine.describe = fn
+        if self.local is not None:
+            self.local.describe = fn
+
+    describe = property(lambda self: self._describe, _set_describe)
+    _describe: Callable[[], str] = staticmethod(lambda: "a collective")
+
+    # --- messages ---------------------------------------------------------------------
+
+    def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> Request:
+        i = self.lidx.get(peer)
+        if i is None:
+            return self.engine.isend(peer, parts, channel)
+        r = self.local.isend(i, parts, channel)  # type: ignore[union-attr]
+        r.peer = peer
+        return r
+
+    def irecv(self, peer: int, parts: Sequence[np.ndarray], reducer: Reducer | None = None,
+              channel: int = COLL) -> Request:
+        i = self.lidx.get(peer)
+        if i is None:
+            return self.engine.irecv(peer, parts, reducer, channel)
+        r = self.local.irecv(i, parts, reducer, channel)  # type: ignore[union-attr]
+        r.peer = peer
+        return r
+
+    def progress(self) -> bool:
+        moved = self.engine.progress()
+        if self.local is not None:
+            moved |= self.local.progress()
+        return moved
+
+    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
+        if all(r.done for r in reqs):
+            return
+
+        def missing() -> list[int]:
+            return [r.peer for r in reqs if not r.done]
+
+        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing()))
+        while True:
+            if not self.progress():
+                if all(r.done for r in reqs):
+                    return
+                waiter.pause()
+
+    def discard_pending(self) -> None:
+        self.engine.discard_pending()
+        if self.local is not None:
+            self.local.discard_pending()
+
+    # --- agreement ----------------------------------------------------------------------
+
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+        if self.local is not None:
+            self.local.publish(seq, words, note)
+        self.engine.publish(seq, words, note)
+
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        i = self.lidx.get(q)
+        if i is None:
+            return self.engine.peer_desc(q, seq)
+        return self.local.peer_desc(i, seq)  # type: ignore[union-attr]
+
+    def note(self, q: int, seq: int) -> str:
+        i = self.lidx.get(q)
+        return self.engine.note(q, seq) if i is None else \
+            self.local.note(i, seq)  # type: ignore[union-attr]
+
+    def latest_desc(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        i = self.lidx.get(q)
+        return self.engine.latest_desc(q) if i is None else \
+            self.local.latest_desc(i)  # type: ignore[union-attr]
+
+    # --- liveness ---------------------------------------------------------------------
+
+    def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
+        peers = range(self.size) if watch is None else watch
+        if self.local is not None:
+            self.local.check([self.lidx[q] for q in peers if q in self.lidx], what)
+        self.engine.check([q for q in peers if q not in self.lidx], what)
+
+    def abort(self, message: str, timeout: bool = False) -> None:
+        if self.local is not None:
+            self.local.abort(message, timeout)
+        self.engine.abort(message, timeout)
+
+    def mark_closed(self) -> None:
+        if self.local is not None:
+            self.local.mark_closed()
+        self.engine.mark_closed()
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+        self.engine.close()
+
+    # --- the engine's collectives, and groups --------------------------------------------
+
+    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
+               op: Any, what: Callable[[], str]) -> None:
+        self.engine.native(collective, root, count, bufs, op, what)
+
+    def split(self, ranks: Sequence[int], token: str,
+              remote: Sequence[int] | None = None) -> Transport:
+        """The group ``ranks``: shared memory among its members on this node, the engine
+        (a group of the engine's) among all its members."""
+        ranks = list(ranks)
+        me = self.node_of[self.rank]
+        here = [r for r in ranks if self.node_of[r] == me]
+        local = self.local.split([self.lidx[r] for r in here], token) \
+            if self.local is not None and len(here) > 1 else None
+        if len(here) == len(ranks):   # the whole group is on this node
+            if local is not None:
+                local.names = list(range(len(ranks)))
+                return local
+        far = [i for i, r in enumerate(ranks) if self.node_of[r] != me]
+        engine = self.engine.split(ranks, token, remote=far)
+        if len(here) == len(ranks):
+            return engine   # a group of one rank
+        return RoutedTransport(ranks.index(self.rank), [self.node_of[r] for r in ranks], local,
+                               engine)
