@@ -1,0 +1,357 @@
+"""The path of every call: numbering, agreement, execution and failure (a mixin of
+:class:`~ringlet.comm.Communicator`).
+
+Every collective goes through the same path:
+
+1. validate the arguments locally.  A rejected call raises ``ArgumentError``
+   on this rank at once, naming the rank, and is still numbered: the rank
+   publishes a *rejected* descriptor under the call's sequence number, so
+   that its peers raise a ``MismatchError`` quoting the reason, and the calls
+   after it keep pairing with the right ones.  Any exception that escapes
+   validation (a ``TypeError`` from a strange argument) is turned into such
+   an ``ArgumentError``: every rank must hear of every call;
+2. take the next sequence number and publish a descriptor
+   (:class:`~ringlet.agreement.Desc`: collective, op, dtype, count, shape,
+   root, algorithm, path); wait until every rank has published its
+   descriptor for that number and compare them all: a disagreement raises
+   ``MismatchError`` on every rank, a rank that never arrives a
+   ``CommTimeoutError`` naming it;
+3. run this rank's steps of the chosen schedule (:mod:`ringlet.executor`).
+
+A failure in step 3 (a peer died, a deadline passed, Ctrl-C) aborts the
+communicator on every rank, so the others fail fast instead of waiting for
+their own deadline; a ``KeyboardInterrupt`` reaches the caller as it is.
+
+A rank publishes call s+1 where call s-1 was (two alternating places) and
+the one-shot path writes its data there too, so it may only do so once every
+peer has finished call s-1, that is, once every peer has published call s.
+The agreement of a call that runs waits for that; a rejected call does not
+wait, so the next call waits first (:meth:`Communicator._settle`).
+
+One thread makes a communicator's calls (:meth:`Communicator._check_thread`):
+two threads' calls would pair up differently on different ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import agreement
+from .agreement import Desc, algo_code, describe
+from .algorithms import algorithms as _algorithms
+from .buffers import Buffer
+from .config import Settings
+from .errors import ArgumentError, CommTimeoutError, MismatchError, PeerError, RingletError
+from .transport.base import Transport
+from .wait import Waiter
+from .work import Work
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+log = logging.getLogger("ringlet")
+
+#: the engine's own collectives (an algorithm name)
+NATIVE = "native"
+#: calls made of other collectives: the descriptors of their parts carry this name
+_COMPOUND = frozenset({"split", "broadcast_object", "all_gather_object", "empty"})
+
+
+def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Validate on every rank or tell the peers: the wrapper of every collective call.
+
+    A call whose arguments this rank rejects raises ArgumentError here at
+    once, naming this rank; the rank also publishes an error descriptor under
+    the call's sequence number, so that its peers raise a MismatchError
+    quoting it instead of waiting for it until their deadline.  Any other
+    exception raised while the arguments are checked (a TypeError from a
+    strange argument, say) becomes such an ArgumentError too: every rank
+    must hear of every call, or the calls after it pair up wrongly.
+    """
+    name = fn.__name__
+    compound = name in _COMPOUND
+
+    def wrapper(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+        if self._owner_id != threading.get_ident():
+            self._check_thread(name)
+        outer = compound and self._api is None
+        if outer:
+            self._api = name
+        seq = self._seq
+        try:
+            return fn(self, *args, **kwargs)
+        except ArgumentError as exc:
+            if self._seq == seq and not self._closed and self._broken is None:
+                note = str(exc)
+                exc.args = (f"{name} on rank {self.rank}: {note}",)
+                self._reject(name, note, exc)
+            raise
+        except RingletError:
+            raise
+        except Exception as exc:
+            if self._seq != seq or self._closed or self._broken is not None:
+                raise
+            note = f"bad argument ({type(exc).__name__}: {exc})"
+            err = ArgumentError(f"{name} on rank {self.rank}: {note}")
+            self._reject(name, note, err)
+            raise err from exc
+        finally:
+            if outer:
+                self._api = None
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+class Calls:
+    """Numbering, agreement, execution and failure of a communicator's calls."""
+
+    rank: int
+    size: int
+    settings: Settings
+    _t: Transport
+    _seq: int
+    _exec_lock: threading.RLock
+    _submit_lock: threading.Lock
+    _queue: queue.Queue[Any] | None
+    _inflight: int
+    _broken: str | None
+    _closed: bool
+    _cur: tuple[int, Desc] | None
+    _api: str | None
+    _pending_reject: int | None
+    _owner: threading.Thread | None
+    _owner_id: int
+
+    def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
+                xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
+        """Number the call and run it inline, or queue it behind pending async work."""
+        if not isinstance(async_op, (bool, np.bool_)):
+            raise ArgumentError(f"async_op must be True or False, got {async_op!r}")
+        self._usable()
+        with self._submit_lock:
+            self._seq += 1
+            seq = self._seq
+            if not async_op and not self._inflight:
+                # nothing queued: run here (holding the lock keeps the numbering in order)
+                return self._execute(seq, desc, run, name, xb, before)
+            work = Work(describe(seq, desc))
+            self._inflight += 1
+            self._worker().put((seq, desc, run, work, name, xb, before))
+        return work if async_op else work.wait()
+
+    def _reject(self, coll: str, note: str, exc: ArgumentError) -> None:
+        """Publish an error descriptor under the next sequence number (see _collective).
+
+        The call is numbered like any other, so the calls after it keep pairing
+        with the right ones on every rank.
+        """
+        desc = agreement.rejected(self._api or coll)
+
+        def publish(seq: int) -> None:
+            self._t.publish(seq, agreement.packed(desc), note)
+            self._pending_reject = seq
+
+        with self._submit_lock:
+            self._seq += 1
+            seq = self._seq
+            if self._inflight:
+                self._inflight += 1
+                self._worker().put((seq, desc, publish, Work(describe(seq, desc)), "", None,
+                                    None))
+                return
+            try:
+                self._execute(seq, desc, publish, "", None, None)
+            except RingletError as err:  # the peers never came: the communicator is aborted
+                raise err from exc
+
+    def _worker(self) -> queue.Queue[Any]:
+        if self._queue is None:
+            self._queue = queue.Queue()
+            threading.Thread(target=self._work_loop, name=f"ringlet-{self.rank}",
+                             daemon=True).start()
+        return self._queue
+
+    def _work_loop(self) -> None:
+        q = self._queue
+        while q is not None:
+            item = q.get()
+            if item is None:
+                return
+            seq, desc, run, work, name, xb, before = item
+            try:
+                res = None if desc is None else self._execute(seq, desc, run, name, xb, before)
+                work._finish(res)
+            except BaseException as exc:  # delivered to the waiter
+                work._finish(error=exc)
+            finally:
+                with self._submit_lock:
+                    if desc is not None:
+                        self._inflight -= 1
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RingletError("the communicator is closed")
+        if self._broken is not None:
+            raise PeerError(f"the communicator was aborted earlier: {self._broken}")
+
+    def _check_thread(self, what: str) -> None:
+        """One thread makes a communicator's calls: the first one that calls it.
+
+        Calls of two threads would pair up differently on different ranks (nothing
+        orders them), so a second thread gets an ArgumentError at once, before
+        anything is numbered or published; once the first thread has ended,
+        another may take over.  Use one communicator per thread (``split``).
+        """
+        me = threading.current_thread()
+        owner = self._owner
+        if owner is me:
+            return
+        if owner is None or not owner.is_alive():
+            self._owner, self._owner_id = me, threading.get_ident()
+            return
+        raise ArgumentError(
+            f"{what} on rank {self.rank}: this communicator's calls are made by thread "
+            f"{owner.name!r}, and thread {me.name!r} called it too; calls from two threads "
+            f"would pair up differently on different ranks. Make every call from one thread, "
+            f"or give each thread its own communicator (comm.split(color=0) once per thread, "
+            f"in the same order on every rank)")
+
+    @property
+    def _current(self) -> str:
+        """The call in progress, described for messages (formatted only when needed)."""
+        return "a collective" if self._cur is None else describe(*self._cur)
+
+    def _execute(self, seq: int, desc: Desc, run: Callable[[int], Any],
+                 name: str, xb: Buffer | None,
+                 before: Callable[[int], None] | None = None) -> Any:
+        with self._exec_lock:
+            self._usable()
+            self._cur = (seq, desc)
+            try:
+                self._settle()
+                if desc.rejected:
+                    return run(seq)
+                if before is not None:
+                    before(seq)
+                self._agree(seq, desc)
+                if log.isEnabledFor(logging.INFO) and desc.collective != agreement.COLL_CODE[
+                        "barrier"]:
+                    log.info("rank %d: %s algorithm %s%s, %d B", self.rank, self._current,
+                             name or _alg_name(agreement.coll_name(desc.collective),
+                                               desc.algorithm),
+                             " (fused)" if desc.path else "", xb.nbytes if xb else 0)
+                return run(seq)
+            except (MismatchError, ArgumentError):
+                raise
+            except BaseException as exc:
+                self._fail(exc)
+                if isinstance(exc, RingletError) or not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt and SystemExit reach the caller as they are
+                raise PeerError(self._broken) from exc
+
+    def _fail(self, exc: BaseException) -> None:
+        """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""
+        if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
+            msg = str(exc)  # already names the rank it started on
+        elif isinstance(exc, KeyboardInterrupt):
+            msg = f"rank {self.rank} was interrupted (KeyboardInterrupt) in {self._current}"
+        elif isinstance(exc, RingletError):
+            msg = f"rank {self.rank} failed in {self._current}: {exc}"
+        else:
+            msg = f"rank {self.rank} failed in {self._current}: {type(exc).__name__}: {exc}"
+        self._broken = msg
+        self._t.discard_pending()
+        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
+
+    def _settle(self) -> None:
+        """Wait until every peer has published the call this rank last rejected.
+
+        A rank publishes call s+1 in the place call s-1 had, and the one-shot
+        path writes its data there too: it may only do so once every peer has
+        read call s-1, which every peer has once it has published call s.  A
+        call that ran had that wait in its agreement; a rejected one has it
+        here, before this rank publishes anything else.
+        """
+        s = self._pending_reject
+        if s is None:
+            return
+        t = self._t
+        missing = [q for q in range(self.size) if q != self.rank and t.peer_desc(q, s) is None]
+        waiter = None
+        while missing:
+            if waiter is None:
+                waiter = Waiter(t.settings, lambda: self._whereabouts(
+                    f"{self._current}, waiting for the peers to reach call #{s} (which rank "
+                    f"{self.rank} rejected)", missing), lambda: missing,
+                    lambda: t.check(missing))
+            waiter.pause()
+            missing[:] = [q for q in missing if t.peer_desc(q, s) is None]
+        self._pending_reject = None
+
+    def _whereabouts(self, what: str, missing: list[int]) -> str:
+        t = self._t
+        where = []
+        for q in missing:
+            last = t.latest_desc(q)
+            if last is None:
+                where.append(f"rank {q} has not entered any collective")
+            else:
+                where.append(f"rank {q} is in {describe(last[0], Desc(*last[1]))}")
+        return f"{what} ({'; '.join(where)})"
+
+    def _agree(self, seq: int, desc: Desc) -> None:
+        """Publish this rank's descriptor and compare it with every rank's."""
+        t = self._t
+        t.publish(seq, agreement.packed(desc))
+        if self.size == 1:
+            return
+        got: dict[int, Desc] = {self.rank: desc}
+        missing = [q for q in range(self.size) if q != self.rank]
+        waiter = None
+        while missing:
+            for q in list(missing):
+                d = t.peer_desc(q, seq)
+                if d is not None:
+                    got[q] = Desc(*d)
+                    missing.remove(q)
+            if missing:
+                if waiter is None:
+                    waiter = Waiter(t.settings,
+                                    lambda: self._whereabouts(self._current, missing),
+                                    lambda: missing, lambda: t.check(missing))
+                waiter.pause()
+        agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
+
+
+def _alg_name(coll: str, code: int) -> str:
+    if code == algo_code(NATIVE):
+        return NATIVE
+    names = [coll] if coll in agreement.COLLECTIVES[1:9] else agreement.COLLECTIVES[1:9]
+    for c in names:
+        try:
+            for n in _algorithms(c):
+                if algo_code(n) == code:
+                    return n
+        except RingletError:
+            pass
+    return f"#{code}"
+
+
+def _configure_logging(level: str) -> None:
+    if any(getattr(h, "_ringlet", False) for h in log.handlers):
+        return
+    h = logging.StreamHandler()
+    h.setFormatter(logging.Formatter("ringlet %(levelname)s %(message)s"))
+    h._ringlet = True  # type: ignore[attr-defined]
+    log.addHandler(h)
+    log.setLevel({"WARN": logging.WARNING, "TRACE": logging.DEBUG}.get(level.upper(),
+                                                                      logging.INFO))
+

@@ -1,0 +1,187 @@
+"""Object collectives, sub-communicators and shared buffers (a mixin of
+:class:`~ringlet.comm.Communicator`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .calls import Calls, _collective
+from .errors import ArgumentError, MismatchError
+from .topology import Topology
+from .transport.shm import SHM_DIR, create_region, open_region
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+
+class Groups(Calls):
+    """broadcast_object, all_gather_object, split, empty."""
+
+    job_id: str
+    topology: Topology
+    _regions: list[tuple[int, int, list[np.ndarray]]]
+    _region_maps: list[Any]
+
+    if TYPE_CHECKING:   # the collectives these are made of (ringlet.comm)
+        def _root(self, root: Any) -> int: ...
+        def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
+                      async_op: bool = False) -> Any: ...
+        def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
+                       async_op: bool = False) -> Any: ...
+        def barrier(self, async_op: bool = False) -> Any: ...
+
+    # --- objects (pickled; trusted peers only) -----------------------------------------
+
+    @_collective
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """The root's ``obj``, pickled and sent to every rank.  Trusted peers only:
+        unpickling runs code chosen by the sender."""
+        root = self._root(root)
+        data = np.empty(0, np.uint8)
+        if self.rank == root:
+            data, ok = _pickled(obj)
+        n = np.array([data.size if self.rank != root or ok else -1 - data.size], np.int64)
+        self.broadcast(n, root)
+        size = int(n[0]) if n[0] >= 0 else -1 - int(n[0])
+        buf = data if self.rank == root else np.empty(size, np.uint8)
+        self.broadcast(buf, root)
+        if n[0] < 0:  # the root could not pickle its object: buf holds why, on every rank
+            raise ArgumentError(f"rank {root} could not pickle its object "
+                                f"({buf.tobytes().decode(errors='replace')})")
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    @_collective
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (pickled; trusted peers only)."""
+        data, ok = _pickled(obj)
+        sizes = self.all_gather(np.array([data.size if ok else -1 - data.size],
+                                         np.int64)).reshape(-1)
+        lengths = np.where(sizes < 0, -1 - sizes, sizes)
+        padded = np.zeros(int(lengths.max()), np.uint8)
+        padded[:data.size] = data
+        allb = self.all_gather(padded)
+        if (sizes < 0).any():  # every rank learns every reason
+            why = "; ".join(f"rank {q}: " + allb[q, :int(lengths[q])].tobytes().decode(
+                errors="replace") for q in np.flatnonzero(sizes < 0))
+            raise ArgumentError(f"objects that could not be pickled ({why})")
+        return [pickle.loads(allb[i, :int(sizes[i])].tobytes()) for i in range(self.size)]
+
+    # --- groups -------------------------------------------------------------------------
+
+    @_collective
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """Split into sub-communicators, one per ``color`` (like ``MPI_Comm_split``).
+
+        Ranks with equal ``color`` form a group, ordered by ``(key, rank)``.
+        ``color=None`` (or negative) joins no group and returns None.  Collective
+        over this communicator.
+        """
+        if color is not None and not isinstance(color, (int, np.integer)):
+            raise ArgumentError(f"split: color must be an int or None, got {color!r}")
+        if not isinstance(key, (int, np.integer)):
+            raise ArgumentError(f"split: key must be an int, got {key!r}")
+        c = -1 if color is None or color < 0 else int(color)
+        table = self.all_gather_object((c, int(key), secrets.token_hex(8)))
+        if c < 0:
+            self.barrier()
+            return None
+        members = sorted((k, r) for r, (cc, k, _) in enumerate(table) if cc == c)
+        ranks = [r for _, r in members]
+        token = table[ranks[0]][2]
+        try:
+            t = self._t.split(ranks, token)
+        finally:
+            # no rank leaves split before every group has mapped its segments
+            self.barrier()
+        from .comm import Communicator
+
+        me = ranks.index(self.rank)
+        return Communicator(me, len(ranks), t, self.settings, self.job_id,
+                            self.topology.sub(ranks, me))
+
+    # --- shared buffers -------------------------------------------------------------------
+
+    @_collective
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array in shared memory, for zero-copy collectives.  Collective.
+
+        Every rank calls it with the same shape and dtype and gets its own
+        array; every peer maps it too, so an in-place ``all_reduce`` of it (or
+        of a contiguous slice at the same place on every rank) with the
+        ``direct`` algorithm (the automatic choice for large vectors) reads the
+        peers' data where it lies instead of copying it through the staging
+        area.  ``torch.from_numpy(a)`` shares the memory, so tensors work too.
+        The array lives as long as the communicator (mode 0600; its file is
+        unlinked as soon as every rank has mapped it)::
+
+            g = comm.empty(1 << 24)      # every rank
+            g[...] = local_gradients
+            comm.all_reduce(g)           # zero-copy
+        """
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as exc:
+            raise ArgumentError(f"empty: bad dtype {dtype!r} ({exc})") from None
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shp: tuple[int, ...] = (int(shape),)
+        elif isinstance(shape, (tuple, list)) and all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+            shp = tuple(int(d) for d in shape)
+        else:
+            raise ArgumentError(f"empty: shape must be an int or a tuple of ints, got "
+                                f"{shape!r}")
+        from .ops import dtype_of_numpy
+
+        dtype_of_numpy(dt)
+        if any(d < 0 for d in shp):
+            raise ArgumentError(f"empty: shape {shp} has a negative dimension")
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        spec = self.all_gather_object((shp, dt.str))
+        if any(sp != spec[0] for sp in spec):
+            raise MismatchError(
+                "empty: ranks asked for different buffers: " + "; ".join(
+                    f"rank {q}: {sp[0]} {np.dtype(sp[1]).name}" for q, sp in enumerate(spec)))
+        if not self._t.caps.shared_buffers:   # ranks on several hosts: an ordinary array
+            return np.empty(shp, dt)
+        token = self.broadcast_object(secrets.token_hex(8) if self.rank == 0 else None)
+        path = os.path.join(SHM_DIR, f"ringlet-{self.job_id}-buf{token}-{{}}")
+        maps: list[Any] = [None] * self.size
+        try:
+            maps[self.rank] = create_region(path.format(self.rank), nbytes)
+            self.barrier()                        # every file exists
+            for q in range(self.size):
+                if q != self.rank:
+                    maps[q] = open_region(path.format(q), nbytes)
+            self.barrier()                        # every rank has mapped every file
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.format(self.rank))
+        regions = [np.frombuffer(mm, np.uint8, max(nbytes, 1)) for mm in maps]
+        mine = regions[self.rank]
+        start = mine.__array_interface__["data"][0]
+        self._regions.append((start, start + nbytes, regions))
+        self._region_maps.extend(maps)
+        return mine[:nbytes].view(dt).reshape(shp)
+
+    def _shared_view(self, flat: np.ndarray) -> tuple[int, int] | None:
+        """(region index, byte offset) if ``flat`` lies inside a buffer from empty()."""
+        if not self._regions or flat.size == 0:
+            return None
+        addr = flat.__array_interface__["data"][0]
+        for i, (lo, hi, _) in enumerate(self._regions):
+            if lo <= addr and addr + flat.nbytes <= hi and i < 1024:
+                return i, addr - lo
+        return None
+
+def _pickled(obj: Any) -> tuple[np.ndarray, bool]:
+    """(the pickle of ``obj``, True), or (why it does not pickle, as bytes, False)."""
+    try:
+        return np.frombuffer(pickle.dumps(obj), np.uint8), True
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+        return np.frombuffer(f"{type(exc).__name__}: {exc}".encode()[:4096], np.uint8), False
