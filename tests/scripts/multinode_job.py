@@ -1,0 +1,183 @@
+"""Every collective, algorithm and p2p across nodes, checked against numpy (any launcher).
+
+Run under ``ringlet run --nodes K``, ``mpiexec`` with ``RINGLET_NODE`` per
+group of ranks, ``torchrun`` per node, or across network namespaces.
+``EXPECT_NODES`` (e.g. ``0,0,1,1``: each rank's node) is checked against
+``comm.topology``.  Prints one JSON line per rank: ``{"rank", "ok", "bad",
+"digest", "topology"}``; exits 1 if anything differed.  With ``--errors``
+it also runs the error sequence (a mismatch, a rejected call, good calls
+around them) and, with ``--timeout``, a call that one rank skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import ringlet
+from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError
+
+COLLS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+         "scatter", "gather"]
+
+
+def data(rank: int, count: int, dtype: str, salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([rank, count, salt])
+    if dtype == "int64":
+        return rng.integers(-1000, 1000, count).astype(np.int64)
+    return rng.normal(0, 10, count).astype(dtype)
+
+
+def close(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind == "f":
+        return bool(np.allclose(a, b, rtol=1e-4, atol=1e-4))
+    return bool(np.array_equal(a, b))
+
+
+def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[str]]) -> str:
+    n, r = comm.size, comm.rank
+    h = hashlib.sha1()
+    for dtype in ("float32", "int64"):
+        for count in (0, 1, 7, 1000, 40_000):
+            xs = [data(q, count * n, dtype) for q in range(n)]
+            for alg in names["all_reduce"]:
+                x = xs[r].copy()
+                comm.all_reduce(x, algorithm=alg)
+                if not close(x, sum(xs[1:], xs[0].copy())):
+                    bad.append(f"all_reduce/{alg} {dtype} {count}")
+                h.update(x.tobytes())
+            for alg in names["broadcast"]:
+                for root in {0, n - 1}:
+                    x = xs[r].copy()
+                    comm.broadcast(x, root=root, algorithm=alg)
+                    if not np.array_equal(x, xs[root]):
+                        bad.append(f"broadcast/{alg} root {root} {count}")
+            for alg in names["reduce"]:
+                root = n - 1
+                res = comm.reduce(xs[r].copy(), root=root, algorithm=alg)
+                if r == root and not close(res, sum(xs[1:], xs[0].copy())):
+                    bad.append(f"reduce/{alg} {dtype} {count}")
+            for alg in names["all_gather"]:
+                got = comm.all_gather(xs[r][:count], algorithm=alg)
+                if not np.array_equal(got, np.stack([x[:count] for x in xs])):
+                    bad.append(f"all_gather/{alg} {count}")
+            for alg in names["reduce_scatter"]:
+                got = comm.reduce_scatter(xs[r], algorithm=alg)
+                want = sum(xs[1:], xs[0].copy())[r * count:(r + 1) * count]
+                if not close(got, want):
+                    bad.append(f"reduce_scatter/{alg} {dtype} {count}")
+            for alg in names["all_to_all"]:
+                got = comm.all_to_all(xs[r], algorithm=alg)
+                want = np.concatenate([x[r * count:(r + 1) * count] for x in xs])
+                if not np.array_equal(got, want):
+                    bad.append(f"all_to_all/{alg} {count}")
+            for alg in names["scatter"]:
+                root = 0
+                out = np.empty(count, xs[0].dtype)
+                got = comm.scatter(xs[root] if r == root else None, root=root, out=out,
+                                   algorithm=alg)
+                if not np.array_equal(got, xs[root][r * count:(r + 1) * count]):
+                    bad.append(f"scatter/{alg} {count}")
+            for alg in names["gather"]:
+                root = n - 1
+                got = comm.gather(xs[r][:count], root=root, algorithm=alg)
+                if r == root and not np.array_equal(got, np.stack([x[:count] for x in xs])):
+                    bad.append(f"gather/{alg} {count}")
+    # p2p: a ring, with tags out of order (the second message is received first)
+    a, b = np.full(5, r, np.int64), np.full(3, 10 + r, np.int64)
+    w1 = comm.isend(a, (r + 1) % n, tag=1)
+    w2 = comm.isend(b, (r + 1) % n, tag=2)
+    gb, ga = np.empty(3, np.int64), np.empty(5, np.int64)
+    comm.recv(gb, (r - 1) % n, tag=2)
+    comm.recv(ga, (r - 1) % n, tag=1)
+    w1.wait()
+    w2.wait()
+    if not (ga == (r - 1) % n).all() or not (gb == 10 + (r - 1) % n).all():
+        bad.append("p2p ring")
+    # objects, split across nodes (even and odd ranks), a sub-communicator's all_reduce
+    objs = comm.all_gather_object({"rank": r})
+    if [o["rank"] for o in objs] != list(range(n)):
+        bad.append("all_gather_object")
+    sub = comm.split(r % 2)
+    assert sub is not None
+    x = np.full(4, r, np.float64)
+    sub.all_reduce(x)
+    if x[0] != sum(q for q in range(n) if q % 2 == r % 2):
+        bad.append("split all_reduce")
+    sub.close()
+    return h.hexdigest()
+
+
+def check_errors(comm: ringlet.Communicator, bad: list[str], skip: bool) -> None:
+    n, r = comm.size, comm.rank
+    x = np.ones(8, np.float32)
+    comm.all_reduce(x)
+    try:   # ranks disagree about the count: MismatchError on every rank
+        comm.all_reduce(np.ones(8 + (r == n - 1), np.float32))
+        bad.append("mismatch not detected")
+    except MismatchError as exc:
+        if "count" not in str(exc):
+            bad.append(f"mismatch message: {exc}")
+    try:   # one rank's bad op: ArgumentError there, MismatchError quoting it elsewhere
+        comm.all_reduce(np.ones(4, np.float32), op="median" if r == 1 else "sum")
+        bad.append("rejected call not reported")
+    except ArgumentError as exc:
+        if r != 1:
+            bad.append(f"ArgumentError on rank {r}: {exc}")
+    except MismatchError as exc:
+        if r == 1 or "rank 1" not in str(exc):
+            bad.append(f"rejected-call message on rank {r}: {exc}")
+    y = np.full(8, r + 1.0, np.float32)
+    comm.all_reduce(y)
+    if y[0] != n * (n + 1) / 2:
+        bad.append("all_reduce after the errors")
+    if skip:   # the last rank skips a call: the others time out naming it
+        if r == n - 1:
+            time.sleep(comm.settings.timeout + 2)
+        else:
+            try:
+                comm.all_reduce(np.ones(2, np.float32))
+                bad.append("timeout not raised")
+            except CommTimeoutError as exc:
+                if f"rank {n - 1}" not in str(exc) and f"ranks {n - 1}" not in str(exc):
+                    bad.append(f"timeout message: {exc}")
+            except ringlet.PeerError as exc:   # a peer's timeout reached this rank first
+                if "timed out" not in str(exc):
+                    bad.append(f"timeout message: {exc}")
+
+
+def main() -> int:
+    comm = ringlet.init()
+    names = {c: ringlet.algorithms(c) for c in COLLS}
+    if comm.topology.engine is not None and "--native" in sys.argv:
+        for c in COLLS:
+            names[c] = [*names[c], "native"]
+    bad: list[str] = []
+    expect = os.environ.get("EXPECT_NODES")
+    if expect:
+        keys = expect.split(",")
+        want = ringlet.topology.Topology.from_keys(keys, comm.rank, comm.topology.engine)
+        if want.nodes != comm.topology.nodes or want.node != comm.topology.node:
+            bad.append(f"topology {comm.topology} != expected {want}")
+    dig = check_all(comm, bad, names)
+    # all_reduce is bit-identical on every rank
+    digs = comm.all_gather_object(dig)
+    if len(set(digs)) != 1:
+        bad.append("all_reduce results differ between ranks")
+    if "--errors" in sys.argv:
+        check_errors(comm, bad, "--timeout" in sys.argv)
+    print(json.dumps({"rank": comm.rank, "ok": not bad, "bad": bad[:20],
+                      "nodes": [list(rs) for rs in comm.topology.nodes],
+                      "engine": comm.topology.engine}), flush=True)
+    if "--timeout" not in sys.argv:
+        comm.close()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
