@@ -1,0 +1,168 @@
+"""The multi-host test bed (``tests/netbed.py``): hosts made of network namespaces.
+
+Everything that builds a bed needs root, iproute2 and the kernel's netns/veth/bridge support;
+without them the tests are skipped with ``netbed.check()``'s reason.  Rate shaping needs
+sch_htb, delay needs sch_netem; those tests are skipped separately, with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import netbed  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "scripts"
+RATE = "1gbit"
+SUPPORT = netbed.check()
+needs_bed = pytest.mark.skipif(SUPPORT.reason is not None, reason=str(SUPPORT.reason))
+needs_rate = pytest.mark.skipif(SUPPORT.why_not(rate=RATE) is not None,
+                                reason=str(SUPPORT.why_not(rate=RATE)))
+needs_delay = pytest.mark.skipif(SUPPORT.why_not(rate=RATE, delay="1ms") is not None,
+                                 reason=str(SUPPORT.why_not(rate=RATE, delay="1ms")))
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[netbed.NetBed]:
+    """Three hosts, every link shaped to RATE when this machine can shape."""
+    rate = RATE if SUPPORT.rate_reason is None else None
+    with netbed.NetBed(3, rate=rate) as b:
+        yield b
+
+
+def records(text: str) -> list[dict[str, object]]:
+    """The scripts' JSON lines (Hydra may forward two ranks' lines run together)."""
+    return [json.loads(x) for x in re.findall(r"\{[^{}]*\}", text)]
+
+
+def test_units() -> None:
+    assert netbed.parse_rate("1gbit") == 1e9
+    assert netbed.parse_rate("500mbit") == 5e8
+    assert netbed.parse_rate("100mbps") == 8e8
+    assert netbed.parse_rate(2e9) == 2e9
+    assert netbed.parse_delay("0.2ms") == pytest.approx(2e-4)
+    assert netbed.parse_delay("200us") == pytest.approx(2e-4)
+    assert netbed.parse_delay(0.001) == 0.001
+    with pytest.raises(ValueError):
+        netbed.parse_rate("fast")
+
+
+@needs_bed
+def test_hosts_talk_over_tcp_and_only_over_the_bridge(bed: netbed.NetBed) -> None:
+    server = textwrap.dedent("""
+        import socket
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", 7000)); s.listen(1); print("listening", flush=True)
+        c, addr = s.accept(); c.sendall(b"hello from " + c.recv(64) + b" " + addr[0].encode())
+    """)
+    client = textwrap.dedent("""
+        import os, socket, sys
+        try:  # the server's port is in host1's namespace, not host0's loopback
+            socket.create_connection(("127.0.0.1", 7000), timeout=2); print("loopback reached")
+        except OSError:
+            pass
+        c = socket.create_connection((sys.argv[1], 7000), timeout=10)
+        c.sendall(os.environ["RINGLET_NODE"].encode()); print(c.recv(64).decode())
+    """)
+    srv = bed.popen(1, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+    assert srv.stdout is not None and srv.stdout.readline().strip() == "listening"
+    out = bed.run(0, [sys.executable, "-c", client, bed.hosts[1].ip], timeout=30)
+    assert srv.wait(timeout=10) == 0
+    assert out.stdout.strip() == f"hello from host0 {bed.hosts[0].ip}", out.stderr
+    # each host resolves the bed's names and its own (shared) hostname to its own address
+    probe = ("import os, socket; print(os.environ['RINGLET_NODE'], "
+             "socket.gethostbyname(socket.gethostname()), socket.gethostbyname('host0'), "
+             "socket.gethostbyname('launcher'))")
+    got = bed.run(2, [sys.executable, "-c", probe], timeout=30)
+    assert got.stdout.split() == ["host2", bed.hosts[2].ip, bed.hosts[0].ip, bed.switch_ip]
+    rtt = bed.measure_rtt(0, 1, count=100)
+    assert rtt.min < 2e-3, rtt  # an unshaped RTT is tens of microseconds
+
+
+@needs_rate
+def test_shaped_rate_each_direction_and_at_the_receiver(bed: netbed.NetBed) -> None:
+    rate = netbed.parse_rate(RATE)
+    fwd = bed.measure_throughput(0, 1, seconds=1.0)
+    back = bed.measure_throughput(1, 0, seconds=1.0)
+    # two senders into one host share its download link: together they get one rate
+    incast = bed.measure_throughput([1, 2], 0, seconds=1.0)
+    got = {"0->1": fwd, "1->0": back, "1,2->0": incast}
+    for what, bps in got.items():
+        assert 0.7 * rate < bps < 1.3 * rate, (what, bps / 1e9, bed.qdiscs(0))
+
+
+@needs_delay
+def test_rtt_reflects_the_delay(bed: netbed.NetBed) -> None:
+    delay = 1e-3  # per link direction: host to host crosses two links each way, RTT = 4 delays
+    bed.shape(rate=RATE, delay=delay)
+    try:
+        rtt = bed.measure_rtt(0, 1, count=50)
+        fwd = bed.measure_throughput(0, 1, seconds=1.0)
+    finally:
+        bed.shape(rate=RATE)
+    assert 0.95 * 4 * delay < rtt.min, rtt
+    assert rtt.median < 4 * delay + 3e-3, rtt
+    assert 0.7 * netbed.parse_rate(RATE) < fwd, fwd
+
+
+def _crossed(bed: netbed.NetBed, before: list[dict[str, int]], at_least: int) -> None:
+    after = [bed.counters(i) for i in range(2)]
+    for i in range(2):
+        sent = after[i]["tx_bytes"] - before[i]["tx_bytes"]
+        assert sent >= at_least, f"host{i} sent only {sent} B over eth0"
+
+
+@needs_bed
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_gloo_all_reduce_two_hosts_by_torchrun(bed: netbed.NetBed) -> None:
+    before = [bed.counters(i) for i in range(2)]
+    job = bed.torchrun(SCRIPTS / "netbed_gloo.py", nproc_per_node=2, hosts=[0, 1])
+    ranks = records(job.check(timeout=90))
+    assert sorted((r["rank"], r["node"]) for r in ranks) == [
+        (0, "host0"), (1, "host0"), (2, "host1"), (3, "host1")]
+    assert all(r["ok"] and r["size"] == 4 for r in ranks), ranks
+    _crossed(bed, before, 4 << 20)  # a 4 MiB tensor's all_reduce crossed each host's link
+
+
+@needs_bed
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None
+                    or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) is None,
+                    reason="mpi4py or the MPICH wheel's mpiexec not installed")
+def test_mpi_allreduce_two_hosts_by_mpiexec(bed: netbed.NetBed) -> None:
+    before = [bed.counters(i) for i in range(2)]
+    job = bed.mpiexec([sys.executable, str(SCRIPTS / "netbed_mpi.py")], ppn=2, hosts=[0, 1])
+    ranks = records(job.check(timeout=60))
+    assert sorted((r["rank"], r["node"]) for r in ranks) == [
+        (0, "host0"), (1, "host0"), (2, "host1"), (3, "host1")]
+    assert all(r["ok"] and r["size"] == 4 for r in ranks), ranks
+    _crossed(bed, before, 8 << 20)  # an 8 MiB array's Allreduce crossed each host's link
+
+
+@needs_bed
+def test_teardown_and_stale_cleanup() -> None:
+    with netbed.NetBed(1) as b:
+        sleeper = b.popen(0, [sys.executable, "-c", "import time; time.sleep(600)"])
+        names = [b.switch_ns, b.hosts[0].ns]
+        assert set(names) <= set(netbed._netns_names())
+    assert sleeper.poll() is not None  # killed by the teardown
+    assert not set(names) & set(netbed._netns_names())
+    assert not any((netbed.ETC_NETNS / n).exists() for n in names) and not b.tmpdir.exists()
+    # a crashed run's leftovers: a namespace and /etc/netns entry named for a dead pid
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{netbed.PREFIX}{dead.pid}-abcdef-h0"
+    subprocess.run([netbed._ip(), "netns", "add", stale], check=True)
+    (netbed.ETC_NETNS / stale).mkdir(parents=True, exist_ok=True)
+    assert stale in netbed.cleanup_stale()
+    assert stale not in netbed._netns_names() and not (netbed.ETC_NETNS / stale).exists()
