@@ -1,0 +1,924 @@
+"""The MPI engine transport: ringlet's messages over mpi4py, between hosts.
+
+:class:`MpiTransport` implements :class:`~ringlet.transport.base.Transport`
+on an mpi4py communicator, which it duplicates (``Dup``) so that ringlet's
+messages never meet the user's.  :func:`world` starts MPI if needed and
+returns the transport of ``COMM_WORLD``::
+
+    from ringlet.comm import Communicator
+    from ringlet.config import Settings
+    from ringlet.transport.mpi import world
+
+    s = Settings.from_env()
+    t = world(s)                                  # under mpiexec -n N
+    comm = Communicator(t.rank, t.size, t, s, job_id="job")
+    comm.all_reduce(x)                            # a ringlet algorithm over MPI
+    comm.all_reduce(x, algorithm="native")        # MPI's own Iallreduce
+
+Messages
+--------
+Every message is a nonblocking ``Isend``/``Irecv`` of bytes, with one MPI
+tag per channel (COLL, P2P, CTRL, STATUS): MPI's non-overtaking rule (two
+messages from one sender that match the same receive arrive in the order
+they were sent) gives the FIFO order per pair and channel that the interface
+promises.  A send of one part goes straight from the caller's memory; several
+parts are packed into one buffer first.  A receive into one part without a
+reducer lands in place; otherwise it lands in a scratch buffer and is copied
+or reduced (``reducer(dst, src)``) into the parts as it completes.  Messages
+of more than :data:`PIECE_BYTES` travel as several MPI messages (pieces) so
+that each piece is reduced while the next ones are still on the wire (on a
+network; MPICH moves shared-memory messages only inside MPI calls, so on one
+host this changes little).  The receiver checks the bytes that arrived: ranks
+that disagree about a message size get a RingletError, not garbage.
+
+Agreement and status
+--------------------
+For its ``remote`` peers (by default every other rank) the transport runs
+agreement (descriptors as frames on the CTRL channel,
+:class:`~ringlet.transport.base.MessageAgreement`) and status (abort and
+closed notices on the STATUS channel,
+:class:`~ringlet.transport.base.StatusBoard`) itself.  A routed transport,
+which reaches the peers on its own host through shared memory, passes
+``remote=`` the peers on other hosts.
+
+What MPI can and cannot tell
+----------------------------
+MPI reports a peer's abort or close only because ringlet sends a notice.  It
+does not report that a process died unless an operation with that process
+fails: under ``mpiexec`` (MPICH's Hydra, Open MPI) the launcher normally
+kills the whole job when one rank dies, so the peers never get to report
+anything.  Where the engine does return an error on a request (the job was
+started with ``mpiexec -disable-auto-cleanup``, or the network failed), the
+transport raises a :class:`~ringlet.errors.PeerError` naming the peer; a peer
+that vanishes with nothing outstanding is caught by the deadline
+(``RINGLET_TIMEOUT``), whose message names the ranks that did not arrive.
+An engine's own collective (``native``) cannot say which rank is missing.
+
+Threads
+-------
+ringlet calls a communicator from its owner thread and, for asynchronous
+collectives, from one worker thread; the transport serialises its own MPI
+calls with a lock, so ``MPI_THREAD_SERIALIZED`` is enough.  :func:`world`
+asks for ``MPI_THREAD_MULTIPLE`` (mpi4py's default, and what a program that
+makes its own MPI calls from other threads needs) and accepts SERIALIZED;
+with less (FUNNELED, SINGLE) it raises ConfigError.
+
+The transport never calls ``MPI_Finalize``: mpi4py does at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from ..ops import DTYPES, DType, ReduceOp, check_op, dtype_of_numpy, reducer
+from ..wait import Waiter
+from .base import (
+    ABORT_PEER,
+    ABORT_TIMEOUT,
+    CLOSED,
+    COLL,
+    CTRL,
+    P2P,
+    STATUS,
+    STATUS_BYTES,
+    Caps,
+    MessageAgreement,
+    Reducer,
+    Request,
+    StatusBoard,
+    Transport,
+    _frame,
+)
+from .shm import oversubscribed
+
+#: messages larger than this travel as pieces of this many bytes (a multiple of 64, so a
+#: piece never splits an element); both sides compute the same pieces from the size
+PIECE_BYTES = 4 << 20
+#: scratch buffers kept for reuse (receives that reduce, sends of several parts)
+_POOL_MAX = 8
+#: the channels' MPI tags; split() derives its Create_group tag above them
+_TAGS = {COLL: 0, P2P: 1, CTRL: 2, STATUS: 3}
+_SPLIT_TAG_BASE = 16
+
+_INSTALL = "pip install 'ringlet[mpi]' (or: pip install mpi4py mpich)"
+
+
+def _mpi() -> Any:
+    """mpi4py's MPI module, MPI initialised (MULTIPLE asked, SERIALIZED at least)."""
+    try:
+        import mpi4py
+    except ImportError:
+        raise ConfigError(f"the MPI engine needs mpi4py and an MPI library: {_INSTALL}") \
+            from None
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:   # mpi4py without a usable MPI library
+        raise ConfigError(f"mpi4py {mpi4py.__version__} is installed but cannot load an MPI "
+                          f"library ({exc}): {_INSTALL}") from None
+    if MPI.Is_finalized():
+        raise ConfigError("MPI was already finalized in this process; the MPI engine "
+                          "cannot start")
+    if not MPI.Is_initialized():   # mpi4py.rc.initialize = False: start it here
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    _check_threads(MPI)
+    return MPI
+
+
+def _check_threads(MPI: Any) -> None:
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_SERIALIZED:
+        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED"}
+        raise ConfigError(
+            f"MPI was initialised with MPI_THREAD_{names.get(provided, provided)}, but "
+            f"ringlet runs asynchronous collectives on a worker thread and needs at least "
+            f"MPI_THREAD_SERIALIZED; set mpi4py.rc.thread_level = 'multiple' (or "
+            f"'serialized') before importing mpi4py.MPI")
+
+
+def world_comm() -> Any:
+    """``MPI.COMM_WORLD``, MPI started if needed (for start-up's own exchanges)."""
+    return _mpi().COMM_WORLD
+
+
+def world(settings: Settings | None = None) -> MpiTransport:
+    """The transport of ``MPI.COMM_WORLD`` (a duplicate of it), MPI started if needed.
+
+    Collective over COMM_WORLD.  Raises ConfigError naming what to install if
+    mpi4py or an MPI library is missing.
+    """
+    MPI = _mpi()
+    return MpiTransport(MPI.COMM_WORLD, settings if settings is not None else
+                        Settings.from_env())
+
+
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    """The byte ranges a message of ``nbytes`` travels as (none for an empty one)."""
+    return [(lo, min(lo + PIECE_BYTES, nbytes)) for lo in range(0, nbytes, PIECE_BYTES)]
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.uint8 else a.reshape(-1).view(np.uint8)
+
+
+class MpiSend:
+    """A message being sent: one MPI send per piece."""
+
+    __slots__ = ("_t", "peer", "channel", "_reqs", "_next", "_buf", "_pooled")
+
+    def __init__(self, t: MpiTransport, peer: int, parts: Sequence[np.ndarray],
+                 channel: int) -> None:
+        self._t, self.peer, self.channel = t, peer, channel
+        parts = [p for p in parts if p.size]
+        nbytes = sum(p.nbytes for p in parts)
+        self._pooled = len(parts) > 1
+        if len(parts) == 1:
+            buf = _as_bytes(parts[0])            # zero-copy: the caller keeps it alive
+        elif parts:
+            buf = t._take(nbytes)
+            pos = 0
+            for p in parts:
+                buf[pos:pos + p.nbytes] = _as_bytes(p)
+                pos += p.nbytes
+        else:
+            buf = np.empty(0, np.uint8)
+        self._buf = buf
+        comm, tag, MPI = t.comm, _TAGS[channel], t.MPI
+        with t._lock:
+            t._usable()
+            self._reqs = [comm.Isend([buf[lo:hi], MPI.BYTE], peer, tag)
+                          for lo, hi in _pieces(nbytes)]
+            if self._reqs:
+                t._sends.add(self)
+        self._next = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._reqs)
+
+    def advance(self) -> bool:
+        """Test the pieces in order; True if one completed."""
+        moved = False
+        reqs = self._reqs
+        if self._next == len(reqs):
+            return False
+        t = self._t
+        with t._lock:
+            while self._next < len(reqs):
+                try:
+                    ok = reqs[self._next].Test()
+                except t.MPI.Exception as exc:
+                    raise t._engine_error(self.peer, exc, "to") from None
+                if not ok:
+                    break
+                self._next += 1
+                moved = True
+            if self._next == len(reqs):
+                t._sends.discard(self)
+                if self._pooled:
+                    self._pooled = False
+                    t._give(self._buf)
+        return moved
+
+    def pending(self) -> list[Any]:
+        return self._reqs[self._next:]
+
+
+class MpiRecv:
+    """A message being received: one MPI receive per piece, each piece copied or reduced
+    into the parts as it completes (in order)."""
+
+    __slots__ = ("_t", "peer", "channel", "_reqs", "_next", "_buf", "_parts", "_offs",
+                 "_reducer", "_direct", "_ranges")
+
+    def __init__(self, t: MpiTransport, peer: int, parts: Sequence[np.ndarray],
+                 reducer: Reducer | None, channel: int) -> None:
+        self._t, self.peer, self.channel, self._reducer = t, peer, channel, reducer
+        self._parts = [p for p in parts if p.size]
+        nbytes = sum(p.nbytes for p in self._parts)
+        self._direct = reducer is None and len(self._parts) == 1
+        if self._direct:
+            self._buf = _as_bytes(self._parts[0])
+        else:
+            self._buf = t._take(nbytes) if nbytes else np.empty(0, np.uint8)
+        offs = [0]
+        for p in self._parts:
+            offs.append(offs[-1] + p.nbytes)
+        self._offs = offs
+        self._ranges = _pieces(nbytes)
+        comm, tag, MPI, buf = t.comm, _TAGS[channel], t.MPI, self._buf
+        with t._lock:
+            t._usable()
+            self._reqs = [comm.Irecv([buf[lo:hi], MPI.BYTE], peer, tag)
+                          for lo, hi in self._ranges]
+            if self._reqs:
+                t._recvs.add(self)
+        self._next = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._reqs)
+
+    def advance(self) -> bool:
+        """Test the pieces in order, delivering each that completed; True if one did."""
+        reqs = self._reqs
+        if self._next == len(reqs):
+            return False
+        moved = False
+        t = self._t
+        with t._lock:
+            st = t._status
+            while self._next < len(reqs):
+                try:
+                    ok = reqs[self._next].Test(st)
+                except t.MPI.Exception as exc:
+                    raise t._engine_error(self.peer, exc, "from",
+                                          self._ranges[self._next][1]
+                                          - self._ranges[self._next][0]) from None
+                if not ok:
+                    break
+                lo, hi = self._ranges[self._next]
+                got = st.Get_count(t.MPI.BYTE)
+                if got != hi - lo:
+                    raise RingletError(
+                        f"message from rank {self.peer} does not fit: {got} bytes arrived, "
+                        f"{hi - lo} expected (ranks disagree about a message size)")
+                self._next += 1
+                moved = True
+                if not self._direct:
+                    self._deliver(lo, hi)
+            if self._next == len(reqs):
+                t._recvs.discard(self)
+                if not self._direct and self._buf.size:
+                    t._give(self._buf)
+        return moved
+
+    def _deliver(self, lo: int, hi: int) -> None:
+        """Copy or reduce bytes [lo, hi) of the message into the parts they belong to."""
+        buf, offs = self._buf, self._offs
+        for i, p in enumerate(self._parts):
+            a, b = max(lo, offs[i]), min(hi, offs[i + 1])
+            if a >= b:
+                continue
+            isz = p.itemsize
+            dst = p[(a - offs[i]) // isz:(b - offs[i]) // isz]
+            src = buf[a:b].view(p.dtype)
+            if self._reducer is None:
+                dst[...] = src
+            else:
+                self._reducer(dst, src)
+
+    def pending(self) -> list[Any]:
+        return self._reqs[self._next:]
+
+
+# --- the engine's own reductions -----------------------------------------------------------
+
+#: (op, dtype name) -> (MPI datatype, MPI op), process-wide: mpi4py allows only 32
+#: user-defined operations per process, so one is made per combination and kept
+_REDUCTIONS: dict[tuple[ReduceOp, str], tuple[Any, Any]] = {}
+_TYPES_BY_NAME = {"bool": "C_BOOL", "int8": "INT8_T", "int16": "INT16_T", "int32": "INT32_T",
+                  "int64": "INT64_T", "uint8": "UINT8_T", "uint16": "UINT16_T",
+                  "uint32": "UINT32_T", "uint64": "UINT64_T", "float32": "FLOAT",
+                  "float64": "DOUBLE", "complex64": "C_FLOAT_COMPLEX",
+                  "complex128": "C_DOUBLE_COMPLEX", "bfloat16": "INT16_T"}
+#: bool: numpy's add is OR, multiply AND, min AND, max OR
+_BOOL_OPS = {ReduceOp.SUM: "LOR", ReduceOp.PROD: "LAND", ReduceOp.MIN: "LAND",
+             ReduceOp.MAX: "LOR", ReduceOp.BAND: "LAND", ReduceOp.BOR: "LOR",
+             ReduceOp.BXOR: "LXOR"}
+_CONTIGUOUS: dict[int, Any] = {}
+
+
+def _mpi_type(MPI: Any, dt: DType) -> Any:
+    """The MPI datatype of ``dt``'s elements (float16: MPICH's MPIX_C_FLOAT16 where it
+    exists; else, and for any type MPI lacks, a contiguous type of the element's bytes,
+    which only ringlet's own kernels reduce)."""
+    name = _TYPES_BY_NAME.get(dt.name)
+    t = getattr(MPI, name, None) if name else None
+    if t is None and dt.name == "float16":
+        try:
+            from mpi4py.util.dtlib import from_numpy_dtype
+
+            t = from_numpy_dtype(dt.np_dtype)
+        except (ImportError, ValueError, KeyError, TypeError):
+            t = None
+    if t is None or t == MPI.DATATYPE_NULL:
+        t = _CONTIGUOUS.get(dt.itemsize)
+        if t is None:
+            t = _CONTIGUOUS[dt.itemsize] = MPI.BYTE.Create_contiguous(dt.itemsize).Commit()
+    return t
+
+
+def _builtin(MPI: Any, op: ReduceOp, dt: DType) -> Any:
+    """MPI's predefined op that computes exactly ringlet's ``op`` on ``dt``, or None.
+
+    Integers: every op (both wrap on overflow).  bool: the logical ops (numpy's
+    add is OR).  Floating point: SUM and PROD only; MIN and MAX take ringlet's
+    kernel, because numpy's propagate NaN and C's comparisons do not.  Complex:
+    SUM only (ringlet's product is bit-for-bit commutative, C's may not be).
+    bfloat16: none (MPI has no such type).
+    """
+    kind = dt.np_dtype.kind
+    if dt.name == "bfloat16":
+        return None
+    if kind == "b":
+        return getattr(MPI, _BOOL_OPS[op])
+    if kind in "iu":
+        return getattr(MPI, op.name)
+    if kind == "f" and op in (ReduceOp.SUM, ReduceOp.PROD):
+        return getattr(MPI, op.name)
+    if kind == "c" and op is ReduceOp.SUM:
+        return MPI.SUM
+    return None
+
+
+def _reduction(MPI: Any, op: ReduceOp, dt: DType) -> tuple[Any, Any]:
+    """(MPI datatype, MPI op) that compute ringlet's ``op`` on ``dt``.
+
+    A predefined op where it computes the same thing and this MPI library
+    supports it on the type (checked locally with ``MPI_Reduce_local``, so every
+    rank decides alike); otherwise a user-defined op that runs ringlet's own
+    numpy (or torch, for bfloat16) kernel.
+    """
+    key = (op, dt.name)
+    hit = _REDUCTIONS.get(key)
+    if hit is not None:
+        return hit
+    check_op(op, dt)
+    mtype = _mpi_type(MPI, dt)
+    mop = _builtin(MPI, op, dt)
+    if mop is not None:
+        a = np.zeros(1, dt.np_dtype)
+        b = np.zeros(1, dt.np_dtype)
+        try:
+            mop.Reduce_local([a, 1, mtype], [b, 1, mtype])
+        except MPI.Exception:
+            mop = None
+    if mop is None:
+        kernel = reducer(op, dt)
+        storage = dt.np_dtype
+
+        def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            kernel(np.frombuffer(inoutbuf, storage), np.frombuffer(inbuf, storage))
+
+        try:
+            mop = MPI.Op.Create(apply, commute=True)
+        except RuntimeError as exc:   # mpi4py's 32 user-defined operations are taken
+            raise ArgumentError(
+                f"the MPI engine cannot reduce {dt.name} with {op.name} natively ({exc}); "
+                f"use a ringlet algorithm (e.g. algorithm='ring')") from None
+    _REDUCTIONS[key] = (mtype, mop)
+    return mtype, mop
+
+
+#: requests abandoned after an error or a timeout, kept (with their buffers) for the life
+#: of the process: MPI forbids freeing an engine collective's, and may still write into
+#: (or read) the buffers of any of them
+_ABANDONED: list[Any] = []
+
+#: transports not yet closed, and closed ones whose communicator waits for the peers'
+#: last words (see MpiTransport.close): held so that no posted receive's buffer is freed
+_OPEN: set[MpiTransport] = set()
+_LINGER: list[MpiTransport] = []
+_LINGER_LOCK = threading.Lock()
+
+
+def _sweep() -> None:
+    """Free the communicators of closed transports that have become quiet."""
+    with _LINGER_LOCK:
+        _LINGER[:] = [t for t in _LINGER if not t._quiet()]
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Before the interpreter frees its objects (and mpi4py finalizes MPI after that):
+    tell the peers, and cancel every receive still posted, so that no message that
+    arrives during MPI_Finalize is written into freed memory."""
+    with _LINGER_LOCK:
+        every = [*_OPEN, *_LINGER]
+    for t in every:
+        try:
+            t._shutdown()
+        except Exception:   # noqa: BLE001 - the interpreter is exiting: do what can be done
+            pass
+
+
+#: what native() runs for each collective (the mpi4py method), for messages
+_NATIVE = {"all_reduce": "Iallreduce", "broadcast": "Ibcast", "reduce": "Ireduce",
+           "all_gather": "Iallgather", "reduce_scatter": "Ireduce_scatter_block",
+           "all_to_all": "Ialltoall", "scatter": "Iscatter", "gather": "Igather"}
+
+
+class MpiTransport(Transport):
+    """ringlet's messages over an mpi4py communicator (see the module documentation).
+
+    ``comm`` is duplicated (collective over it); ``remote`` are the peers
+    whose agreement and status this transport handles (default: every other
+    rank).
+    """
+
+    caps = Caps(engine="mpi", native=True)
+
+    def __init__(self, comm: Any, settings: Settings,
+                 remote: Sequence[int] | None = None) -> None:
+        MPI = _mpi()
+        self.MPI = MPI
+        _sweep()
+        self.comm = comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        if remote is None:
+            remote = [q for q in range(self.size) if q != self.rank]
+        self.remote = sorted({int(q) for q in remote})
+        bad = [q for q in self.remote if not 0 <= q < self.size or q == self.rank]
+        if bad:
+            self.comm.Free()
+            raise ArgumentError(f"remote peers {bad} are not other ranks of this "
+                                f"communicator (0..{self.size - 1}, this is rank {self.rank})")
+        self._remote_set = frozenset(self.remote)
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local = node.Get_size()
+        node.Free()
+        self._given = settings
+        #: the settings every wait uses: no spinning when this host's ranks outnumber cores
+        self.settings = oversubscribed(settings, local)
+        self.describe: Callable[[], str] = lambda: "a collective"
+        self._lock = threading.RLock()
+        self._status = MPI.Status()
+        self._pending: list[MpiSend | MpiRecv] = []     # collective requests not yet done
+        # every message not yet done, held here: mpi4py frees the MPI request of a
+        # collected Request object, and MPI would then write into (or read) freed memory
+        self._recvs: set[MpiRecv] = set()
+        self._sends: set[MpiSend] = set()
+        self._orphans: list[Any] = []                    # forgotten requests, for close()
+        self._pool: list[np.ndarray] = []
+        self._error: RingletError | None = None          # an error MPI reported on a request
+        self._closed = False
+        self._said = False                               # sent its last word (_tell)
+        self._notices: list[MpiSend] = []
+        self.agreement = MessageAgreement(self, self.remote)
+        self.board = StatusBoard(self, self.remote)
+        with _LINGER_LOCK:
+            _OPEN.add(self)
+
+    # --- messages ---------------------------------------------------------------------
+
+    def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> MpiSend:
+        """Start sending ``parts`` (uint8 views) to ``peer``."""
+        req = MpiSend(self, peer, parts, channel)
+        if channel == COLL and not req.done:
+            self._pending.append(req)
+        return req
+
+    def irecv(self, peer: int, parts: Sequence[np.ndarray], reducer: Reducer | None = None,
+              channel: int = COLL) -> MpiRecv:
+        """Start receiving from ``peer`` into ``parts``, copying or reducing."""
+        req = MpiRecv(self, peer, parts, reducer, channel)
+        if channel == COLL and not req.done:
+            self._pending.append(req)
+        return req
+
+    def progress(self) -> bool:
+        """Advance every pending collective request; True if any completed a piece."""
+        if not self._pending:
+            return False
+        moved = False
+        keep: list[MpiSend | MpiRecv] = []
+        for r in self._pending:
+            moved |= r.advance()
+            if not r.done:
+                keep.append(r)
+        self._pending = keep
+        return moved
+
+    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
+        """Progress until every request in ``reqs`` is done, within the deadline."""
+        if all(r.done for r in reqs):
+            return
+
+        def missing() -> list[int]:
+            return [r.peer for r in reqs if not r.done]
+
+        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing(), what()))
+        while True:
+            moved = self.progress()
+            for r in reqs:
+                if not r.done and getattr(r, "channel", COLL) != COLL:
+                    moved |= r.advance()
+            if all(r.done for r in reqs):
+                return
+            if not moved:
+                waiter.pause()
+
+    def discard_pending(self) -> None:
+        """Forget pending collective requests: their receives are cancelled, and close()
+        finishes them (MPI may still write into their buffers until then)."""
+        with self._lock:
+            for r in self._pending:
+                if isinstance(r, MpiRecv):
+                    self._cancel(r)
+                self._orphans.extend(r.pending())
+                self._orphans.append(r)   # keeps its buffers alive
+            self._pending = []
+
+    # --- agreement ----------------------------------------------------------------------
+
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+        with self._lock:
+            self.agreement.publish(seq, words, note)
+
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        with self._lock:
+            return self.agreement.peer_desc(q, seq)
+
+    def note(self, q: int, seq: int) -> str:
+        with self._lock:
+            return self.agreement.note(q, seq)
+
+    def latest_desc(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        with self._lock:
+            return self.agreement.latest(q)
+
+    # --- liveness ---------------------------------------------------------------------
+
+    def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
+        """Raise if a peer aborted the communicator, a watched remote peer closed it, or
+        MPI reported an error on a message (peers not in ``remote`` are not watched
+        here: a routed transport watches them through shared memory)."""
+        with self._lock:
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            if self._closed:
+                return
+            self.board.poll()
+            err = self.board.error
+            if err is not None:
+                raise type(err)(str(err))
+            closed = self.board.closed
+            if not closed:
+                return
+            for q in self.remote if watch is None else watch:
+                if q in closed:
+                    raise PeerError(
+                        f"rank {q} closed the communicator (or its program ended) while "
+                        f"{what or self.describe()} waited for it: every rank must make the "
+                        f"same calls")
+
+    def abort(self, message: str, timeout: bool = False) -> None:
+        """Tell every remote peer to fail with ``message``; this rank's own ``check``
+        raises it from now on too (as shared memory's abort mailbox does)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
+            if self.board.error is None:
+                self.board.error = (CommTimeoutError if timeout else PeerError)(message)
+
+    def mark_closed(self) -> None:
+        """Tell the remote peers this rank makes no more calls."""
+        with self._lock:
+            if not self._closed and not self.MPI.Is_finalized():
+                self._tell(CLOSED, "")
+
+    def _tell(self, kind: int, text: str) -> None:
+        """This rank's last word on the communicator (an abort or a close), to every
+        remote peer, closed ones included: a peer frees its duplicate of the
+        communicator only once every peer's last word has arrived (see close())."""
+        if self._said:
+            return
+        self._said = True
+        frame = _frame([], kind, text, STATUS_BYTES)
+        for q in self.remote:
+            try:
+                r = self.isend(q, [frame], STATUS)
+                r.advance()
+            except RingletError:   # MPI refused: the peer is gone, nobody to tell
+                continue
+            if not r.done:
+                self._notices.append(r)
+
+    def close(self) -> None:
+        """Release the communicator (idempotent; MPI itself is finalized by mpi4py).
+
+        Notices in flight get half a second to leave, posted receives are
+        cancelled, and the duplicated communicator is freed, but only once every
+        remote peer's last word (its close or abort notice) has arrived and what
+        else it sent has been taken in: MPI may give a freed communicator's
+        context to the next one, and a late message to the old one would then be
+        received by the new one.  Until then the transport lingers with its
+        status receives posted; every later MpiTransport's creation or close
+        frees the lingering ones that have become quiet.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            if self.MPI.Is_finalized():
+                self._closed = True
+                return
+            self._tell(CLOSED, "")
+            self._closed = True
+            end = time.monotonic() + 0.5
+            while self._notices and time.monotonic() < end:
+                self._notices = [r for r in self._notices if not (r.advance() or r.done)]
+                if self._notices:
+                    time.sleep(0.001)
+            for r in list(self._recvs):
+                if r.channel != STATUS:
+                    self._cancel(r)
+                    self._orphans.extend(r.pending())
+            for q in self._pending:
+                self._orphans.extend(q.pending())
+            self._pending = []
+            self._finish(self._orphans, 1.0)
+            self._orphans = []
+        with _LINGER_LOCK:
+            _OPEN.discard(self)
+            _LINGER.append(self)
+        _sweep()
+
+    def _shutdown(self) -> None:
+        """At exit: the last word, notices flushed, every receive cancelled."""
+        MPI = self.MPI
+        with self._lock:
+            if MPI.Is_finalized():
+                return
+            if not self._closed:
+                self._tell(CLOSED, "")
+            end = time.monotonic() + 0.5
+            while self._notices and time.monotonic() < end:
+                self._notices = [r for r in self._notices if not (r.advance() or r.done)]
+            reqs: list[Any] = []
+            for r in list(self._recvs):
+                self._cancel(r)
+                reqs.extend(r.pending())
+            for q in list(self._sends):
+                reqs.extend(q.pending())
+            self._finish(reqs, 1.0)
+
+    def _quiet(self) -> bool:
+        """Free the communicator if every remote peer's last word has arrived (after
+        taking in whatever else is left); True once it is freed."""
+        MPI = self.MPI
+        with self._lock:
+            if MPI.Is_finalized():
+                return True
+            for r in [r for r in self._recvs if r.channel == STATUS]:
+                try:
+                    r.advance()
+                except RingletError:
+                    self._recvs.discard(r)
+            if any(r.channel == STATUS for r in self._recvs):
+                return False
+            st = MPI.Status()
+            while True:
+                try:
+                    msg = self.comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, st)
+                    if msg is None or msg == MPI.MESSAGE_NULL:
+                        break
+                    msg.Recv([np.empty(st.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
+                except MPI.Exception:
+                    break
+            for q in self._sends:   # never received: keep their buffers alive
+                _ABANDONED.extend(q.pending())
+            self._sends.clear()
+            self.comm.Free()
+            return True
+
+    def _cancel(self, r: MpiRecv) -> None:
+        for req in r.pending():
+            try:
+                req.Cancel()
+            except self.MPI.Exception:
+                pass
+        self._recvs.discard(r)
+
+    def _finish(self, reqs: list[Any], seconds: float) -> None:
+        """Complete cancelled or abandoned requests within ``seconds``; keep the rest
+        (and so their buffers) for the life of the process."""
+        MPI = self.MPI
+        live = [r for r in reqs if isinstance(r, MPI.Request)]
+        end = time.monotonic() + seconds
+        while live and time.monotonic() < end:
+            left = []
+            for r in live:
+                try:
+                    if not r.Test():
+                        left.append(r)
+                except MPI.Exception:
+                    pass
+            live = left
+            if live:
+                time.sleep(0.001)
+        _ABANDONED.extend(live)
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RingletError("the MPI transport is closed")
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        """A scratch buffer of ``nbytes`` (reused: fresh memory costs page faults)."""
+        with self._lock:
+            for i, b in enumerate(self._pool):
+                if nbytes <= b.size <= 4 * nbytes:
+                    del self._pool[i]
+                    return b[:nbytes]
+        return np.empty(nbytes, np.uint8)
+
+    def _give(self, buf: np.ndarray) -> None:
+        base = buf.base if isinstance(buf.base, np.ndarray) else buf
+        if base.size < 4096:
+            return
+        with self._lock:
+            if len(self._pool) >= _POOL_MAX:
+                self._pool.pop(0)
+            self._pool.append(base)
+
+    def _engine_error(self, peer: int, exc: Any, direction: str,
+                      expected: int = 0) -> RingletError:
+        """A RingletError for an error MPI returned on a message to or from ``peer``."""
+        MPI = self.MPI
+        text = (exc.Get_error_string() or str(exc)).strip().splitlines()
+        why = text[0] if text else f"error class {exc.Get_error_class()}"
+        if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            return RingletError(
+                f"message from rank {peer} does not fit: more than the {expected} bytes "
+                f"expected arrived (ranks disagree about a message size)")
+        err = PeerError(
+            f"rank {peer} failed or died: MPI reported an error on a message {direction} it "
+            f"({why}); {self.describe()} cannot complete")
+        if self._error is None:
+            self._error = err
+        return err
+
+    # --- the engine's own collectives ---------------------------------------------------
+
+    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
+               op: Any, what: Callable[[], str], dtype: DType | str | None = None) -> None:
+        """Run ``collective`` with MPI's own nonblocking collective (see
+        :meth:`Transport.native`); waits within the deadline, watching the peers.
+
+        ``dtype`` is ringlet's element type of the buffers (needed for bfloat16,
+        whose storage is int16; inferred from the buffers otherwise).  Reductions
+        compute exactly ringlet's op (see :func:`_reduction`).  The call spans
+        every rank of this transport's communicator.
+        """
+        MPI = self.MPI
+        fn = _NATIVE.get(collective)
+        if fn is None:
+            raise ArgumentError(f"the MPI engine has no native {collective}; it runs "
+                                f"{', '.join(_NATIVE)}")
+        if count == 0:
+            return   # every rank agreed on the count: nothing to move
+        IN, OUT = bufs.get(0), bufs.get(1)
+        some = OUT if OUT is not None else IN
+        if some is None:
+            raise ArgumentError(f"native {collective}: no buffer given")
+        dt = DTYPES[dtype] if isinstance(dtype, str) else dtype if dtype is not None \
+            else dtype_of_numpy(some.dtype)
+        n, c = self.size, count
+        rop = None
+        if collective in ("all_reduce", "reduce", "reduce_scatter"):
+            if op is None:
+                raise ArgumentError(f"native {collective} needs a reduction op")
+            rop = ReduceOp.parse(op)
+            if rop is ReduceOp.AVG:
+                raise ArgumentError("native reductions take SUM for AVG: the communicator "
+                                    "divides")
+            mtype, mop = _reduction(MPI, rop, dt)
+
+        def typed(a: np.ndarray | None, elems: int) -> list[Any]:
+            if a is None:
+                raise ArgumentError(f"native {collective}: a buffer is missing on rank "
+                                    f"{self.rank}")
+            return [a[:elems], mtype]
+
+        def raw(a: np.ndarray | None, elems: int) -> list[Any]:
+            if a is None:
+                raise ArgumentError(f"native {collective}: a buffer is missing on rank "
+                                    f"{self.rank}")
+            return [_as_bytes(a[:elems]), MPI.BYTE]
+
+        comm, me = self.comm, self.rank
+        with self._lock:
+            self._usable()
+            if collective == "all_reduce":
+                req = comm.Iallreduce(MPI.IN_PLACE, typed(OUT, c), mop)
+            elif collective == "broadcast":
+                req = comm.Ibcast(raw(OUT, c), root)
+            elif collective == "reduce":
+                req = comm.Ireduce(typed(IN, c), typed(OUT, c) if me == root else None,
+                                   mop, root)
+            elif collective == "all_gather":
+                req = comm.Iallgather(raw(IN, c), raw(OUT, c * n))
+            elif collective == "reduce_scatter":
+                req = comm.Ireduce_scatter_block(typed(IN, c * n), typed(OUT, c), mop)
+            elif collective == "all_to_all":
+                req = comm.Ialltoall(raw(IN, c * n), raw(OUT, c * n))
+            elif collective == "scatter":
+                req = comm.Iscatter(raw(IN, c * n) if me == root else None, raw(OUT, c), root)
+            else:   # gather
+                req = comm.Igather(raw(IN, c), raw(OUT, c * n) if me == root else None, root)
+
+        waiter = Waiter(
+            self.settings, what, list, lambda: self.check(None, what()),
+            advice=lambda: f"MPI's {fn} has not completed on rank {self.rank}; MPI does not "
+                           f"say which ranks have not joined it (every rank agreed to this "
+                           f"call, so one is slow, stuck or gone)")
+        try:
+            while True:
+                with self._lock:
+                    try:
+                        ok = req.Test()
+                    except MPI.Exception as exc:
+                        raise PeerError(
+                            f"rank {self.rank}: MPI's {fn} failed ({exc.Get_error_string()}); "
+                            f"{what()} cannot complete (a peer may have died)") from None
+                if ok:
+                    return
+                waiter.pause()
+        except BaseException:
+            # a collective cannot be cancelled nor its request freed: keep it (and so
+            # its buffers) for the life of the process; the communicator is aborted
+            _ABANDONED.append(req)
+            raise
+
+    # --- groups -----------------------------------------------------------------------
+
+    def split(self, ranks: Sequence[int], token: str,
+              remote: Sequence[int] | None = None) -> MpiTransport:
+        """The transport of the group ``ranks`` (this transport's ranks, in the group's
+        order): ``MPI_Comm_create_group``, collective over the members only, with a tag
+        derived from ``token``.  ``remote`` (group ranks) defaults to the members that
+        are remote peers of this transport."""
+        ranks = [int(r) for r in ranks]
+        if self.rank not in ranks:
+            raise ArgumentError(f"split: rank {self.rank} is not a member of {ranks}")
+        MPI = self.MPI
+        ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
+        digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
+        tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
+        group = self.comm.Get_group()
+        sub_group = group.Incl(ranks)
+        try:
+            with self._lock:
+                sub = self.comm.Create_group(sub_group, tag)
+        finally:
+            sub_group.Free()
+            group.Free()
+        if remote is None:
+            remote = [i for i, r in enumerate(ranks) if r in self._remote_set]
+        try:
+            return MpiTransport(sub, self._given, remote)
+        finally:
+            sub.Free()
