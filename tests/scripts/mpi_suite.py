@@ -144,6 +144,15 @@ def native_semantics(comm: Communicator, rep: Report) -> None:
                 want = reference_reduce(np.stack(full), op)[4 * r:4 * r + 4]
                 rep.check(close(rs, want), f"native reduce_scatter {dtype} {op.name}: "
                                            f"{rs} != {want}")
+    # int16 storage through the communicator: right, or refused on every rank (the
+    # transport cannot tell int16 from bfloat16 unless told), never garbage
+    x16 = np.full(5, r + 1, np.int16)
+    try:
+        comm.all_reduce(x16, algorithm="native")
+        rep.check(bool((x16 == n * (n + 1) // 2).all()), f"native int16 via comm: {x16}")
+    except ArgumentError as exc:
+        rep.check("dtype=" in str(exc) and (x16 == r + 1).all(), f"native int16: {exc}")
+    comm.barrier()
     # bfloat16 has int16 storage: the transport must be told (the communicator does not
     # pass ringlet's dtype to native() yet, so this calls the transport directly); only
     # at N <= 2, where importing torch on every rank costs little
@@ -162,6 +171,12 @@ def native_semantics(comm: Communicator, rep: Report) -> None:
         t.native("all_reduce", 0, 9, {1: flat}, bop, lambda: "bfloat16 test",
                  dtype="bfloat16")
         rep.check(bool((b.float() == value).all()), f"native bfloat16 {bop.name}: {b}")
+    b = torch.full((4,), 1.5, dtype=torch.bfloat16)
+    try:
+        comm.all_reduce(b, algorithm="native")
+        rep.check(bool((b.float() == 1.5 * n).all()), f"native bfloat16 via comm: {b}")
+    except ArgumentError as exc:
+        rep.check("dtype=" in str(exc), f"native bfloat16 via comm: {exc}")
 
 
 def bit_identical(comm: Communicator, rep: Report) -> None:
@@ -279,6 +294,12 @@ def raw_transport(comm: Communicator, rep: Report) -> None:
         rep.expect_raise(RingletError, lambda: t.wait([q], what), "does not fit",
                          f"from rank {left}", why)
         t.wait([s], what)
+    # an error MPI reports on a message becomes a PeerError naming the peer, and every
+    # later check() raises it
+    err = t._engine_error(right, MPI.Exception(MPI.ERR_OTHER), "to")
+    rep.check(isinstance(err, PeerError) and str(err).startswith(f"rank {right} failed"),
+              f"engine error: {err!r}")
+    rep.expect_raise(PeerError, lambda: t.check([]), f"rank {right} failed or died")
     t.close()
     t.close()   # idempotent
     rep.expect_raise(RingletError, lambda: t.isend(right, [np.zeros(4, np.uint8)]), "closed")
