@@ -767,7 +767,10 @@ class MpiTransport(Transport):
             for q in self._sends:   # never received: keep their buffers alive
                 _ABANDONED.extend(q.pending())
             self._sends.clear()
-            self.comm.Free()
+            try:
+                self.comm.Free()
+            except MPI.Exception:
+                pass   # nothing more can be done with it
             return True
 
     def _cancel(self, r: MpiRecv) -> None:
