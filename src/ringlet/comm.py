@@ -504,7 +504,8 @@ class Communicator(Groups):
             return
         if name == NATIVE:
             self._t.native(collective, root, m, {int(b): a for b, a in bufs.items()},
-                           ReduceOp.SUM if op is ReduceOp.AVG else op, lambda: self._current)
+                           ReduceOp.SUM if op is ReduceOp.AVG else op, lambda: self._current,
+                           dt)
             return
         g = self.topology.ranks_per_node   # the groups of a two-level schedule: the nodes
         sched = _build(collective, name, self.size, root, **(

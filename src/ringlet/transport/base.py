@@ -178,14 +178,16 @@ class Transport(ABC):
     # --- the engine's own collectives ---------------------------------------------------
 
     def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
-               op: Any, what: Callable[[], str]) -> None:
+               op: Any, what: Callable[[], str], dtype: Any = None) -> None:
         """Run ``collective`` with the engine's own implementation (``caps.native``).
 
         ``bufs`` are the flat typed buffers the executor would get (keys
         ``int(Buf.IN)``, ``int(Buf.OUT)``; all_reduce and broadcast work in place
         on OUT), ``count`` the elements per rank (per block for reduce_scatter,
         all_to_all, scatter), ``op`` a :class:`ringlet.ReduceOp` (never AVG: the
-        communicator divides) or None.  Waits within the deadline.
+        communicator divides) or None, ``dtype`` ringlet's element type (a
+        :class:`ringlet.ops.DType`: bfloat16 is stored as int16).  Waits within
+        the deadline.
         """
         raise ConfigError(f"this transport has no native collectives ({collective})")
 

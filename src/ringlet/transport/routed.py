@@ -150,8 +150,8 @@ class RoutedTransport(Transport):
     # --- the engine's collectives, and groups --------------------------------------------
 
     def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
-               op: Any, what: Callable[[], str]) -> None:
-        self.engine.native(collective, root, count, bufs, op, what)
+               op: Any, what: Callable[[], str], dtype: Any = None) -> None:
+        self.engine.native(collective, root, count, bufs, op, what, dtype)
 
     def split(self, ranks: Sequence[int], token: str,
               remote: Sequence[int] | None = None) -> Transport:
