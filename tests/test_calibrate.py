@@ -188,11 +188,13 @@ def test_plan_sizes_fall_in_the_two_regimes() -> None:
 # --- the host model's counts and paths --------------------------------------------------------
 
 
-def test_fused_paths_mirror_the_communicator() -> None:
+def test_fused_paths_are_the_communicators() -> None:
     from ringlet import agreement, comm
+    from ringlet.transport import fused
 
-    names = {agreement.POST: "post", agreement.STAGE: "staged"}
-    assert FUSED == {k: names[v] for k, v in comm._FUSED.items()}
+    assert FUSED is fused.FUSED_PATHS   # one table, read by the communicator and the model
+    assert comm._PATH_CODE == {"generic": agreement.GENERIC, "post": agreement.POST,
+                               "staged": agreement.STAGE}
     paths = Paths(post_bytes=4096)
     assert path_of("all_reduce", "oneshot", 4096, paths) == "post"
     assert path_of("all_reduce", "oneshot", 4097, paths) == "generic"

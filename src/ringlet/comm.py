@@ -36,15 +36,14 @@ from .p2p import P2PEngine
 from .schedule import Buf
 from .topology import Topology
 from .transport.base import Transport
-from .transport.fused import Fused, shared_all_reduce
+from .transport.fused import Fused, fused_path, shared_all_reduce
 from .transport.shm import ShmTransport
 from .work import Work
 
 log = logging.getLogger("ringlet")
 
-_FUSED = {("all_reduce", "oneshot"): POST, ("all_reduce", "direct"): STAGE,
-          ("broadcast", "direct"): STAGE, ("all_gather", "direct"): STAGE,
-          ("reduce_scatter", "direct"): STAGE, ("all_to_all", "direct"): STAGE}
+#: the descriptor's path code of each fused path (see transport.fused.fused_path)
+_PATH_CODE = {"generic": GENERIC, "post": POST, "staged": STAGE}
 #: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
@@ -482,9 +481,8 @@ class Communicator(Groups):
         The answer (with a digest of the sizes it depends on) goes into the
         descriptor, so ranks whose settings differ get a MismatchError, not garbage.
         """
-        path = _FUSED.get((collective, name), GENERIC) if self._fused else GENERIC
-        if path == POST and not self._fused.fits_post(nbytes):  # type: ignore[union-attr]
-            path = GENERIC
+        path = _PATH_CODE[fused_path(collective, name, nbytes, fused=self._fused is not None,
+                                     post_bytes=self.settings.shm_post_bytes)]
         if path == GENERIC:
             return GENERIC
         return path | self._shm_digest << 2

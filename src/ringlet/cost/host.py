@@ -92,13 +92,11 @@ from ..config import Settings
 from ..errors import ArgumentError
 from ..ops import DType
 from ..schedule import COLLECTIVES, Buf, Kind
+from ..transport.fused import FUSED_PATHS, fused_path
 
 #: (collective, algorithm) -> the fused path the shared-memory transport runs it on
-#: (mirrors ``ringlet.comm._FUSED``; a test keeps the two equal).
-FUSED: dict[tuple[str, str], str] = {
-    ("all_reduce", "oneshot"): "post", ("all_reduce", "direct"): "staged",
-    ("broadcast", "direct"): "staged", ("all_gather", "direct"): "staged",
-    ("reduce_scatter", "direct"): "staged", ("all_to_all", "direct"): "staged"}
+#: (the transport's own table: one place for the rules)
+FUSED = FUSED_PATHS
 PATHS = ("generic", "staged", "post")
 
 #: How each staged collective cuts its data into pieces (``ringlet.transport.fused``):
@@ -147,10 +145,8 @@ class Paths:
 def path_of(collective: str, algorithm: str, nbytes: int, paths: Paths) -> str:
     """``generic``, ``staged`` or ``post``: how the communicator runs this call
     (``nbytes``: the collective's size as :func:`~ringlet.algorithms.select.choose` takes it)."""
-    kind = FUSED.get((collective, algorithm), "generic") if paths.fused else "generic"
-    if kind == "post" and nbytes > paths.post_bytes:
-        return "generic"
-    return kind
+    return fused_path(collective, algorithm, nbytes, fused=paths.fused,
+                      post_bytes=paths.post_bytes)
 
 
 def staged_pieces(collective: str, nranks: int, count: int, itemsize: int,

@@ -40,6 +40,26 @@ from ..wait import Waiter
 from .shm import ShmTransport
 
 READY, REDUCED, DONE = 0, 1, 2
+
+#: (collective, algorithm) -> the fused path that runs it: "post" (one-shot, through the
+#: post area) or "staged" (pipelined through the stage area).  The one place these rules
+#: live: the communicator (how a call runs) and the cost model (what it costs) both ask
+#: :func:`fused_path`.
+FUSED_PATHS: dict[tuple[str, str], str] = {
+    ("all_reduce", "oneshot"): "post", ("all_reduce", "direct"): "staged",
+    ("broadcast", "direct"): "staged", ("all_gather", "direct"): "staged",
+    ("reduce_scatter", "direct"): "staged", ("all_to_all", "direct"): "staged"}
+
+
+def fused_path(collective: str, algorithm: str, nbytes: int, *, fused: bool,
+               post_bytes: int) -> str:
+    """``generic``, ``staged`` or ``post``: how a call of ``nbytes`` (the size the
+    algorithm choice takes) runs on shared memory; ``fused``: whether the fused paths
+    are on (RINGLET_FUSED, and every rank on one host)."""
+    kind = FUSED_PATHS.get((collective, algorithm), "generic") if fused else "generic"
+    if kind == "post" and nbytes > post_bytes:
+        return "generic"
+    return kind
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
