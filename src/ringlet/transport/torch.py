@@ -1,0 +1,955 @@
+"""The torch.distributed transport: ringlet's messages on a private gloo group (CPU).
+
+:func:`world` joins the job that ``torchrun`` (or any launcher that sets
+``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE``) started, and
+returns a :class:`TorchTransport` over every rank::
+
+    from ringlet.comm import Communicator
+    from ringlet.config import Settings
+    from ringlet.transport.torch import world
+
+    settings = Settings.from_env()
+    t = world(settings)
+    comm = Communicator(t.rank, t.size, t, settings, job_id="myjob")
+
+How it maps the transport seam (:mod:`ringlet.transport.base`) onto torch 2.13
+----------------------------------------------------------------------------
+*A private group.*  Messages travel on a ``ProcessGroupGloo`` of ringlet's
+own, built on a ``PrefixStore`` of the job's store: they never meet the
+user's default group (its own connections, its own tags).  One gloo tag per
+channel (COLL, P2P, CTRL, STATUS): gloo matches the messages of one tag
+between two ranks in the order they were posted, so each channel is FIFO per
+ordered pair, as the seam requires (the tests check the order).
+
+*Completion.*  gloo's point-to-point ``Work`` cannot be polled:
+``is_completed()`` stays False until ``wait()`` returned, and a ``wait`` with
+a timeout that expires closes *every* connection of the group ("Application
+timeout caused pair closure").  So a receive or send is waited for by a lane:
+one thread per (peer, channel, direction) that waits, without a deadline of
+its own, for that lane's requests in the order they were posted (they finish
+in that order) and marks them finished; the thread ends after a few idle
+seconds.  ringlet's own deadline and liveness checks stay with the caller's
+:class:`~ringlet.wait.Waiter`.  A receive into a single part without a
+reducer lands in place (``torch.from_numpy`` shares the memory); otherwise it
+lands in a scratch buffer that :meth:`_Msg.advance` (the caller's thread)
+copies or reduces into the parts.  Several parts of a send are packed into
+one buffer.  gloo sends are rendezvous: a send finishes once the receiver
+has posted the matching receive (no eager protocol), so a user's ``send``
+finishes once the receiver's point-to-point engine runs (any p2p call there).
+
+*Liveness.*  Agreement and status are messages
+(:class:`~ringlet.transport.base.MessageAgreement`,
+:class:`~ringlet.transport.base.StatusBoard`), so every remote peer always
+has a receive posted on the STATUS channel.  When a peer's process dies its
+kernel closes the connections and gloo fails that receive within
+milliseconds ("Connection closed by peer"): that failure is what declares a
+peer dead (a peer that closed the communicator sent CLOSED on that channel
+first).  A peer whose host dies, or that hangs or is stopped, closes nothing;
+for those a heartbeat through the store: a thread per process bumps
+``beat/<rank>`` every second and reads the watched peers' counters; a
+counter that has not moved for :data:`STALE_S` seconds makes ``check``
+raise "rank q (host ...) stopped answering".  Counters, not clocks, so
+hosts' clocks need not agree.  ``check`` only reads what the threads found.
+
+*Close.*  gloo in torch 2.13 cannot cancel a posted receive
+(``ProcessGroupGloo.abort()`` and ``shutdown()`` do nothing for gloo and
+``Work.abort`` is not bound), so :meth:`TorchTransport.close` uses the one
+switch gloo has: it lets a private receive time out, which closes every
+connection of the group, fails every pending request and ends the lanes.
+
+*Native collectives* (``caps.native``): gloo's own allreduce, broadcast,
+reduce, allgather, reduce_scatter, alltoall, scatter and gather, started with
+``async_op`` and polled under the Waiter's deadline.  See
+:meth:`TorchTransport.native` for the element types and ops gloo supports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import (
+    ArgumentError,
+    CommTimeoutError,
+    ConfigError,
+    PeerError,
+    RingletError,
+)
+from ..ops import ReduceOp
+from ..wait import Waiter
+from .base import (
+    ABORT_PEER,
+    ABORT_TIMEOUT,
+    CLOSED,
+    COLL,
+    STATUS,
+    Caps,
+    MessageAgreement,
+    Reducer,
+    Request,
+    StatusBoard,
+    Transport,
+)
+
+#: the variables of torch's ``env://`` rendezvous (what torchrun sets)
+ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+TORCH_PIN = "torch==2.13.0"
+#: seconds between heartbeats, and after which a peer whose heartbeat has not moved is
+#: reported as stopped (several beats: a busy peer's beat may be late by a second or two)
+HEARTBEAT_S = 1.0
+STALE_S = 5.0
+#: a lane's thread ends after this many idle seconds (a new request starts another)
+_IDLE_S = 5.0
+#: how long a lane waits for one request: "forever" (a wait whose timeout expires
+#: closes every connection of the group; ringlet's deadlines are the Waiter's)
+_FOREVER = timedelta(days=30)
+#: the tag of the receive close() lets time out (nobody sends on it)
+_KILL_TAG = 15
+#: seconds close() and mark_closed() give notices in flight to leave
+_FLUSH_S = 1.0
+#: the gloo group's own timeout, beyond ringlet's deadline: gloo's collectives wait this
+#: long internally (and then close the group's connections)
+_GLOO_MARGIN_S = 30.0
+
+_PENDING, _OK, _FAILED = 0, 1, 2
+_SEND, _RECV = 0, 1
+_CHANNELS = {0: "COLL", 1: "P2P", 2: "CTRL", 3: "STATUS"}
+
+
+def _dist() -> Any:
+    """``torch.distributed``, imported on first use, or a ConfigError saying what to install."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ConfigError(
+            f"the torch transport needs PyTorch ({exc}); install it with "
+            f"`pip install {TORCH_PIN}` (the CPU wheel is enough)") from None
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise ConfigError(
+            "this PyTorch build has no torch.distributed with the gloo backend; install a "
+            f"build that has it, e.g. `pip install {TORCH_PIN}`")
+    return dist
+
+
+def env_store(settings: Settings, rank: int | None = None, size: int | None = None) -> Any:
+    """The job's torch.distributed store (collective: every rank calls it).
+
+    If torch's default process group is initialised already, its store is
+    reused; otherwise the store comes from torch's own ``env://`` rendezvous
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``): under
+    torchrun every rank is a client of the agent's store
+    (``TORCHELASTIC_USE_AGENT_STORE``), elsewhere rank 0 hosts a ``TCPStore``.
+    ringlet does not call ``init_process_group``: the default group stays the
+    user's to create (with NCCL, say), and ringlet's own group is private
+    anyway.  ``rank`` and ``size``, if given (the launcher's, as
+    :func:`ringlet.env.detect` read them), must agree with torch's.  Start-up
+    waits at most ``settings.init_timeout``.
+    """
+    dist = _dist()
+    if dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        r, n = dist.get_rank(), dist.get_world_size()
+        where = "torch's default process group"
+    else:
+        env = os.environ
+        missing = [v for v in ENV_VARS if not env.get(v)]
+        if missing:
+            raise ConfigError(
+                f"the torch transport found no job to join: {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set. Start the program with "
+                f"`torchrun --nproc-per-node N script.py` (`--standalone` on one host), or set "
+                f"MASTER_ADDR (rank 0's host), MASTER_PORT (a free port there), RANK "
+                f"(0..WORLD_SIZE-1) and WORLD_SIZE in every rank's environment")
+        for var in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+            try:
+                int(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not an integer") from None
+        r, n = int(env["RANK"]), int(env["WORLD_SIZE"])
+        if n < 1 or not 0 <= r < n:
+            raise ConfigError(f"RANK={r} and WORLD_SIZE={n} do not fit: RANK must be in "
+                              f"0..WORLD_SIZE-1")
+        if not 0 < int(env["MASTER_PORT"]) < 65536:
+            raise ConfigError(f"MASTER_PORT={env['MASTER_PORT']} is not a port (1..65535)")
+        where = "RANK and WORLD_SIZE"
+        addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        try:
+            store, r, n = next(dist.rendezvous(
+                "env://", timeout=timedelta(seconds=settings.init_timeout)))
+        except (RuntimeError, ValueError) as exc:
+            text = str(exc).lower()
+            if "timeout" in text or "timed out" in text:
+                raise CommTimeoutError(
+                    f"rank {r}: the torch.distributed store at {addr} did not gather {n} ranks "
+                    f"within {settings.init_timeout:g} s (RINGLET_INIT_TIMEOUT): "
+                    f"{_first_line(exc)}") from None
+            raise ConfigError(f"rank {r}: cannot reach or start the torch.distributed store "
+                              f"at {addr}: {_first_line(exc)}") from None
+    if (rank is not None and rank != r) or (size is not None and size != n):
+        raise ConfigError(f"{where} say{'s' if where.startswith('torch') else ''} this is "
+                          f"rank {r} of {n}, the launcher says rank {rank} of {size}")
+    return store
+
+
+def world(settings: Settings) -> TorchTransport:
+    """The transport over every rank of a job started by torchrun (or env:// variables).
+
+    The store comes from :func:`env_store`.  Every rank must call ``world``
+    the same number of times, in the same order: each call makes a new gloo
+    group under a new key prefix.
+    """
+    dist = _dist()
+    store = env_store(settings)
+    if dist.is_initialized():
+        rank, size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    n = store.add(f"ringlet-torch/worlds/{restart}/{rank}", 1)
+    return TorchTransport(store, rank, size, settings, f"ringlet-torch/{restart}/w{n}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _gloo_message(exc: BaseException) -> str:
+    """gloo's error without the source path it starts with ("[.../pair.cc:553] ...")."""
+    text = _first_line(exc)
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". This is typically", 1)[0]
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class _Msg:
+    """One message: a gloo send or receive, finished by a lane (see the module docs)."""
+
+    __slots__ = ("peer", "channel", "work", "state", "error", "_fin", "_parts", "_tmp",
+                 "_reducer", "_keep")
+
+    def __init__(self, peer: int, channel: int, parts: list[np.ndarray] | None = None,
+                 tmp: np.ndarray | None = None, reducer: Reducer | None = None,
+                 keep: Any = None, finished: bool = False) -> None:
+        self.peer = peer
+        self.channel = channel
+        self.work: Any = None
+        self.state = _OK if finished else _PENDING
+        self.error: BaseException | None = None
+        self._fin = finished
+        self._parts = parts
+        self._tmp = tmp
+        self._reducer = reducer
+        self._keep = keep          # the tensor gloo reads or writes (and so its memory)
+
+    @property
+    def done(self) -> bool:
+        """True once the message was sent, or arrived and is in the parts."""
+        if self._fin:
+            return True
+        if self.state == _OK:
+            self._finish()
+            return True
+        return False
+
+    def advance(self) -> bool:
+        """Finish the message if gloo has (True then).  A failed message stays pending:
+        ``check`` says why (the peer died or closed), for the peers the caller watches."""
+        if self._fin or self.state != _OK:
+            return False
+        self._finish()
+        return True
+
+    def _finish(self) -> None:
+        tmp = self._tmp
+        if tmp is not None and self._parts is not None:
+            off = 0
+            for p in self._parts:
+                src = tmp[off:off + p.nbytes].view(p.dtype)
+                if self._reducer is None:
+                    p[...] = src
+                else:
+                    self._reducer(p, src)
+                off += p.nbytes
+        self._fin = True
+        self.work = self._keep = self._tmp = self._parts = None
+
+    def __repr__(self) -> str:
+        state = "done" if self._fin else {_PENDING: "pending", _OK: "arrived",
+                                          _FAILED: "failed"}[self.state]
+        return f"<_Msg {_CHANNELS.get(self.channel, self.channel)} peer {self.peer} {state}>"
+
+
+class _Lane:
+    """Waits for the gloo requests of one (peer, channel, direction), in posting order."""
+
+    __slots__ = ("t", "key", "cv", "queue", "thread")
+
+    def __init__(self, t: TorchTransport, key: tuple[int, int, int]) -> None:
+        self.t = t
+        self.key = key
+        self.cv = threading.Condition(threading.Lock())
+        self.queue: deque[_Msg] = deque()
+        self.thread: threading.Thread | None = None
+
+    def post(self, msg: _Msg, start: Callable[[], Any]) -> None:
+        """Start the gloo operation and queue it (under the lane's lock: same order)."""
+        with self.cv:
+            try:
+                msg.work = start()
+            except RuntimeError as exc:  # the connection is closed already
+                msg.error, msg.state = exc, _FAILED
+                self.t._failed(msg)
+                return
+            self.queue.append(msg)
+            if self.thread is None:
+                peer, channel, direction = self.key
+                way = "send" if direction == _SEND else "recv"
+                self.thread = threading.Thread(
+                    target=self._run, daemon=True,
+                    name=f"ringlet-gloo-{self.t.rank}-{way}-{peer}-{_CHANNELS.get(channel)}")
+                self.thread.start()
+            else:
+                self.cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                if not self.queue and not self.t._closed:
+                    self.cv.wait(_IDLE_S)
+                if not self.queue:
+                    self.thread = None
+                    return
+                msg = self.queue[0]
+            try:
+                ok = msg.work.wait(_FOREVER)
+            except Exception as exc:  # noqa: BLE001 - gloo's error, reported by check()
+                msg.error, msg.state = exc, _FAILED
+            else:
+                if ok is False:
+                    msg.error, msg.state = RingletError("gloo abandoned the wait"), _FAILED
+                else:
+                    msg.state = _OK
+            with self.cv:
+                self.queue.popleft()
+            if msg.state == _FAILED:
+                self.t._failed(msg)
+            self.t._event()
+
+    def join(self, seconds: float) -> None:
+        """Wait for the thread to end (after close: the queue drains as gloo fails it)."""
+        with self.cv:
+            self.cv.notify()
+            th = self.thread
+        if th is not None:
+            th.join(seconds)
+
+
+# --- heartbeat ---------------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """A counter per rank in the store, bumped every second; the watched peers' are read.
+
+    One per world (the transports of a world's splits share it).  ``start`` is
+    called once every rank has set its keys (after the gloo group is built).
+    The thread uses its own connection to the store (``clone``), so that a
+    blocking store call of the main thread (building a group) does not stop
+    the beat.
+    """
+
+    def __init__(self, store: Any, rank: int, watch: Iterable[int],
+                 interval: float = HEARTBEAT_S, stale: float = STALE_S) -> None:
+        self.store, self.rank = store, rank
+        self.watch = sorted(set(watch) - {rank})
+        self.interval, self.stale = interval, stale
+        self.hosts: dict[int, str] = {}
+        self._seen: dict[int, tuple[int, float]] = {}
+        self._ok_at = time.monotonic()
+        self._users = 1
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
+        store.add(f"beat/{rank}", 1)
+
+    def start(self) -> None:
+        if self.watch:
+            hosts = self.store.multi_get([f"host/{q}" for q in self.watch])
+            self.hosts = {q: h.decode(errors="replace") for q, h in zip(self.watch, hosts,
+                                                                       strict=True)}
+        now = time.monotonic()
+        self._seen = {q: (-1, now) for q in self.watch}
+        self._ok_at = now
+        try:
+            client = self.store.clone()
+        except (AttributeError, RuntimeError):
+            client = self.store
+        threading.Thread(target=self._run, args=(client,), daemon=True,
+                         name=f"ringlet-heartbeat-{self.rank}").start()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users <= 0:
+                self._stop.set()
+
+    def _run(self, client: Any) -> None:
+        mine = f"beat/{self.rank}"
+        keys = [f"beat/{q}" for q in self.watch]
+        while not self._stop.wait(self.interval):
+            try:
+                client.add(mine, 1)
+                values = client.multi_get(keys) if keys else []
+            except Exception:  # noqa: BLE001 - the store is unreachable: see store_silent()
+                continue
+            now = time.monotonic()
+            for q, v in zip(self.watch, values, strict=True):
+                n = int(v)
+                if n != self._seen[q][0]:
+                    self._seen[q] = (n, now)
+            self._ok_at = now
+
+    def silent(self, q: int) -> float | None:
+        """Seconds rank q's counter had not moved at the last read, if more than ``stale``."""
+        seen = self._seen.get(q)
+        if seen is None:
+            return None
+        gap = self._ok_at - seen[1]
+        return gap if gap > self.stale else None
+
+    def store_silent(self) -> float | None:
+        """Seconds since the store last answered, if more than ``stale``."""
+        if not self._seen:
+            return None
+        gap = time.monotonic() - self._ok_at
+        return gap if gap > self.stale + self.interval else None
+
+    def host(self, q: int) -> str:
+        return self.hosts.get(q, "unknown host")
+
+
+# --- the transport -------------------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, say CLOSED and close the groups while gloo's threads still run."""
+    for t in list(_LIVE):
+        with contextlib.suppress(Exception):
+            t.mark_closed()
+            t.close()
+
+
+class TorchTransport(Transport):
+    """ringlet's messages on a private ``ProcessGroupGloo`` (see the module documentation).
+
+    ``store`` is the job's torch store (not prefixed); the group and every key
+    of this transport live under ``prefix``.  ``remote`` are the peers this
+    transport runs agreement and status for (and watches): by default every
+    other rank.  A routed transport passes the peers on other hosts and then
+    calls messages, ``progress`` and ``wait`` for those peers only.
+    ``world_ranks`` maps this group's ranks to the world's (for the heartbeat,
+    which ``heartbeat`` passes on to splits).  Building it waits for every
+    rank of the group (collective).
+    """
+
+    caps = Caps(engine="torch", native=True)
+
+    def __init__(self, store: Any, rank: int, size: int, settings: Settings, prefix: str,
+                 remote: Sequence[int] | None = None, *,
+                 world_ranks: Sequence[int] | None = None,
+                 heartbeat: _Heartbeat | None = None) -> None:
+        dist = _dist()
+        self._d = dist
+        self.rank, self.size, self.prefix = rank, size, prefix
+        #: the settings every wait of this communicator uses: no spinning, which would hold
+        #: the GIL that the lane threads need to report a message (a spinning wait made a
+        #: 2-rank barrier 2.8 ms, the time a waiting thread gives up the GIL; see _Lane)
+        self.settings = settings.replace(spin_us=0.0, yield_us=0.0)
+        self.remote = [q for q in (range(size) if remote is None else remote) if q != rank]
+        self._remote_set = frozenset(self.remote)
+        # the world's ranks, for the heartbeat (a split shares its world's)
+        self._world = list(range(size)) if heartbeat is None or world_ranks is None \
+            else list(world_ranks)
+        self._store = store
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(threading.Lock())
+        self._events = 0
+        self._lanes: dict[tuple[int, int, int], _Lane] = {}
+        self._coll: list[_Msg] = []
+        self._notices: list[_Msg] = []      # STATUS sends (abort, closed) in flight
+        self._dead: dict[int, str] = {}
+        self._closed = False
+        self.describe: Callable[[], str] = lambda: "a collective"
+        # waits block on the lanes' events, so the Waiter never sleeps by itself
+        self._block = settings.replace(spin_us=1e12)
+        self._given = settings
+        self._keys = dist.PrefixStore(f"{prefix}/", store)
+        self._keys.set(f"here/{rank}", "1")     # for the message if some rank never comes
+        if heartbeat is None:
+            self._hb = _Heartbeat(dist.PrefixStore(f"{prefix}/hb/", store), rank,
+                                  [self._world[q] for q in self.remote])
+            own_hb = True
+        else:
+            self._hb = heartbeat
+            heartbeat.acquire()
+            own_hb = False
+        gloo_timeout = timedelta(seconds=max(settings.timeout, settings.init_timeout) +
+                                 _GLOO_MARGIN_S)
+        try:
+            self._pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/pg/", store), rank,
+                                             size, gloo_timeout)
+        except (RuntimeError, ValueError) as exc:
+            self._hb.release()
+            raise self._start_error(exc) from None
+        if own_hb:
+            self._hb.start()
+        self._agree = MessageAgreement(self, self.remote)
+        self._status = StatusBoard(self, self.remote)
+        _LIVE.add(self)
+
+    def _start_error(self, exc: BaseException) -> RingletError:
+        """Why the group could not be built, naming the ranks that never came."""
+        try:
+            absent = [q for q in range(self.size) if not self._keys.check([f"here/{q}"])]
+        except Exception:  # noqa: BLE001 - only for the message
+            absent = []
+        who = (f": rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} never "
+               f"came") if absent else ""
+        text = _first_line(exc)
+        if "time" in text.lower():
+            return CommTimeoutError(f"rank {self.rank}: timed out building ringlet's gloo group "
+                                    f"of {self.size} ranks{who} ({text})")
+        return PeerError(f"rank {self.rank}: could not build ringlet's gloo group of "
+                         f"{self.size} ranks{who} ({text})")
+
+    # --- lanes ------------------------------------------------------------------------
+
+    def _lane(self, peer: int, channel: int, direction: int) -> _Lane:
+        key = (peer, channel, direction)
+        lane = self._lanes.get(key)
+        if lane is None:
+            with self._lock:
+                lane = self._lanes.get(key)
+                if lane is None:
+                    lane = self._lanes[key] = _Lane(self, key)
+        return lane
+
+    def _event(self) -> None:
+        """A lane finished a request: wake the waits."""
+        with self._cv:
+            self._events += 1
+            self._cv.notify_all()
+
+    def _failed(self, msg: _Msg) -> None:
+        """A request failed.  The STATUS receive of a peer is posted until the peer says
+        CLOSED (or aborts): when it fails, the peer died or its connection broke."""
+        if self._closed or msg.channel != STATUS:
+            return
+        q = msg.peer
+        if q not in self._dead:
+            why = _gloo_message(msg.error) if msg.error is not None else "unknown error"
+            self._dead[q] = (f"rank {q} ({self._hb.host(self._world[q])}) died or its "
+                             f"connection failed (gloo: {why})")
+
+    # --- messages -----------------------------------------------------------------------
+
+    def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> _Msg:
+        """Send ``parts`` (uint8 views) to ``peer`` on ``channel`` (packed into one message)."""
+        parts = [p for p in parts if p.size]
+        if not parts:
+            return _Msg(peer, channel, finished=True)
+        buf = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if not buf.flags.c_contiguous:
+            buf = np.ascontiguousarray(buf)
+        tensor = _tensor(buf)
+        msg = _Msg(peer, channel, keep=tensor)
+        self._lane(peer, channel, _SEND).post(msg, lambda: self._pg.send([tensor], peer, channel))
+        if channel == COLL:
+            self._coll.append(msg)
+        elif channel == STATUS:
+            self._notices.append(msg)
+        return msg
+
+    def irecv(self, peer: int, parts: Sequence[np.ndarray], reducer: Reducer | None = None,
+              channel: int = COLL) -> _Msg:
+        """Receive from ``peer`` into ``parts`` (typed views), copied or reduced on arrival."""
+        parts = [p for p in parts if p.size]
+        if not parts:
+            return _Msg(peer, channel, finished=True)
+        p0 = parts[0]
+        if len(parts) == 1 and reducer is None and p0.flags.c_contiguous and p0.flags.writeable:
+            target = p0.reshape(-1).view(np.uint8)         # lands in place
+            msg = _Msg(peer, channel)
+        else:
+            target = np.empty(sum(p.nbytes for p in parts), np.uint8)
+            msg = _Msg(peer, channel, parts=parts, tmp=target, reducer=reducer)
+        tensor = _tensor(target)
+        msg._keep = tensor
+        self._lane(peer, channel, _RECV).post(msg, lambda: self._pg.recv([tensor], peer, channel))
+        if channel == COLL:
+            self._coll.append(msg)
+        return msg
+
+    def progress(self) -> bool:
+        """Finish every collective request that gloo has finished; True if any."""
+        moved = False
+        if self._coll:
+            pending = []
+            for m in self._coll:
+                moved |= m.advance()
+                if not m._fin:
+                    pending.append(m)
+            self._coll = pending
+        return moved
+
+    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
+        """Finish the requests as their lanes report them, within the deadline."""
+        if all(r.done for r in reqs):
+            return
+        waiter = Waiter(self._block, what, lambda: [r.peer for r in reqs if not r.done],
+                        lambda: self.check([r.peer for r in reqs if not r.done]))
+        while True:
+            seen = self._events
+            moved = self.progress()
+            for r in reqs:
+                if not r.done:
+                    moved |= r.advance()
+            if all(r.done for r in reqs):
+                return
+            if not moved:
+                with self._cv:
+                    if self._events == seen:
+                        self._cv.wait(0.002)
+                waiter.pause()
+
+    def discard_pending(self) -> None:
+        """Forget pending collective requests (the communicator is being aborted).
+
+        gloo cannot cancel them: a receive may still land in its buffer until close()."""
+        self._coll = []
+
+    # --- agreement ------------------------------------------------------------------------
+
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+        self._agree.publish(seq, words, note)
+
+    def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        return self._agree.peer_desc(q, seq)
+
+    def note(self, q: int, seq: int) -> str:
+        return self._agree.note(q, seq)
+
+    def latest_desc(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        return self._agree.latest(q)
+
+    # --- liveness ---------------------------------------------------------------------------
+
+    def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
+        """Raise if a peer aborted, or a watched remote peer closed, died or stopped answering.
+
+        Cheap: it reads what the lanes and the heartbeat thread found."""
+        status = self._status
+        status.poll()
+        if status.error is not None:
+            err = status.error
+            raise type(err)(str(err))
+        for q in self.remote if watch is None else watch:
+            if q not in self._remote_set:
+                continue
+            if q in status.closed:
+                raise PeerError(
+                    f"rank {q} closed the communicator (or its program ended) while "
+                    f"{what or self.describe()} waited for it: every rank must make the "
+                    f"same calls")
+            dead = self._dead.get(q)
+            if dead is not None:
+                raise PeerError(f"{dead}; {what or self.describe()} cannot complete")
+            w = self._world[q]
+            gap = self._hb.silent(w)
+            if gap is not None:
+                raise PeerError(
+                    f"rank {q} ({self._hb.host(w)}) stopped answering: its heartbeat has not "
+                    f"moved for {gap:.0f} s (the process hangs or was stopped, or its host "
+                    f"is down); {what or self.describe()} cannot complete")
+            if w == 0:
+                gap = self._hb.store_silent()
+                if gap is not None:
+                    raise PeerError(
+                        f"rank {q} ({self._hb.host(w)}) stopped answering: the job's store "
+                        f"(on rank 0's or the torchrun agent's host) has not answered for "
+                        f"{gap:.0f} s; {what or self.describe()} cannot complete")
+
+    def abort(self, message: str, timeout: bool = False) -> None:
+        """Tell every remote peer to fail with ``message`` (CommTimeoutError if ``timeout``)."""
+        if not self._closed:
+            self._status.tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
+
+    def mark_closed(self) -> None:
+        """Tell the remote peers this rank closed the communicator (sent before returning)."""
+        if self._closed:
+            return
+        self._status.tell(CLOSED, "closed")
+        self._flush()
+
+    def close(self) -> None:
+        """Close gloo's connections (ending every pending request and lane); idempotent."""
+        if self._closed:
+            return
+        self._flush()
+        self._closed = True
+        _LIVE.discard(self)
+        self._kill()
+        deadline = time.monotonic() + 2.0
+        for lane in list(self._lanes.values()):
+            lane.join(max(0.0, deadline - time.monotonic()))
+        self._coll = []
+        self._hb.release()
+        self._pg = None
+
+    def _flush(self) -> None:
+        """Give the notices in flight up to _FLUSH_S to leave (a notice to a peer that is
+        gone fails: it is not waited for)."""
+        end = time.monotonic() + _FLUSH_S
+        while time.monotonic() < end:
+            self._notices = [m for m in self._notices if not m.done and m.state != _FAILED]
+            if not self._notices:
+                return
+            with self._cv:
+                self._cv.wait(0.005)
+
+    def _kill(self) -> None:
+        """End every pending gloo operation of the group: let a receive that nobody will
+        match time out, which makes gloo close every connection of the group (the only
+        way torch 2.13 offers; see the module documentation)."""
+        torch = _torch()
+        for q in range(self.size):
+            if q == self.rank:
+                continue
+            try:
+                w = self._pg.recv([torch.empty(1, dtype=torch.uint8)], q, _KILL_TAG)
+            except RuntimeError:
+                continue  # that connection is closed already: try another
+            with contextlib.suppress(RuntimeError):
+                w.wait(timedelta(milliseconds=1))
+            return
+
+    # --- groups -------------------------------------------------------------------------
+
+    def split(self, ranks: Sequence[int], token: str,
+              remote: Sequence[int] | None = None) -> TorchTransport:
+        """A new gloo group of ``ranks`` (its members call this), under a prefix named by
+        ``token``; it shares this world's heartbeat.  ``remote`` as in the constructor
+        (numbered in the group; default every other member)."""
+        ranks = list(ranks)
+        return TorchTransport(
+            self._store, ranks.index(self.rank), len(ranks), self._given,
+            f"{self.prefix}/s{token}", remote=remote,
+            world_ranks=[self._world[r] for r in ranks], heartbeat=self._hb)
+
+    # --- the engine's own collectives -----------------------------------------------------
+
+    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
+               op: Any, what: Callable[[], str], dtype: Any = None) -> None:
+        """Run ``collective`` with gloo's own implementation (see the base class).
+
+        Data movement (broadcast, all_gather, all_to_all, scatter, gather)
+        works for every element type (bytes are moved).  reduce_scatter runs
+        gloo's allreduce on a copy of the input and keeps this rank's block:
+        torch 2.13's own gloo reduce_scatter is an allreduce per block whose
+        ``Work`` never reports completion, so it cannot be waited for under a
+        deadline.  Reductions
+        (all_reduce, reduce, reduce_scatter) follow what gloo computes:
+        int8, uint8, int32, int64, float16, float32, float64 and bfloat16 with
+        SUM, PROD, MIN, MAX; bool with every op (SUM is OR and PROD is AND, as
+        in ringlet); complex with SUM only; BAND, BOR and BXOR on every integer
+        type (bitwise, byte by byte).  Other combinations (int16, uint16,
+        uint32, uint64 arithmetic, complex PROD) raise ArgumentError on every
+        rank.  bfloat16 travels as int16 arrays: pass ``dtype`` (a
+        :class:`ringlet.ops.DType` or its name) to reduce it as bfloat16.
+        gloo's MIN and MAX do not propagate NaN as numpy's do.
+        """
+        if collective not in _NATIVE:
+            raise ArgumentError(f"no native {collective} in the torch transport; native "
+                                f"collectives: {', '.join(_NATIVE)}")
+        if count == 0:
+            return
+        torch = _torch()
+        dist = self._d
+        n = self.size
+        src, out = bufs.get(0), bufs.get(1)
+        if collective in ("all_reduce", "reduce", "reduce_scatter"):
+            if op is None:
+                raise ArgumentError(f"native {collective} needs a reduction op")
+            if collective == "all_reduce":
+                t, top = _reduction(torch, dist, _need(out, count, "OUT"), op, dtype, collective)
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = top
+                work = self._pg.allreduce([t], opts)
+            elif collective == "reduce":
+                s, d = _need(src, count, "IN"), _need(out, count, "OUT")
+                t, top = _reduction(torch, dist, d, op, dtype, collective)
+                if not np.shares_memory(s, d):
+                    d[...] = s
+                opts = dist.ReduceOptions()
+                opts.reduceOp, opts.rootRank, opts.rootTensor = top, root, 0
+                work = self._pg.reduce([t], opts)
+            else:
+                # torch 2.13's gloo reduce_scatter is one allreduce per block behind a Work
+                # whose is_completed() never turns True (not even after wait()): it cannot
+                # run under ringlet's deadline.  One allreduce of a copy of the input moves
+                # the same bytes; this rank keeps its block.
+                s, d = _need(src, n * count, "IN"), _need(out, count, "OUT")
+                whole = s.copy()
+                t, top = _reduction(torch, dist, whole, op, dtype, collective)
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = top
+                self._await(self._pg.allreduce([t], opts), collective, what)
+                d[...] = whole[self.rank * count:(self.rank + 1) * count]
+                return
+        elif collective == "broadcast":
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = root, 0
+            work = self._pg.broadcast([_bytes(_need(out, count, "OUT"))], opts)
+        elif collective == "all_gather":
+            t_in = _bytes(_need(src, count, "IN"))
+            outs = _blocks(_bytes(_need(out, n * count, "OUT")), n)
+            work = self._pg.allgather([outs], [t_in])
+        elif collective == "all_to_all":
+            work = self._pg.alltoall_base(_bytes(_need(out, n * count, "OUT")),
+                                          _bytes(_need(src, n * count, "IN")), [], [],
+                                          dist.AllToAllOptions())
+        elif collective == "scatter":
+            opts = dist.ScatterOptions()
+            opts.rootRank = root
+            t_out = _bytes(_need(out, count, "OUT"))
+            ins = [_blocks(_bytes(_need(src, n * count, "IN")), n)] if self.rank == root else []
+            work = self._pg.scatter([t_out], ins, opts)
+        else:  # gather
+            opts = dist.GatherOptions()
+            opts.rootRank = root
+            t_in = _bytes(_need(src, count, "IN"))
+            outs = [_blocks(_bytes(_need(out, n * count, "OUT")), n)] if self.rank == root \
+                else []
+            work = self._pg.gather(outs, [t_in], opts)
+        self._await(work, collective, what)
+
+    def _await(self, work: Any, collective: str, what: Callable[[], str]) -> None:
+        """Poll a gloo collective until it completes, within the deadline."""
+        if not work.is_completed():
+            waiter = Waiter(self.settings, what, lambda: [], lambda: self.check(None, what()),
+                            advice=lambda: (
+                                f"gloo's own {collective} did not finish although every rank "
+                                f"entered the call: a rank hangs or its connection is slow. If "
+                                f"the peers are just slow, raise RINGLET_TIMEOUT (seconds)"))
+            while not work.is_completed():
+                waiter.pause()
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            self.check(None, what())   # a peer that died or aborted says it better
+            raise PeerError(f"rank {self.rank}: gloo's {collective} failed in {what()}: "
+                            f"{_gloo_message(exc)}") from None
+
+
+_NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+           "scatter", "gather")
+#: element types gloo reduces arithmetically (numpy name -> torch name)
+_ARITH = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64",
+          "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool"}
+_TORCH_OPS = {ReduceOp.SUM: "SUM", ReduceOp.PROD: "PRODUCT", ReduceOp.MIN: "MIN",
+              ReduceOp.MAX: "MAX", ReduceOp.BAND: "BAND", ReduceOp.BOR: "BOR",
+              ReduceOp.BXOR: "BXOR"}
+#: on bool, ringlet's SUM is OR and PROD is AND (numpy's add and multiply on bool); gloo adds
+#: the bytes (1 + 1 = 2), so they run as MAX and MIN
+_BOOL_OPS = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _tensor(a: np.ndarray) -> Any:
+    """``torch.from_numpy(a)``: shares the memory (read-only arrays too, gloo only reads)."""
+    torch = _torch()
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
+
+
+def _need(a: np.ndarray | None, count: int, name: str) -> np.ndarray:
+    if a is None:
+        raise ArgumentError(f"native collective: buffer {name} is missing")
+    if a.size < count:
+        raise ArgumentError(f"native collective: buffer {name} holds {a.size} elements, "
+                            f"{count} needed")
+    return a.reshape(-1)[:count]
+
+
+def _bytes(a: np.ndarray) -> Any:
+    return _tensor(a.view(np.uint8))
+
+
+def _blocks(t: Any, n: int) -> list[Any]:
+    b = t.numel() // n
+    return [t[i * b:(i + 1) * b] for i in range(n)]
+
+
+def _reduction(torch: Any, dist: Any, a: np.ndarray, op: Any, dtype: Any,
+               collective: str) -> tuple[Any, Any]:
+    """(a tensor over ``a``'s memory, torch's op) for a gloo reduction; ArgumentError if gloo
+    cannot compute ``op`` on ``a``'s type as ringlet defines it."""
+    rop = ReduceOp.parse(op)
+    name = getattr(dtype, "name", dtype) if dtype is not None else a.dtype.name
+    if rop is ReduceOp.AVG:
+        raise ArgumentError(f"native {collective}: AVG is not passed to the engine (the "
+                            f"communicator sums and divides); pass SUM")
+    if rop in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        if a.dtype.kind in "fc" or name == "bfloat16":
+            raise ArgumentError(f"native {collective}: bitwise {rop.name} is not defined for "
+                                f"{name}")
+        return _tensor(a.view(np.uint8)), getattr(dist.ReduceOp, _TORCH_OPS[rop])
+    if name == "bfloat16":
+        return _tensor(a).view(torch.bfloat16), getattr(dist.ReduceOp, _TORCH_OPS[rop])
+    if a.dtype.kind == "c":
+        if rop is not ReduceOp.SUM:
+            raise ArgumentError(f"native {collective}: gloo reduces {name} with SUM only, not "
+                                f"{rop.name}; use another algorithm (algorithm=None chooses)")
+        return _tensor(a), dist.ReduceOp.SUM
+    if name not in _ARITH:
+        raise ArgumentError(
+            f"native {collective}: gloo has no {name} arithmetic ({rop.name}); it reduces "
+            f"{', '.join(sorted(_ARITH))}, bfloat16 and complex (SUM); use another algorithm "
+            f"(algorithm=None chooses)")
+    if name == "bool":
+        rop = _BOOL_OPS.get(rop, rop)
+    return _tensor(a), getattr(dist.ReduceOp, _TORCH_OPS[rop])
+
+
+__all__ = ["ENV_VARS", "HEARTBEAT_S", "STALE_S", "TorchTransport", "env_store", "world"]

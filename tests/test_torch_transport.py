@@ -1,0 +1,219 @@
+"""The torch.distributed engine transport (ringlet.transport.torch), at N = 1..4.
+
+The scripts in tests/scripts/torch_*.py build a Communicator on the transport directly
+(every peer "remote": every message, agreement frame and notice goes over the private
+gloo group), check everything against numpy, print one verdict per rank and exit
+non-zero on failure.  Here each runs as N plain processes with the env:// variables
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts the TCPStore), and once under
+``torchrun --standalone`` (the agent hosts the store), with a time limit; the output is
+shown when a job fails.  The machine may have fewer cores than ranks.  A few tests run
+in this process (start-up errors, the native op mapping).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringlet.config import Settings
+from ringlet.errors import ArgumentError, ConfigError
+from ringlet.ops import DTYPES, ReduceOp
+
+SCRIPTS = Path(__file__).parent / "scripts"
+LIMIT = 90   # seconds any one job may take, whatever happens
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+needs_torch = pytest.mark.skipif(
+    not HAVE_TORCH, reason="needs PyTorch with gloo: pip install torch==2.13.0 (CPU wheel)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _listening(port: int, proc: subprocess.Popen[str], seconds: float = 30.0) -> None:
+    """Wait until rank 0's store listens (the others then connect at once, without the
+    client's retry back-off)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+
+
+def _job(script: str, n: int, *args: str) -> tuple[list[int], str]:
+    """Run ``script`` as ranks 0..n-1 (env://); (exit codes, everyone's output)."""
+    port = _free_port()
+    procs: list[subprocess.Popen[str]] = []
+    cmd = [sys.executable, str(SCRIPTS / script), *args]
+    try:
+        for r in range(n):
+            procs.append(subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                         WORLD_SIZE=str(n)), start_new_session=True))
+            if r == 0 and n > 1:
+                _listening(port, procs[0])
+        end = time.monotonic() + LIMIT
+        outs = []
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(q.pid, signal.SIGKILL)
+                out, _ = p.communicate()
+                outs.append(out)
+                pytest.fail(f"{script} {' '.join(args)} at N={n} did not finish in {LIMIT} s:\n"
+                            + "\n".join(outs))
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [p.returncode for p in procs], "".join(f"--- rank {r} ---\n{o}"
+                                                  for r, o in enumerate(outs))
+
+
+def _all_ok(codes: list[int], out: str, ranks: list[int], what: str) -> None:
+    oks = [r for r in ranks if f"[rank {r}] ok: " in out]
+    assert oks == ranks and all(codes[r] == 0 for r in ranks), (
+        f"{what}: exit codes {codes}, ranks ok {oks} of {ranks}:\n{out}")
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize("n", [1, 3, 4], ids=lambda n: f"N{n}")
+def test_suite(n: int) -> None:
+    """Every collective x every algorithm and gloo's own, p2p with tags and unexpected
+    messages, the transport's messages, mismatch, a rejected call, split, bit-identical
+    all_reduce, a timeout naming the absent rank (tests/scripts/torch_suite.py)."""
+    codes, out = _job("torch_suite.py", n)
+    _all_ok(codes, out, list(range(n)), f"torch_suite.py at N={n}")
+
+
+@needs_torch
+def test_suite_under_torchrun() -> None:
+    """The same at N=2 under ``torchrun --standalone``: the agent hosts the store and the
+    ranks are its clients (TORCHELASTIC_USE_AGENT_STORE)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", str(SCRIPTS / "torch_suite.py")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env(), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun torch_suite.py did not finish in {LIMIT} s:\n{out}")
+    oks = out.count("] ok: ")
+    assert proc.returncode == 0 and oks == 2, (
+        f"torchrun: exit code {proc.returncode}, {oks} of 2 ranks ok:\n{out}")
+
+
+@needs_torch
+def test_killed_peer_mid_collective() -> None:
+    """SIGKILL of rank 2 during 1 MB all_reduces: ranks 0 and 1 raise PeerError naming it
+    within 10 s (gloo sees the connection close: milliseconds in practice)."""
+    codes, out = _job("torch_faults.py", 3, "kill")
+    assert codes[2] == -signal.SIGKILL, f"the victim was not killed: {codes}\n{out}"
+    _all_ok(codes, out, [0, 1], "a killed peer")
+
+
+@needs_torch
+def test_stopped_peer_heartbeat() -> None:
+    """SIGSTOP of rank 1 (its connections stay open): rank 0 raises PeerError "rank 1 ...
+    stopped answering" from the heartbeat, after STALE_S and within 10 s."""
+    codes, out = _job("torch_faults.py", 2, "stop")
+    assert codes[1] == -signal.SIGKILL, f"rank 0 did not kill the stopped rank: {codes}\n{out}"
+    _all_ok(codes, out, [0], "a stopped peer")
+
+
+# --- in this process ---------------------------------------------------------------------
+
+
+@needs_torch
+def test_world_without_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No env:// variables: a ConfigError naming them and saying how to start."""
+    from ringlet.transport import torch as tt
+
+    for var in tt.ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=r"MASTER_ADDR, MASTER_PORT, WORLD_SIZE are not set"
+                                          r".*torchrun"):
+        tt.world(Settings())
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "http")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"MASTER_PORT='http' is not an integer"):
+        tt.world(Settings())
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ConfigError, match=r"RANK=2 and WORLD_SIZE=2 do not fit"):
+        tt.env_store(Settings())
+
+
+def test_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch missing: a ConfigError naming the pip command (torch imported lazily)."""
+    from ringlet.transport import torch as tt
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(ConfigError, match=r"pip install torch==2\.13\.0"):
+        tt.world(Settings())
+
+
+@needs_torch
+def test_native_op_mapping() -> None:
+    """ringlet's meaning of each op on each type, as gloo's op or an ArgumentError."""
+    import torch
+    import torch.distributed as dist
+
+    from ringlet.transport.torch import _reduction
+
+    def mapped(dtype: str, op: ReduceOp, n: int = 4) -> tuple[object, object]:
+        a = np.zeros(n, DTYPES[dtype].np_dtype)
+        t, top = _reduction(torch, dist, a, op, DTYPES[dtype], "all_reduce")
+        assert t.data_ptr() == a.ctypes.data, "the tensor must share the array's memory"
+        return t.dtype, top
+
+    assert mapped("bool", ReduceOp.SUM) == (torch.bool, dist.ReduceOp.MAX)      # OR
+    assert mapped("bool", ReduceOp.PROD) == (torch.bool, dist.ReduceOp.MIN)     # AND
+    assert mapped("float32", ReduceOp.PROD) == (torch.float32, dist.ReduceOp.PRODUCT)
+    assert mapped("bfloat16", ReduceOp.MAX) == (torch.bfloat16, dist.ReduceOp.MAX)
+    assert mapped("uint64", ReduceOp.BXOR) == (torch.uint8, dist.ReduceOp.BXOR)
+    assert mapped("complex128", ReduceOp.SUM) == (torch.complex128, dist.ReduceOp.SUM)
+    for dtype, op, words in [("uint16", ReduceOp.SUM, "no uint16 arithmetic"),
+                             ("int16", ReduceOp.MAX, "no int16 arithmetic"),
+                             ("complex64", ReduceOp.PROD, "SUM only"),
+                             ("float32", ReduceOp.BAND, "not defined for float32"),
+                             ("float32", ReduceOp.AVG, "communicator sums and divides")]:
+        with pytest.raises(ArgumentError, match=words):
+            mapped(dtype, op)
