@@ -108,22 +108,10 @@ def _all_ok(codes: list[int], out: str, ranks: list[int], what: str) -> None:
 # --- jobs --------------------------------------------------------------------------------
 
 
-@needs_torch
-@pytest.mark.parametrize("n", [1, 3, 4], ids=lambda n: f"N{n}")
-def test_suite(n: int) -> None:
-    """Every collective x every algorithm and gloo's own, p2p with tags and unexpected
-    messages, the transport's messages, mismatch, a rejected call, split, bit-identical
-    all_reduce, a timeout naming the absent rank (tests/scripts/torch_suite.py)."""
-    codes, out = _job("torch_suite.py", n)
-    _all_ok(codes, out, list(range(n)), f"torch_suite.py at N={n}")
-
-
-@needs_torch
-def test_suite_under_torchrun() -> None:
-    """The same at N=2 under ``torchrun --standalone``: the agent hosts the store and the
-    ranks are its clients (TORCHELASTIC_USE_AGENT_STORE)."""
+def _torchrun(n: int, *args: str) -> tuple[int, str]:
+    """``torchrun --standalone --nproc-per-node n`` of the suite: (exit code, output)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", str(SCRIPTS / "torch_suite.py")]
+           "--nproc-per-node", str(n), str(SCRIPTS / "torch_suite.py"), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_env(), start_new_session=True)
     try:
@@ -131,10 +119,31 @@ def test_suite_under_torchrun() -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"torchrun torch_suite.py did not finish in {LIMIT} s:\n{out}")
+        pytest.fail(f"torchrun torch_suite.py at N={n} did not finish in {LIMIT} s:\n{out}")
+    return proc.returncode, out
+
+
+@needs_torch
+@pytest.mark.parametrize("n,how", [(1, "env"), (2, "torchrun, default group"),
+                                   (3, "torchrun"), (4, "env")],
+                         ids=["N1-env", "N2-torchrun-default-group", "N3-torchrun", "N4-env"])
+def test_suite(n: int, how: str) -> None:
+    """Every collective x every algorithm and gloo's own, p2p with tags and unexpected
+    messages, the transport's messages, mismatch, a rejected call, split, bit-identical
+    all_reduce, a timeout naming the absent rank (tests/scripts/torch_suite.py).
+
+    ``env``: plain processes with the env:// variables, rank 0 hosts the TCPStore.
+    ``torchrun``: the agent hosts the store, the ranks are its clients
+    (TORCHELASTIC_USE_AGENT_STORE).  ``default group``: the program initialised torch's
+    default group first; ringlet reuses its store, and the user's group still works at
+    the end (ringlet's messages never met it)."""
+    if how == "env":
+        codes, out = _job("torch_suite.py", n)
+        _all_ok(codes, out, list(range(n)), f"torch_suite.py at N={n}")
+        return
+    code, out = _torchrun(n, *(["--init-default"] if "default" in how else []))
     oks = out.count("] ok: ")
-    assert proc.returncode == 0 and oks == 2, (
-        f"torchrun: exit code {proc.returncode}, {oks} of 2 ranks ok:\n{out}")
+    assert code == 0 and oks == n, f"torchrun: exit code {code}, {oks} of {n} ranks ok:\n{out}"
 
 
 @needs_torch

@@ -2,14 +2,17 @@
 point-to-point messages, errors, split, and the transport's messages themselves,
 against numpy.  Run on every rank:
 
-    torchrun --standalone --nproc-per-node N tests/scripts/torch_suite.py
+    torchrun --standalone --nproc-per-node N tests/scripts/torch_suite.py [--init-default]
     MASTER_ADDR=127.0.0.1 MASTER_PORT=<free> RANK=r WORLD_SIZE=N python torch_suite.py
 
-Prints ``[rank r] ok: ...`` per rank, or the failed checks and exit status 1.
+``--init-default`` calls ``init_process_group("gloo")`` first, as a user's program would:
+ringlet then reuses the default group's store, and the user's group must still work at
+the end.  Prints ``[rank r] ok: ...`` per rank, or the failed checks and exit status 1.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -295,6 +298,11 @@ def timeout(comm: Communicator, rep: Report) -> None:
 
 
 def main() -> None:
+    default = "--init-default" in sys.argv
+    if default:   # the user's own default group first: ringlet reuses its store
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     comm, t = communicator()
     rep = Report(comm.rank)
     rep.check(isinstance(t, TorchTransport) and t.caps.native and t.caps.engine == "torch",
@@ -309,6 +317,13 @@ def main() -> None:
     rep.run("errors", lambda: errors(comm, rep))
     rep.run("split", lambda: split(comm, rep))
     rep.run("timeout", lambda: timeout(comm, rep))
+    if default:   # the user's group still works, and never saw ringlet's messages
+        import torch.distributed as dist
+
+        v = torch.tensor([float(comm.rank + 1)])
+        dist.all_reduce(v)
+        rep.check(float(v[0]) == comm.size * (comm.size + 1) / 2, f"the user's group: {v}")
+        dist.destroy_process_group()
     comm.close()
     t.close()
     rep.verdict()

@@ -116,6 +116,8 @@ _IDLE_S = 5.0
 #: how long a lane waits for one request: "forever" (a wait whose timeout expires
 #: closes every connection of the group; ringlet's deadlines are the Waiter's)
 _FOREVER = timedelta(days=30)
+#: the longest nap of a poll that found nothing (see TorchTransport._nap)
+_NAP_S = 200e-6
 #: the tag of the receive close() lets time out (nobody sends on it)
 _KILL_TAG = 15
 #: seconds close() and mark_closed() give notices in flight to leave
@@ -614,7 +616,17 @@ class TorchTransport(Transport):
         return msg
 
     def progress(self) -> bool:
-        """Finish every collective request that gloo has finished; True if any."""
+        """Finish every collective request that gloo has finished; True if any.
+
+        If some are pending and none finished, it naps (at most _NAP_S, less if a lane
+        reports): a caller that polls in a loop holds the GIL the lanes need."""
+        seen = self._events
+        moved = self._progress()
+        if not moved and self._coll:
+            self._nap(seen)
+        return moved
+
+    def _progress(self) -> bool:
         moved = False
         if self._coll:
             pending = []
@@ -625,6 +637,15 @@ class TorchTransport(Transport):
             self._coll = pending
         return moved
 
+    def _nap(self, seen: int) -> None:
+        """Release the GIL until a lane reports (or _NAP_S passed), unless one has since
+        ``seen``.  Waits that poll (the communicator's agreement, a routed transport's
+        waits) spin or yield with the GIL held: a lane thread that finished a message
+        waits for it up to the interpreter's switch interval (5 ms)."""
+        with self._cv:
+            if self._events == seen:
+                self._cv.wait(_NAP_S)
+
     def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
         """Finish the requests as their lanes report them, within the deadline."""
         if all(r.done for r in reqs):
@@ -633,7 +654,7 @@ class TorchTransport(Transport):
                         lambda: self.check([r.peer for r in reqs if not r.done]))
         while True:
             seen = self._events
-            moved = self.progress()
+            moved = self._progress()
             for r in reqs:
                 if not r.done:
                     moved |= r.advance()
@@ -657,7 +678,11 @@ class TorchTransport(Transport):
         self._agree.publish(seq, words, note)
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
-        return self._agree.peer_desc(q, seq)
+        seen = self._events
+        desc = self._agree.peer_desc(q, seq)
+        if desc is None:
+            self._nap(seen)     # the caller polls: let the lane that has it report it
+        return desc
 
     def note(self, q: int, seq: int) -> str:
         return self._agree.note(q, seq)
@@ -718,6 +743,7 @@ class TorchTransport(Transport):
         """Close gloo's connections (ending every pending request and lane); idempotent."""
         if self._closed:
             return
+        self._status.tell(CLOSED, "closed")    # unless an abort or CLOSED was said already
         self._flush()
         self._closed = True
         _LIVE.discard(self)
