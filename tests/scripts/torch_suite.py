@@ -317,15 +317,16 @@ def main() -> None:
     rep.run("errors", lambda: errors(comm, rep))
     rep.run("split", lambda: split(comm, rep))
     rep.run("timeout", lambda: timeout(comm, rep))
-    if default:   # the user's group still works, and never saw ringlet's messages
-        import torch.distributed as dist
-
-        v = torch.tensor([float(comm.rank + 1)])
-        dist.all_reduce(v)
-        rep.check(float(v[0]) == comm.size * (comm.size + 1) / 2, f"the user's group: {v}")
-        dist.destroy_process_group()
+    n, r = comm.size, comm.rank
     comm.close()
     t.close()
+    if default:   # the user's group still works (closing ringlet's closed only its own)
+        import torch.distributed as dist
+
+        v = torch.tensor([float(r + 1)])
+        dist.all_reduce(v)
+        rep.check(float(v[0]) == n * (n + 1) / 2, f"the user's group: {v}")
+        dist.destroy_process_group()
     rep.verdict()
 
 

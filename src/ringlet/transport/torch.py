@@ -37,6 +37,15 @@ one buffer.  gloo sends are rendezvous: a send finishes once the receiver
 has posted the matching receive (no eager protocol), so a user's ``send``
 finishes once the receiver's point-to-point engine runs (any p2p call there).
 
+A lane needs the GIL for a moment to report a message, and a thread that
+polls in a loop holds it (a waiting thread gets it after the interpreter's
+switch interval, 5 ms).  So this transport's waits block on the lanes'
+events, its ``settings`` (which the communicator's waits use) never spin or
+yield, and ``progress`` and ``peer_desc``, which other loops poll, nap on the
+lanes' events (at most 0.2 ms) when they find nothing.  A 2-rank barrier
+takes about 0.25 ms on one host, an 8 B ring all_reduce about 0.75 ms (gloo's
+own round trip is 0.13 ms).
+
 *Liveness.*  Agreement and status are messages
 (:class:`~ringlet.transport.base.MessageAgreement`,
 :class:`~ringlet.transport.base.StatusBoard`), so every remote peer always
@@ -115,7 +124,7 @@ STALE_S = 5.0
 _IDLE_S = 5.0
 #: how long a lane waits for one request: "forever" (a wait whose timeout expires
 #: closes every connection of the group; ringlet's deadlines are the Waiter's)
-_FOREVER = timedelta(days=30)
+_FOREVER = timedelta(days=3650)
 #: the longest nap of a poll that found nothing (see TorchTransport._nap)
 _NAP_S = 200e-6
 #: the tag of the receive close() lets time out (nobody sends on it)
