@@ -45,7 +45,11 @@ class RoutedTransport(Transport):
         self.engine = engine
         if local is not None:
             local.names = list(self.locals)
-        self.settings = local.settings if local is not None else engine.settings
+        # waits poll both transports: an engine whose messages are reported by threads
+        # (torch's gloo) needs waits that let them run, so its settings win over the
+        # shared memory's spinning ones
+        self.settings = engine.settings if local is None or engine.caps.engine == "torch" \
+            else local.settings
         self.caps = Caps(engine=engine.caps.engine, native=engine.caps.native)
 
     def _set_describe(self, fn: Callable[[], str]) -> None:
