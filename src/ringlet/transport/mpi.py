@@ -540,6 +540,8 @@ class MpiTransport(Transport):
         self._error: RingletError | None = None          # an error MPI reported on a request
         self._closed = False
         self._said = False                               # sent its last word (_tell)
+        #: peers MPI reported an error with: never sent to again (MPICH may crash)
+        self._dead: set[int] = set()
         self._notices: list[MpiSend] = []
         self.agreement = MessageAgreement(self, self.remote)
         self.board = StatusBoard(self, self.remote)
@@ -655,7 +657,14 @@ class MpiTransport(Transport):
         with self._lock:
             if self._closed:
                 return
-            self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
+            if self.board.error is None and self._error is None:
+                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
+            else:
+                # a peer's notice (or MPI) told this rank: the rank that failed first
+                # told every rank already, and a send to a peer that died may crash
+                # MPICH (SIGSEGV in MPI_Isend), so this rank says nothing more.
+                # The peers keep their duplicate of the communicator (a failure path)
+                self._said = True
             if self.board.error is None:
                 self.board.error = (CommTimeoutError if timeout else PeerError)(message)
 
@@ -674,6 +683,8 @@ class MpiTransport(Transport):
         self._said = True
         frame = _frame([], kind, text, STATUS_BYTES)
         for q in self.remote:
+            if q in self._dead:
+                continue
             try:
                 r = self.isend(q, [frame], STATUS)
                 r.advance()
@@ -837,6 +848,7 @@ class MpiTransport(Transport):
         err = PeerError(
             f"rank {peer} failed or died: MPI reported an error on a message {direction} it "
             f"({why}); {self.describe()} cannot complete")
+        self._dead.add(peer)
         if self._error is None:
             self._error = err
         return err

@@ -137,9 +137,14 @@ class RoutedTransport(Transport):
         self.engine.check([q for q in peers if q not in self.lidx], what)
 
     def abort(self, message: str, timeout: bool = False) -> None:
+        # told through shared memory: the rank that failed first told every other node
+        # over the engine itself, so this rank does not repeat it there (a send to a
+        # rank that died can crash MPICH)
+        told = self.local is not None and self.local.aborted() is not None
         if self.local is not None:
             self.local.abort(message, timeout)
-        self.engine.abort(message, timeout)
+        if not told:
+            self.engine.abort(message, timeout)
 
     def mark_closed(self) -> None:
         if self.local is not None:
