@@ -37,7 +37,8 @@ class RoutedTransport(Transport):
         me = self.node_of[rank]
         #: this communicator's ranks on this node, in order (the local transport's ranks)
         self.locals = [q for q in range(self.size) if self.node_of[q] == me]
-        self.lidx = {q: i for i, q in enumerate(self.locals)}
+        # alone on its node: every peer, this rank included (p2p polls it), is the engine's
+        self.lidx = {q: i for i, q in enumerate(self.locals)} if local is not None else {}
         self.remote = [q for q in range(self.size) if self.node_of[q] != me]
         if (local is None) != (len(self.locals) == 1):
             raise ValueError("a routed transport needs shared memory iff its node has peers")
