@@ -65,6 +65,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import CommTimeoutError, ConfigError, PeerError, RingletError
+from ..wait import Waiter
 
 #: channels: collective data, the user's point-to-point messages, agreement frames and
 #: status frames (abort, closed).  They never mix.
@@ -131,9 +132,21 @@ class Transport(ABC):
     def progress(self) -> bool:
         """Advance every pending collective request; True if any byte moved."""
 
-    @abstractmethod
     def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
-        """Progress until every request in ``reqs`` is done, within the deadline."""
+        """Progress until every request in ``reqs`` is done, within the deadline,
+        checking the peers still missing (a transport may refine this)."""
+        if all(r.done for r in reqs):
+            return
+
+        def missing() -> list[int]:
+            return [r.peer for r in reqs if not r.done]
+
+        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing()))
+        while True:
+            if not self.progress():
+                if all(r.done for r in reqs):
+                    return
+                waiter.pause()
 
     @abstractmethod
     def discard_pending(self) -> None:

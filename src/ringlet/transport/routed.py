@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from ..wait import Waiter
 from .base import COLL, Caps, Reducer, Request, Transport
 from .shm import ShmTransport
 
@@ -86,20 +85,6 @@ class RoutedTransport(Transport):
         if self.local is not None:
             moved |= self.local.progress()
         return moved
-
-    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
-        if all(r.done for r in reqs):
-            return
-
-        def missing() -> list[int]:
-            return [r.peer for r in reqs if not r.done]
-
-        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing()))
-        while True:
-            if not self.progress():
-                if all(r.done for r in reqs):
-                    return
-                waiter.pause()
 
     def discard_pending(self) -> None:
         self.engine.discard_pending()
