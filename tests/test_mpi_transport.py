@@ -24,6 +24,7 @@ import pytest
 from ringlet.errors import ConfigError
 from ringlet.ops import DTYPES, ReduceOp
 from ringlet.transport import mpi as tm
+from ringlet.transport import torch as tt
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
@@ -103,7 +104,10 @@ def test_thread_levels_below_serialized_are_refused() -> None:
         tm._check_threads(fake)
 
 
-def test_pieces_cover_a_message_once_and_split_no_element() -> None:
+@pytest.mark.parametrize("mod", [tm, tt], ids=["mpi", "torch"])
+def test_pieces_cover_a_message_once_and_split_no_element(mod: types.ModuleType) -> None:
+    """The engine transports' pieces (base.pieces with the module's PIECE_BYTES)."""
+    tm = mod
     assert tm._pieces(0) == []
     p = tm.PIECE_BYTES
     assert p % 64 == 0

@@ -147,6 +147,14 @@ def test_suite(n: int, how: str) -> None:
 
 
 @needs_torch
+def test_messages_in_small_pieces() -> None:
+    """The suite with every message over 4160 bytes sent as several gloo messages, each
+    piece reduced as it arrives."""
+    codes, out = _job("torch_suite.py", 3, "--pieces")
+    _all_ok(codes, out, [0, 1, 2], "torch_suite.py --pieces at N=3")
+
+
+@needs_torch
 def test_killed_peer_mid_collective() -> None:
     """SIGKILL of rank 2 during 1 MB all_reduces: ranks 0 and 1 raise PeerError naming it
     within 10 s (gloo sees the connection close: milliseconds in practice)."""

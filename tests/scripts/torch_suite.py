@@ -24,6 +24,7 @@ from ringlet.algorithms import algorithms
 from ringlet.comm import Communicator
 from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError
 from ringlet.ops import ReduceOp, reference_reduce
+from ringlet.transport import torch as tm
 from ringlet.transport.base import COLL, P2P
 from ringlet.transport.torch import TorchTransport
 
@@ -192,6 +193,25 @@ def messages(comm: Communicator, t: TorchTransport, rep: Report) -> None:
         pr.advance()
         time.sleep(0.001)
     rep.check(pb.tolist() == [7] * 4 and kb.tolist() == [9] * 4, f"channels: {pb} {kb}")
+    # parts of several types whose boundaries fall inside pieces (with --pieces: 4160 B),
+    # reduced piece by piece as the pieces arrive; and one part that lands in place
+    parts = [np.arange(1000, dtype=np.float64) + r, np.arange(3001, dtype=np.int32) - r,
+             np.arange(5, dtype=np.uint8), np.arange(2000, dtype=np.float32) * (r + 1)]
+    s = t.isend(right, [x.view(np.uint8) for x in parts], COLL)
+    into = [np.ones_like(x) for x in parts]
+    q = t.irecv(left, into, add, COLL)
+    big = np.arange(5000, dtype=np.int64) * (r + 1)
+    s2 = t.isend(right, [big.view(np.uint8)], COLL)
+    land = np.zeros(5000, np.int64)
+    q2 = t.irecv(left, [land], None, COLL)
+    t.wait([s, q, s2, q2], lambda: "pieces check")
+    want = [np.arange(1000, dtype=np.float64) + left + 1,
+            np.arange(3001, dtype=np.int32) - left + 1, np.arange(5, dtype=np.uint8) + 1,
+            np.arange(2000, dtype=np.float32) * (left + 1) + 1]
+    rep.check(all(np.array_equal(g, w) for g, w in zip(into, want, strict=True)),
+              "parts across pieces reduced wrong")
+    rep.check(np.array_equal(land, np.arange(5000, dtype=np.int64) * (left + 1)),
+              "a message of several pieces landed wrong")
     t.check()
 
 
@@ -299,6 +319,8 @@ def timeout(comm: Communicator, rep: Report) -> None:
 
 def main() -> None:
     default = "--init-default" in sys.argv
+    if "--pieces" in sys.argv:    # every message over 4160 bytes in pieces
+        tm.PIECE_BYTES = 4160
     if default:   # the user's own default group first: ringlet reuses its store
         import torch.distributed as dist
 

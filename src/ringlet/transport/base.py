@@ -78,6 +78,17 @@ NOTE_BYTES = 1024
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
+#: an engine transport (MPI, torch) sends a message of more than this many bytes as
+#: several engine messages (pieces), so that the receiver reduces one piece while the
+#: next is on the wire.  A multiple of 64: a piece never splits an element.
+PIECE_BYTES = 4 << 20
+
+
+def pieces(nbytes: int, size: int = PIECE_BYTES) -> list[tuple[int, int]]:
+    """The byte ranges a message of ``nbytes`` travels as (none for an empty one); both
+    sides compute the same ranges from the size."""
+    return [(lo, min(lo + size, nbytes)) for lo in range(0, nbytes, size)]
+
 
 class Request(Protocol):
     """One message being sent or received."""

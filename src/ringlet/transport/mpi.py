@@ -109,6 +109,7 @@ from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
 from ..ops import DTYPES, DType, ReduceOp, check_op, dtype_of_numpy, reducer
 from ..wait import Waiter
+from . import base
 from .base import (
     ABORT_PEER,
     ABORT_TIMEOUT,
@@ -128,9 +129,9 @@ from .base import (
 )
 from .shm import oversubscribed
 
-#: messages larger than this travel as pieces of this many bytes (a multiple of 64, so a
-#: piece never splits an element); both sides compute the same pieces from the size
-PIECE_BYTES = 4 << 20
+#: messages larger than this travel as pieces of this many bytes (base.PIECE_BYTES; a
+#: module global, so that a test can make them small)
+PIECE_BYTES = base.PIECE_BYTES
 #: scratch buffers kept for reuse (receives that reduce, sends of several parts)
 _POOL_MAX = 8
 #: the channels' MPI tags; split() derives its Create_group tag above them
@@ -190,7 +191,7 @@ def world(settings: Settings | None = None) -> MpiTransport:
 
 def _pieces(nbytes: int) -> list[tuple[int, int]]:
     """The byte ranges a message of ``nbytes`` travels as (none for an empty one)."""
-    return [(lo, min(lo + PIECE_BYTES, nbytes)) for lo in range(0, nbytes, PIECE_BYTES)]
+    return base.pieces(nbytes, PIECE_BYTES)
 
 
 def _as_bytes(a: np.ndarray) -> np.ndarray:

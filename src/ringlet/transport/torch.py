@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -99,6 +100,7 @@ from ..errors import (
 )
 from ..ops import ReduceOp
 from ..wait import Waiter
+from . import base
 from .base import (
     ABORT_PEER,
     ABORT_TIMEOUT,
@@ -134,6 +136,12 @@ _FLUSH_S = 1.0
 #: the gloo group's own timeout, beyond ringlet's deadline: gloo's collectives wait this
 #: long internally (and then close the group's connections)
 _GLOO_MARGIN_S = 30.0
+#: the timeout of the heartbeat thread's store calls (bounds the join at close)
+_STORE_CALL_S = 3.0
+
+#: messages larger than this travel as several gloo messages (base.PIECE_BYTES; a module
+#: global, so that a test can make them small)
+PIECE_BYTES = base.PIECE_BYTES
 
 _PENDING, _OK, _FAILED = 0, 1, 2
 _SEND, _RECV = 0, 1
@@ -233,6 +241,10 @@ def world(settings: Settings) -> TorchTransport:
     return TorchTransport(store, rank, size, settings, f"ringlet-torch/{restart}/w{n}")
 
 
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    return base.pieces(nbytes, PIECE_BYTES)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -250,17 +262,22 @@ def _gloo_message(exc: BaseException) -> str:
 
 
 class _Msg:
-    """One message: a gloo send or receive, finished by a lane (see the module docs)."""
+    """One message: one gloo send or receive per piece, finished by a lane (see the module
+    docs).  The lane counts the pieces that arrived (``arrived``, in posting order); the
+    caller's thread copies or reduces each arrived piece into the parts (``advance``)."""
 
-    __slots__ = ("peer", "channel", "work", "state", "error", "_fin", "_parts", "_tmp",
-                 "_reducer", "_keep")
+    __slots__ = ("peer", "channel", "works", "ranges", "arrived", "state", "error", "_fin",
+                 "_parts", "_tmp", "_reducer", "_keep", "_pos", "_part")
 
     def __init__(self, peer: int, channel: int, parts: list[np.ndarray] | None = None,
                  tmp: np.ndarray | None = None, reducer: Reducer | None = None,
-                 keep: Any = None, finished: bool = False) -> None:
+                 keep: Any = None, ranges: list[tuple[int, int]] | None = None,
+                 finished: bool = False) -> None:
         self.peer = peer
         self.channel = channel
-        self.work: Any = None
+        self.works: list[Any] = []
+        self.ranges = ranges or []
+        self.arrived = 0            # pieces gloo finished (written by the lane)
         self.state = _OK if finished else _PENDING
         self.error: BaseException | None = None
         self._fin = finished
@@ -268,38 +285,60 @@ class _Msg:
         self._tmp = tmp
         self._reducer = reducer
         self._keep = keep          # the tensor gloo reads or writes (and so its memory)
+        self._pos = 0              # bytes of tmp delivered into the parts
+        self._part = 0             # the part _pos is in
 
     @property
     def done(self) -> bool:
         """True once the message was sent, or arrived and is in the parts."""
-        if self._fin:
-            return True
-        if self.state == _OK:
-            self._finish()
-            return True
-        return False
+        if not self._fin:
+            self.advance()
+        return self._fin
 
     def advance(self) -> bool:
-        """Finish the message if gloo has (True then).  A failed message stays pending:
-        ``check`` says why (the peer died or closed), for the peers the caller watches."""
-        if self._fin or self.state != _OK:
+        """Deliver the pieces gloo has finished (True if any).  A failed message stays
+        pending: ``check`` says why (the peer died or closed), for the peers the caller
+        watches."""
+        if self._fin:
             return False
-        self._finish()
-        return True
-
-    def _finish(self) -> None:
+        n = self.arrived
+        if n == 0 or self.state == _FAILED:
+            return False
         tmp = self._tmp
         if tmp is not None and self._parts is not None:
-            off = 0
-            for p in self._parts:
-                src = tmp[off:off + p.nbytes].view(p.dtype)
+            upto = self.ranges[n - 1][1]
+            if upto == self._pos:
+                return False
+            self._deliver(tmp, upto)
+        if n == len(self.ranges):
+            self._fin = True
+            self.works = []
+            self._keep = self._tmp = self._parts = None
+            return True
+        return tmp is not None
+
+    def _deliver(self, tmp: np.ndarray, upto: int) -> None:
+        """Copy or reduce the whole elements of tmp[_pos:upto] into the parts."""
+        assert self._parts is not None
+        parts, pos, i = self._parts, self._pos, self._part
+        off = sum(p.nbytes for p in parts[:i])
+        while i < len(parts) and pos < upto:
+            p = parts[i]
+            end = off + p.nbytes
+            isz = p.itemsize
+            lo, hi = (pos - off) // isz, (min(end, upto) - off) // isz
+            if hi > lo:
+                flat = p if p.ndim == 1 else p.reshape(-1)
+                src = tmp[off + lo * isz:off + hi * isz].view(p.dtype)
                 if self._reducer is None:
-                    p[...] = src
+                    flat[lo:hi] = src
                 else:
-                    self._reducer(p, src)
-                off += p.nbytes
-        self._fin = True
-        self.work = self._keep = self._tmp = self._parts = None
+                    self._reducer(flat[lo:hi], src)
+                pos = off + hi * isz
+            if pos < end:
+                break               # the rest of this part has not arrived
+            off, i = end, i + 1
+        self._pos, self._part = pos, i
 
     def __repr__(self) -> str:
         state = "done" if self._fin else {_PENDING: "pending", _OK: "arrived",
@@ -316,19 +355,23 @@ class _Lane:
         self.t = t
         self.key = key
         self.cv = threading.Condition(threading.Lock())
-        self.queue: deque[_Msg] = deque()
+        self.queue: deque[tuple[_Msg, int]] = deque()
         self.thread: threading.Thread | None = None
 
-    def post(self, msg: _Msg, start: Callable[[], Any]) -> None:
-        """Start the gloo operation and queue it (under the lane's lock: same order)."""
+    def post(self, msg: _Msg, starts: list[Callable[[], Any]]) -> None:
+        """Start the gloo operations of the message's pieces and queue them (under the
+        lane's lock: the same order)."""
         with self.cv:
-            try:
-                msg.work = start()
-            except RuntimeError as exc:  # the connection is closed already
-                msg.error, msg.state = exc, _FAILED
-                self.t._failed(msg)
+            for k, start in enumerate(starts):
+                try:
+                    msg.works.append(start())
+                except RuntimeError as exc:  # the connection is closed already
+                    msg.error, msg.state = exc, _FAILED
+                    self.t._failed(msg)
+                    break
+                self.queue.append((msg, k))
+            if not self.queue:
                 return
-            self.queue.append(msg)
             if self.thread is None:
                 peer, channel, direction = self.key
                 way = "send" if direction == _SEND else "recv"
@@ -347,16 +390,18 @@ class _Lane:
                 if not self.queue:
                     self.thread = None
                     return
-                msg = self.queue[0]
+                msg, k = self.queue[0]
             try:
-                ok = msg.work.wait(_FOREVER)
+                ok = msg.works[k].wait(_FOREVER)
             except Exception as exc:  # noqa: BLE001 - gloo's error, reported by check()
                 msg.error, msg.state = exc, _FAILED
             else:
                 if ok is False:
                     msg.error, msg.state = RingletError("gloo abandoned the wait"), _FAILED
-                else:
-                    msg.state = _OK
+                elif msg.state != _FAILED:
+                    msg.arrived = k + 1
+                    if k + 1 == len(msg.ranges):
+                        msg.state = _OK
             with self.cv:
                 self.queue.popleft()
             if msg.state == _FAILED:
@@ -382,7 +427,13 @@ class _Heartbeat:
     called once every rank has set its keys (after the gloo group is built).
     The thread uses its own connection to the store (``clone``), so that a
     blocking store call of the main thread (building a group) does not stop
-    the beat.
+    the beat, with a short timeout (:data:`_STORE_CALL_S`).
+
+    The last ``release`` stops the thread and joins it.  It must not be inside
+    a store call when the interpreter finalizes: a daemon thread that comes
+    back from torch's C++ code then is ended by ``pthread_exit``, whose unwind
+    through torch's ``noexcept`` frames aborts the process ("terminate called
+    without an active exception", exit code -6, after every rank succeeded).
     """
 
     def __init__(self, store: Any, rank: int, watch: Iterable[int],
@@ -396,6 +447,7 @@ class _Heartbeat:
         self._users = 1
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
         store.add(f"beat/{rank}", 1)
 
@@ -409,10 +461,12 @@ class _Heartbeat:
         self._ok_at = now
         try:
             client = self.store.clone()
+            client.set_timeout(timedelta(seconds=_STORE_CALL_S))
         except (AttributeError, RuntimeError):
             client = self.store
-        threading.Thread(target=self._run, args=(client,), daemon=True,
-                         name=f"ringlet-heartbeat-{self.rank}").start()
+        self._thread = threading.Thread(target=self._run, args=(client,), daemon=True,
+                                        name=f"ringlet-heartbeat-{self.rank}")
+        self._thread.start()
 
     def acquire(self) -> None:
         with self._lock:
@@ -421,8 +475,12 @@ class _Heartbeat:
     def release(self) -> None:
         with self._lock:
             self._users -= 1
-            if self._users <= 0:
-                self._stop.set()
+            last = self._users <= 0
+        if last:
+            self._stop.set()
+            th = self._thread
+            if th is not None and th is not threading.current_thread():
+                th.join(_STORE_CALL_S + 1.0)
 
     def _run(self, client: Any) -> None:
         mine = f"beat/{self.rank}"
@@ -596,8 +654,9 @@ class TorchTransport(Transport):
         if not buf.flags.c_contiguous:
             buf = np.ascontiguousarray(buf)
         tensor = _tensor(buf)
-        msg = _Msg(peer, channel, keep=tensor)
-        self._lane(peer, channel, _SEND).post(msg, lambda: self._pg.send([tensor], peer, channel))
+        msg = _Msg(peer, channel, keep=tensor, ranges=_pieces(buf.nbytes))
+        self._lane(peer, channel, _SEND).post(msg, self._starts(tensor, msg, peer, channel,
+                                                                self._pg.send))
         if channel == COLL:
             self._coll.append(msg)
         elif channel == STATUS:
@@ -619,10 +678,20 @@ class TorchTransport(Transport):
             msg = _Msg(peer, channel, parts=parts, tmp=target, reducer=reducer)
         tensor = _tensor(target)
         msg._keep = tensor
-        self._lane(peer, channel, _RECV).post(msg, lambda: self._pg.recv([tensor], peer, channel))
+        msg.ranges = _pieces(target.nbytes)
+        self._lane(peer, channel, _RECV).post(msg, self._starts(tensor, msg, peer, channel,
+                                                                self._pg.recv))
         if channel == COLL:
             self._coll.append(msg)
         return msg
+
+    @staticmethod
+    def _starts(tensor: Any, msg: _Msg, peer: int, channel: int,
+                op: Callable[[list[Any], int, int], Any]) -> list[Callable[[], Any]]:
+        """The gloo send or receive of each piece of ``msg`` (started by its lane)."""
+        if len(msg.ranges) == 1:
+            return [functools.partial(op, [tensor], peer, channel)]
+        return [functools.partial(op, [tensor[lo:hi]], peer, channel) for lo, hi in msg.ranges]
 
     def progress(self) -> bool:
         """Finish every collective request that gloo has finished; True if any.
