@@ -185,6 +185,27 @@ def test_all_reduce_hierarchical(n: int, group: int, pieces: int) -> None:
     assert all(b == a - a % g + (a % g + 1) % g for a, b in inside)
 
 
+@pytest.mark.parametrize(("n", "group"), [(4, 2), (6, 2), (6, 3), (8, 4), (12, 3), (9, 3),
+                                          (10, 5), (5, 1), (5, 5)])
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+def test_two_level_all_gather_and_reduce_scatter(collective: str, n: int, group: int) -> None:
+    """Each rank moves G-1 blocks across groups (to the same local rank of the next
+    group) and (g-1) rails of G blocks inside its group: (p-1) blocks in all."""
+    s = build(collective, "hierarchical", n, group=group)
+    g, G = group, n // group
+    m = 16
+    c = count(s, m)
+    assert c.rounds == (g - 1) + (G - 1)
+    assert uniform(c.sent, (n - 1) * m) and uniform(c.received, (n - 1) * m)
+    if collective == "reduce_scatter":
+        assert uniform(c.reduced, (n - 1) * m)
+    cross = [(a, b) for _, a, b in messages(s) if a // g != b // g]
+    assert all(b == (a + g) % n for a, b in cross) and len(cross) == n * (G - 1)
+    inside = [(a, b) for _, a, b in messages(s) if a // g == b // g]
+    assert all(b == a - a % g + (a % g + 1) % g for a, b in inside)
+    assert len(inside) == n * (g - 1)
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_all_reduce_direct(n: int) -> None:
     s = build("all_reduce", "direct", n)
@@ -463,3 +484,34 @@ def test_reductions_are_only_in_reducing_collectives() -> None:
         assert count(s, 12).reduced.sum() == 0
         assert not any(st.kind in (Kind.RRED, Kind.LRED) for r in range(6) for rnd in s.steps(r)
                        for st in rnd)
+
+
+def _link_bytes(s: Schedule, g: int, m: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes each group sends and receives across groups."""
+    bounds = {b: lay.bounds(m) for b, lay in s.layouts.items()}
+    out: dict[int, int] = {}
+    into: dict[int, int] = {}
+    for r in range(s.nranks):
+        for rnd in s.steps(r):
+            for st in rnd:
+                if st.kind is Kind.SEND and st.peer // g != r // g:
+                    nb = sum(int(bounds[b][e] - bounds[b][a]) for b, a, e in st.src)
+                    out[r // g] = out.get(r // g, 0) + nb
+                    into[st.peer // g] = into.get(st.peer // g, 0) + nb
+    return out, into
+
+
+@pytest.mark.parametrize(("n", "group"), [(4, 2), (8, 2), (8, 4), (6, 3), (12, 4), (6, 1)])
+def test_two_level_broadcast_and_reduce_cross_once_per_group(n: int, group: int) -> None:
+    """Whatever the root, every group but the root's receives the vector once across
+    groups (broadcast), or sends it once (reduce): binomial trees from a root inside a
+    group cross two or three times."""
+    m, g, G = 48 * n, group, n // group
+    for root in range(n):
+        out, into = _link_bytes(build("broadcast", "hierarchical", n, root, group=g), g, m)
+        assert into == {j: m for j in range(G) if j != root // g}, (root, into)
+        out, into = _link_bytes(build("reduce", "hierarchical", n, root, group=g), g, m)
+        assert out == {j: m for j in range(G) if j != root // g}, (root, out)
+    out, into = _link_bytes(build("broadcast", "binomial", 8, 1), 2, m)
+    # what the flat tree does (the docs' figure)
+    assert max(out.values()) == 3 * m and sorted(into.values()) == [m, 2 * m, 2 * m, 2 * m]

@@ -43,10 +43,11 @@ IDS = [f"{c}/{a}" for c, a in ALGOS]
 EXPECTED = {
     "all_reduce": {"ring", "recursive_doubling", "rabenseifner", "binomial",
                    "double_binary_tree", "hierarchical", "direct", "oneshot", "naive"},
-    "broadcast": {"binomial", "chain", "scatter_allgather", "direct", "naive"},
-    "reduce": {"binomial", "rabenseifner", "naive"},
-    "all_gather": {"ring", "recursive_doubling", "bruck", "direct", "naive"},
-    "reduce_scatter": {"ring", "recursive_halving", "pairwise", "direct", "naive"},
+    "broadcast": {"binomial", "chain", "scatter_allgather", "hierarchical", "direct", "naive"},
+    "reduce": {"binomial", "rabenseifner", "hierarchical", "naive"},
+    "all_gather": {"ring", "recursive_doubling", "bruck", "hierarchical", "direct", "naive"},
+    "reduce_scatter": {"ring", "recursive_halving", "pairwise", "hierarchical", "direct",
+                       "naive"},
     "all_to_all": {"pairwise", "bruck", "direct", "naive"},
     "scatter": {"binomial", "linear", "naive"},
     "gather": {"binomial", "linear", "naive"},
@@ -110,8 +111,8 @@ def test_other_aliases() -> None:
 
 def test_unknown_algorithm_lists_the_valid_ones() -> None:
     with pytest.raises(ArgumentError, match=r"unknown algorithm 'bruck' for broadcast; "
-                                            r"valid: binomial, chain, direct, naive, "
-                                            r"scatter_allgather"):
+                                            r"valid: binomial, chain, direct, hierarchical, "
+                                            r"naive, scatter_allgather"):
         build("broadcast", "bruck", 4)
 
 
@@ -141,19 +142,27 @@ def test_verifies_pipelined(collective: str, name: str, pieces: int) -> None:
             verify(build(collective, name, n, root, pieces=pieces))
 
 
-def test_hierarchical_verifies_for_every_group() -> None:
+HIERARCHICAL = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_verifies_for_every_group(collective: str) -> None:
     for n in [*range(1, 17), 18, 20, 24]:
         for g in divisors(n):
             for pieces in (1, 2) if n <= 12 else (1,):
-                verify(build("all_reduce", "hierarchical", n, group=g, pieces=pieces))
+                for root in sorted({0, n - 1, (n // 2 + 1) % n}) if collective in ROOTED \
+                        else [0]:
+                    verify(build(collective, "hierarchical", n, root, group=g, pieces=pieces))
 
 
-def test_hierarchical_rejects_a_group_that_does_not_divide() -> None:
-    with pytest.raises(ArgumentError, match=r"group=3 does not divide 8 ranks into equal groups; "
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_rejects_a_group_that_does_not_divide(collective: str) -> None:
+    with pytest.raises(ArgumentError, match=rf"hierarchical {collective}: group=3 does not "
+                                            rf"divide 8 ranks into equal groups; "
                                             r"use one of 1, 2, 4, 8"):
-        build("all_reduce", "hierarchical", 8, group=3)
+        build(collective, "hierarchical", 8, group=3)
     with pytest.raises(ArgumentError, match=r"group=9 does not divide 8 ranks"):
-        build("all_reduce", "hierarchical", 8, group=9)
+        build(collective, "hierarchical", 8, group=9)
 
 
 @pytest.mark.parametrize(("collective", "name"), PIPELINED,

@@ -48,7 +48,7 @@ def test_parse_returns_a_fresh_dict() -> None:
                        r"double_binary_tree, hierarchical, naive, oneshot, rabenseifner, "
                        r"recursive_doubling, ring"),
     ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, direct, "
-                        r"naive, scatter_allgather"),
+                        r"hierarchical, naive, scatter_allgather"),
     ("all_reduce", r"write collective:algorithm, e.g. all_reduce:ring"),
     ("all_reduce:", r"write collective:algorithm"),
     ("all_reduce:ring,tree", r"forces both 'ring' and 'tree'; force at most one"),
@@ -195,3 +195,35 @@ def test_heuristic_returns_an_allowed_name_deterministically(collective: str) ->
             assert a in allowed
             assert a != "naive" or collective == "all_to_all"   # the oracle is never automatic
             assert heuristic(collective, n, nbytes, allowed) == a
+
+
+# --- across nodes ---------------------------------------------------------------------------
+
+
+def _across(coll: str, n: int, nbytes: int, per: int | None, setting: str = "") -> str:
+    return choose(coll, n, nbytes, requested=None, setting=setting, nodes=n // (per or n),
+                  ranks_per_node=per)
+
+
+def test_across_nodes_two_level_where_it_pays() -> None:
+    # all_reduce: always two-level when nodes are equal blocks of more than one rank
+    for nbytes in (8, 64 * KiB, 64 * MiB):
+        assert _across("all_reduce", 8, nbytes, 4) == "hierarchical"
+        assert _across("all_reduce", 4, nbytes, 2) == "hierarchical"
+    # all_gather and reduce_scatter: on two nodes, and where the flat rules pick the ring
+    for coll in ("all_gather", "reduce_scatter"):
+        assert _across(coll, 4, 8, 2) == "hierarchical"
+        assert _across(coll, 12, 16 * MiB, 3) == "hierarchical"
+        assert _across(coll, 16, 1 * KiB, 4) != "hierarchical"      # 4 nodes, latency
+    # broadcast and reduce: where the flat rules pick their bandwidth algorithm
+    assert _across("broadcast", 8, 4 * MiB, 2) == "hierarchical"
+    assert _across("broadcast", 8, 1 * KiB, 2) == "binomial"
+    assert _across("reduce", 8, 4 * MiB, 4) == "hierarchical"
+    assert _across("reduce", 8, 1 * KiB, 4) == "binomial"
+    # never the one-host algorithms, never two-level on a single rank per node
+    for coll in COLLECTIVES:
+        for nbytes in (8, 64 * KiB, 64 * MiB):
+            assert _across(coll, 4, nbytes, 1) not in ("direct", "oneshot", "hierarchical")
+            assert _across(coll, 6, nbytes, 2) not in ("direct", "oneshot")
+    # an exclusion holds across nodes too
+    assert _across("all_gather", 4, 8, 2, "all_gather:^hierarchical") != "hierarchical"

@@ -226,7 +226,7 @@ def test_verify_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 2 and "no collective has an algorithm 'nope'" in err
     code, _, err = run(capsys, "verify", "broadcast", "--algo", "ring")
     assert code == 2 and "unknown algorithm 'ring' for broadcast" in err
-    code, _, err = run(capsys, "verify", "broadcast", "--param", "group=2")
+    code, _, err = run(capsys, "verify", "scatter", "--param", "group=2")
     assert code == 2 and "no selected algorithm takes parameter(s) ['group']" in err
     assert parse_ranks("1-3,8,2") == [1, 2, 3, 8]
     for bad in ("0-4", "5-2", "x", "1-"):

@@ -1,4 +1,8 @@
-"""Hierarchical all-reduce: rings inside groups (e.g. the ranks of a node) and across them.
+"""Hierarchical (two-level) schedules: rings inside groups (e.g. the ranks of a node) and
+across them, one "rail" per local rank.
+
+all_reduce
+----------
 
 With groups of ``g`` consecutive ranks (``G = p/g`` of them), the vector is cut
 into ``g`` shards, each into ``G`` sub-blocks:
@@ -11,16 +15,65 @@ into ``g`` shards, each into ``G`` sub-blocks:
 Only phase 2 crosses groups, and it moves 2 (G-1)/G of a shard, 1/g of the
 vector: NCCL's and Horovod's two-level scheme.  Rounds: 2 (g-1) + 2 (G-1),
 times ``pieces``; bytes per rank: 2 (g-1)/g n + 2 (G-1)/G n/g.
+
+all_gather and reduce_scatter
+-----------------------------
+Rank r = j g + i is local rank i of group j; the blocks of local rank i in
+every group, (J g + i for J < G), are rail i.
+
+- all_gather: a ring across groups on each rail (every rank gathers its
+  rail's G blocks: G-1 rounds of one block), then a ring inside each group
+  passing whole rails (g-1 rounds of G blocks).
+- reduce_scatter, the mirror: a ring reduce-scatter inside each group over
+  rails (local rank i ends with rail i summed over its group: g-1 rounds of
+  G blocks), then a ring reduce-scatter across groups on each rail (G-1
+  rounds of one block).
+
+Across groups each rank moves (G-1) blocks, so a group's link carries
+(G-1)/G of the data in each direction, the least any schedule can; a flat
+ring over blocks of consecutive ranks carries (p-1)/p of it through every
+one of a group's two ring edges.
+
+broadcast and reduce
+--------------------
+The vector is cut into g shards, shard i travels on rail i.  The root is
+local rank i0 of group j0.
+
+- broadcast: the root sends shard i to local rank i of its group (one
+  round), each rail broadcasts its shard across groups on a binomial tree
+  rooted at group j0 (ceil(lg G) rounds), and a ring all-gather inside each
+  group assembles the vector (g-1 rounds).
+- reduce: ring reduce-scatter inside each group (local rank i ends with
+  shard i summed over its group; g-1 rounds), binomial reduce of each
+  rail's shard to group j0 (ceil(lg G) rounds), and the local ranks of
+  group j0 send their shards to the root (one round).
+
+Each group receives (broadcast) or sends (reduce) the vector across groups
+once, its g rails at once.  Flat trees numbered from a root that is not at a
+group's start cross the network several times per group: a binomial
+broadcast at p = 8 in groups of 2 from root 1 sends the vector three times
+out of the root's group and twice into three of the other groups.
 """
 
 from __future__ import annotations
 
 from ..errors import ArgumentError
-from ..schedule import Buf, Layout, Schedule, Step, empty_rounds, recv, recv_reduce, send
+from ..schedule import (
+    Buf,
+    Layout,
+    Schedule,
+    Step,
+    copy,
+    empty_rounds,
+    recv,
+    recv_reduce,
+    send,
+)
 from . import register
-from .common import check_pieces
+from .common import check_pieces, lg
+from .tree import SEND, binomial_down, binomial_up
 
-OUT = Buf.OUT
+OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
 
 
 def divisors(n: int) -> list[int]:
@@ -41,14 +94,8 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
     must divide the number of ranks.  0 (the default) picks
     :func:`default_group`.
     """
-    if group == 0:
-        group = default_group(n)
-    if not isinstance(group, int) or isinstance(group, bool) or not 1 <= group <= n \
-            or n % group:
-        raise ArgumentError(
-            f"hierarchical all_reduce: group={group} does not divide {n} ranks into equal "
-            f"groups; use one of {', '.join(map(str, divisors(n)))} (or 0 to choose)")
-    g, G, P = group, n // group, check_pieces("all_reduce/hierarchical", pieces)
+    g, G = _groups("all_reduce", n, group)
+    P = check_pieces("all_reduce/hierarchical", pieces)
     R = P * (2 * (g - 1) + 2 * (G - 1))
 
     # Chunk (s, p, t) = sub-block t of piece p of shard s, so a piece of a shard is a
@@ -94,3 +141,218 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
 
     return Schedule("all_reduce", "hierarchical", n, R, {OUT: Layout(g, P * G)}, rank_fn)
 
+
+
+def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
+    """(g, G): ranks per group (``group``, or :func:`default_group` for 0) and groups."""
+    if group == 0:
+        group = default_group(n)
+    if not isinstance(group, int) or isinstance(group, bool) or not 1 <= group <= n \
+            or n % group:
+        raise ArgumentError(
+            f"hierarchical {collective}: group={group} does not divide {n} ranks into equal "
+            f"groups; use one of {', '.join(map(str, divisors(n)))} (or 0 to choose)")
+    return group, n // group
+
+
+@register("all_gather", "hierarchical", params={"group": 0, "pieces": 1})
+def all_gather_hierarchical(n: int, root: int = 0, group: int = 0,
+                            pieces: int = 1) -> Schedule:
+    """Ring all-gather across groups on each rail, then ring all-gather of whole rails
+    inside each group; (G-1) + (g-1) rounds.  ``group`` as for all_reduce."""
+    g, G = _groups("all_gather", n, group)
+    P = check_pieces("all_gather/hierarchical", pieces)
+    R = max(1, P * ((G - 1) + (g - 1)))
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        if n == 1:
+            return [[copy([(OUT, 0, P)], [(IN, 0, P)])]]
+        rounds = empty_rounds(R)
+        i, j = r % g, r // g
+        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
+        up, down = ((j + 1) % G) * g + i, ((j - 1) % G) * g + i
+        t = 0
+        own = [copy([(OUT, r * P + p)], [(IN, p)]) for p in range(P)]
+        # across groups, on rail i: pass on the block received last
+        for k in range(G - 1):
+            for p in range(P):
+                src = (IN, p) if k == 0 else (OUT, (((j - k) % G) * g + i) * P + p)
+                rounds[t] = [send(up, src),
+                             recv(down, (OUT, (((j - k - 1) % G) * g + i) * P + p))]
+                if k == 0:
+                    rounds[t].append(own[p])
+                t += 1
+
+        def rail(c: int, p: int) -> list[tuple[Buf, int]]:
+            return [(OUT, (J * g + c) * P + p) for J in range(G)]
+
+        # inside the group: pass on whole rails (G blocks a message)
+        for k in range(g - 1):
+            for p in range(P):
+                if G == 1 and k == 0:      # nothing crossed groups: send the input
+                    rounds[t] = [send(right, (IN, p)), own[p]]
+                else:
+                    rounds[t] = [send(right, *rail((i - k) % g, p))]
+                rounds[t].append(recv(left, *rail((i - k - 1) % g, p)))
+                t += 1
+        return rounds
+
+    return Schedule("all_gather", "hierarchical", n, R,
+                    {IN: Layout(1, P), OUT: Layout(n, P, n)}, rank_fn)
+
+
+@register("reduce_scatter", "hierarchical", params={"group": 0, "pieces": 1})
+def reduce_scatter_hierarchical(n: int, root: int = 0, group: int = 0,
+                                pieces: int = 1) -> Schedule:
+    """Ring reduce-scatter of whole rails inside each group, then ring reduce-scatter
+    across groups on each rail; (g-1) + (G-1) rounds.  ``group`` as for all_reduce."""
+    g, G = _groups("reduce_scatter", n, group)
+    P = check_pieces("reduce_scatter/hierarchical", pieces)
+    R = max(1, P * ((g - 1) + (G - 1)))
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        if n == 1:
+            return [[copy([(OUT, 0, P)], [(IN, 0, P)])]]
+        rounds = empty_rounds(R)
+        i, j = r % g, r // g
+        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
+        up, down = ((j + 1) % G) * g + i, ((j - 1) % G) * g + i
+
+        def rail_in(c: int, p: int) -> list[tuple[Buf, int]]:
+            return [(IN, (J * g + c) * P + p) for J in range(G)]
+
+        def half(h: int, p: int) -> list[tuple[Buf, int]]:
+            return [(TMP, (h * G + J) * P + p) for J in range(G)]
+
+        # inside the group: the partial sums of rail (i-k-1) pass to the right, each rank
+        # adding its own input; they alternate between TMP's two halves, and local rank i
+        # ends with rail i summed over its group in half h
+        t = 0
+        for k in range(g - 1):
+            c = (i - k - 2) % g
+            for p in range(P):
+                src = rail_in((i - 1) % g, p) if k == 0 else half((k - 1) % 2, p)
+                dst = half(k % 2, p)
+                rounds[t] = [send(right, *src), copy(dst, rail_in(c, p)),
+                             recv_reduce(left, *dst)]
+                t += 1
+        h = (g - 2) % 2
+        # across groups on rail i: block J of the rail (for rank J g + i) is reduced in
+        # place in half h, passed on, and lands at its rank
+        for k in range(G - 1):
+            send_blk, recv_blk = (j - k - 1) % G, (j - k - 2) % G
+            for p in range(P):
+                if g == 1:      # nothing was summed inside the group: start from the input
+                    out = (TMP, (h * G + send_blk) * P + p) if k else \
+                        (IN, (send_blk * g + i) * P + p)
+                    into = (TMP, (h * G + recv_blk) * P + p)
+                    rounds[t] = [send(up, out), copy([into], [(IN, (recv_blk * g + i) * P + p)]),
+                                 recv_reduce(down, into)]
+                else:
+                    rounds[t] = [send(up, (TMP, (h * G + send_blk) * P + p)),
+                                 recv_reduce(down, (TMP, (h * G + recv_blk) * P + p))]
+                t += 1
+        for p in range(P):
+            rounds[R - 1].append(copy([(OUT, p)], [(TMP, (h * G + j) * P + p)]))
+        return rounds
+
+    return Schedule("reduce_scatter", "hierarchical", n, R,
+                    {IN: Layout(n, P, n), OUT: Layout(1, P), TMP: Layout(2 * G, P, 2 * G)},
+                    rank_fn)
+
+
+@register("broadcast", "hierarchical", params={"group": 0, "pieces": 1})
+def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
+                           pieces: int = 1) -> Schedule:
+    """Scatter of shards in the root's group, binomial broadcast of each shard across
+    groups on its rail, ring all-gather in every group; 1 + ceil(lg G) + (g-1) rounds
+    (times ``pieces``; the scatter only when g > 1).  ``group`` as for all_reduce."""
+    g, G = _groups("broadcast", n, group)
+    P = check_pieces("broadcast/hierarchical", pieces)
+    s1, L = (1 if g > 1 else 0), lg(G)
+    R = P * (s1 + L + (g - 1))
+    j0 = root // g
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        i, j = r % g, r // g
+        t = 0
+        if s1:
+            for p in range(P):
+                if r == root:
+                    rounds[t] = [send(j * g + c, (OUT, c * P + p)) for c in range(g) if c != i]
+                elif j == j0:
+                    rounds[t] = [recv(root, (OUT, i * P + p))]
+                t += 1
+        for k, kind, w in binomial_down((j - j0) % G, G):
+            peer = ((w + j0) % G) * g + i
+            for p in range(P):
+                ref = (OUT, i * P + p)
+                rounds[t + k * P + p].append(send(peer, ref) if kind == SEND else
+                                             recv(peer, ref))
+        t += L * P
+        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
+        for k in range(g - 1):
+            for p in range(P):
+                rounds[t] = [send(right, (OUT, ((i - k) % g) * P + p)),
+                             recv(left, (OUT, ((i - k - 1) % g) * P + p))]
+                t += 1
+        return rounds
+
+    return Schedule("broadcast", "hierarchical", n, R, {OUT: Layout(g, P)}, rank_fn,
+                    root=root)
+
+
+@register("reduce", "hierarchical", params={"group": 0, "pieces": 1})
+def reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int = 1) -> Schedule:
+    """Ring reduce-scatter in every group, binomial reduce of each shard across groups on
+    its rail, gather of the shards at the root; (g-1) + ceil(lg G) + 1 rounds (times
+    ``pieces``; the gather only when g > 1).  ``group`` as for all_reduce."""
+    g, G = _groups("reduce", n, group)
+    P = check_pieces("reduce/hierarchical", pieces)
+    s3, L = (1 if g > 1 else 0), lg(G)
+    R = max(1, P * ((g - 1) + L + s3))
+    j0 = root // g
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        i, j = r % g, r // g
+        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
+        # OUT is every rank's work area (the root's result; scratch elsewhere)
+        t = 0
+        for k in range(g - 1):
+            c = (i - k - 2) % g
+            for p in range(P):
+                src = (IN if k == 0 else OUT, ((i - k - 1) % g) * P + p)
+                dst = (OUT, c * P + p)
+                rounds[t] = [send(right, src), copy([dst], [(IN, c * P + p)]),
+                             recv_reduce(left, dst)]
+                t += 1
+        # shard i, summed over the group, is in OUT (g > 1) or still only in IN (g = 1)
+        held = g > 1
+        for k, kind, w in binomial_up((j - j0) % G, G):
+            peer = ((w + j0) % G) * g + i
+            for p in range(P):
+                ref = (OUT, i * P + p)
+                if kind == SEND:
+                    rounds[t + k * P + p].append(send(peer, ref if held else (IN, i * P + p)))
+                else:
+                    if not held:
+                        rounds[t + k * P + p].append(copy([ref], [(IN, i * P + p)]))
+                    rounds[t + k * P + p].append(recv_reduce(peer, ref))
+            if kind != SEND:
+                held = True
+        t += L * P
+        if s3 and j == j0:
+            for p in range(P):
+                if r == root:
+                    rounds[t] = [recv(j * g + c, (OUT, c * P + p)) for c in range(g) if c != i]
+                else:
+                    rounds[t] = [send(root, (OUT, i * P + p))]
+                t += 1
+        if n == 1:
+            rounds[0].append(copy([(OUT, 0, P)], [(IN, 0, P)]))
+        return rounds
+
+    return Schedule("reduce", "hierarchical", n, R, {IN: Layout(g, P), OUT: Layout(g, P)},
+                    rank_fn, root=root)

@@ -265,23 +265,40 @@ class Tuner:
 ONE_HOST = frozenset({"oneshot", "direct"})
 
 
+#: the flat choice that says a call is in the bandwidth regime, per collective with a
+#: two-level schedule (``hierarchical``): there the two-level one replaces it across nodes
+BANDWIDTH = {"all_reduce": None, "all_gather": "ring", "reduce_scatter": "ring",
+             "broadcast": "scatter_allgather", "reduce": "rabenseifner"}
+
+
 def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str],
               ranks_per_node: int | None) -> str:
     """The automatic choice across nodes.
 
-    all_reduce: ``hierarchical`` (reduce-scatter inside each node, all-reduce of
-    one shard per local rank across nodes, all-gather inside each node) when
-    every node holds the same number g of consecutive ranks and 1 < g < p: only
-    1/g of the vector per rank crosses the network, all local ranks at once,
-    which is what a link between nodes needs (NCCL's and Horovod's scheme).
-    Otherwise, and for the other collectives, the alpha-beta rules of
-    :func:`heuristic` for a network, without the one-host algorithms.
+    When every node holds the same number g of consecutive ranks (1 < g < p),
+    ``hierarchical`` (one rail per local rank, see
+    :mod:`ringlet.algorithms.hierarchical`):
+
+    - all_reduce, always: reduce-scatter inside each node, all-reduce of one
+      shard per local rank across nodes, all-gather inside each node; only
+      1/g of the vector per rank crosses the network, all local ranks at once
+      (NCCL's and Horovod's scheme);
+    - all_gather, reduce_scatter, broadcast and reduce where the flat rules
+      pick their bandwidth algorithm (:data:`BANDWIDTH`), and all_gather and
+      reduce_scatter on two nodes (one round across the network, as few as
+      any): each node's link then carries the least data any schedule can.
+
+    Otherwise the alpha-beta rules of :func:`heuristic` for a network, without
+    the one-host algorithms.
     """
     g = ranks_per_node
-    if collective == "all_reduce" and "hierarchical" in allowed and g is not None \
-            and 1 < g < nranks:
-        return "hierarchical"
-    return heuristic(collective, nranks, nbytes, (allowed - ONE_HOST) or allowed)
+    flat = heuristic(collective, nranks, nbytes, (allowed - ONE_HOST) or allowed)
+    if collective in BANDWIDTH and "hierarchical" in allowed and g is not None \
+            and 1 < g < nranks and nranks % g == 0:
+        two_nodes = nranks // g == 2 and collective in ("all_gather", "reduce_scatter")
+        if collective == "all_reduce" or flat == BANDWIDTH[collective] or two_nodes:
+            return "hierarchical"
+    return flat
 
 
 def tuner_for(settings: Any) -> Tuner | None:
