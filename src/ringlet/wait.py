@@ -79,6 +79,11 @@ class Waiter:
         time.sleep(self._sleep)
         self._sleep = min(self._sleep * 2, self._sleep_max)
 
+    def moved(self) -> None:
+        """Something happened: the next pauses sleep briefly again (the sleeps grow only
+        while nothing happens)."""
+        self._sleep = 20e-6
+
     def timeout_error(self) -> CommTimeoutError:
         advice = self._advice() if self._advice is not None else ""
         if advice:

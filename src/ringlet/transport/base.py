@@ -152,12 +152,19 @@ class Transport(ABC):
         def missing() -> list[int]:
             return [r.peer for r in reqs if not r.done]
 
-        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing()))
+        waiter = Waiter(self.wait_settings(reqs), what, missing,
+                        lambda: self.check(missing()))
         while True:
-            if not self.progress():
+            if self.progress():
+                waiter.moved()
+            else:
                 if all(r.done for r in reqs):
                     return
                 waiter.pause()
+
+    def wait_settings(self, reqs: Sequence[Request]) -> Settings:
+        """How :meth:`wait` waits for ``reqs`` (spin, yield, sleep): ``settings``."""
+        return self.settings
 
     @abstractmethod
     def discard_pending(self) -> None:

@@ -33,8 +33,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
 from ..procs import alive
-from ..wait import Waiter
-from .base import COLL, P2P, Caps, Request, Transport
+from .base import COLL, P2P, Caps, Transport
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
     os.environ.get("TMPDIR", "/tmp"), "ringlet-shm")
@@ -602,19 +601,6 @@ class ShmTransport(Transport):
 
     def pending_peers(self) -> list[int]:
         return sorted(self._active_send | self._active_recv)
-
-    def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
-        """Progress until every request in ``reqs`` is done, within the deadline."""
-        if all(r.done for r in reqs):
-            return
-        waiter = Waiter(self.settings, what,
-                        lambda: [r.peer for r in reqs if not r.done],
-                        lambda: self.check([r.peer for r in reqs if not r.done]))
-        while True:
-            if not self.progress():
-                if all(r.done for r in reqs):
-                    return
-                waiter.pause()
 
     def discard_pending(self) -> None:
         """Forget queued collective requests (after an error the communicator is aborted)."""
