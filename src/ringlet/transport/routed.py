@@ -52,6 +52,10 @@ class RoutedTransport(Transport):
         self.settings = engine.settings if local is None or engine.caps.engine == "torch" \
             else local.settings
         self.caps = Caps(engine=engine.caps.engine, native=engine.caps.native)
+        #: waits for node-local requests only: shared memory's spin, then sleep (no
+        #: yielding: other ranks' engine threads need the cores, 4 ranks on 2 here)
+        self._local_wait = self.settings if local is None else \
+            local.settings.replace(yield_us=0.0)
 
     def _set_describe(self, fn: Callable[[], str]) -> None:
         self._describe = fn
@@ -103,8 +107,8 @@ class RoutedTransport(Transport):
         """The engine's settings while an engine request is pending (torch's do not spin:
         its lanes need the GIL); shared memory's, which spin and yield, while only
         shared-memory ones are (a hierarchical schedule's rounds inside the node)."""
-        if self.local is None or all(r.done or r.peer in self.lidx for r in reqs):
-            return self.local.settings if self.local is not None else self.settings
+        if self.local is not None and all(r.done or r.peer in self.lidx for r in reqs):
+            return self._local_wait
         return self.settings
 
     def discard_pending(self) -> None:
