@@ -108,9 +108,7 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
-        i, j = r % g, r // g               # local rank, group
-        right, left = r - i + (i + 1) % g, r - i + (i - 1) % g
-        up, down = ((j + 1) % G) * g + i, ((j - 1) % G) * g + i
+        i, j, right, left, up, down = _neighbours(r, g, G)
         t = 0
         # reduce-scatter in the group: local rank i ends with shard (i+1) % g
         for k in range(g - 1):
@@ -155,6 +153,14 @@ def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
     return group, n // group
 
 
+def _neighbours(r: int, g: int, G: int) -> tuple[int, int, int, int, int, int]:
+    """(i, j, right, left, up, down) of rank r = j g + i: its local rank and group, its
+    ring neighbours inside the group, and across groups on its rail."""
+    i, j = r % g, r // g
+    return (i, j, j * g + (i + 1) % g, j * g + (i - 1) % g, ((j + 1) % G) * g + i,
+            ((j - 1) % G) * g + i)
+
+
 @register("all_gather", "hierarchical", params={"group": 0, "pieces": 1})
 def all_gather_hierarchical(n: int, root: int = 0, group: int = 0,
                             pieces: int = 1) -> Schedule:
@@ -168,9 +174,7 @@ def all_gather_hierarchical(n: int, root: int = 0, group: int = 0,
         if n == 1:
             return [[copy([(OUT, 0, P)], [(IN, 0, P)])]]
         rounds = empty_rounds(R)
-        i, j = r % g, r // g
-        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
-        up, down = ((j + 1) % G) * g + i, ((j - 1) % G) * g + i
+        i, j, right, left, up, down = _neighbours(r, g, G)
         t = 0
         own = [copy([(OUT, r * P + p)], [(IN, p)]) for p in range(P)]
         # across groups, on rail i: pass on the block received last
@@ -214,9 +218,7 @@ def reduce_scatter_hierarchical(n: int, root: int = 0, group: int = 0,
         if n == 1:
             return [[copy([(OUT, 0, P)], [(IN, 0, P)])]]
         rounds = empty_rounds(R)
-        i, j = r % g, r // g
-        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
-        up, down = ((j + 1) % G) * g + i, ((j - 1) % G) * g + i
+        i, j, right, left, up, down = _neighbours(r, g, G)
 
         def rail_in(c: int, p: int) -> list[tuple[Buf, int]]:
             return [(IN, (J * g + c) * P + p) for J in range(G)]
@@ -275,7 +277,7 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
-        i, j = r % g, r // g
+        i, j, right, left, _, _ = _neighbours(r, g, G)
         t = 0
         if s1:
             for p in range(P):
@@ -291,7 +293,6 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
                 rounds[t + k * P + p].append(send(peer, ref) if kind == SEND else
                                              recv(peer, ref))
         t += L * P
-        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
         for k in range(g - 1):
             for p in range(P):
                 rounds[t] = [send(right, (OUT, ((i - k) % g) * P + p)),
@@ -316,8 +317,7 @@ def reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int = 1) 
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
-        i, j = r % g, r // g
-        right, left = j * g + (i + 1) % g, j * g + (i - 1) % g
+        i, j, right, left, _, _ = _neighbours(r, g, G)
         # OUT is every rank's work area (the root's result; scratch elsewhere)
         t = 0
         for k in range(g - 1):
