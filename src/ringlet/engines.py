@@ -87,16 +87,19 @@ class _Torch:
 
     name = "torch"
 
-    def __init__(self, settings: Settings, rank: int, size: int) -> None:
+    def __init__(self, settings: Settings, rank: int, size: int, store: Any = None) -> None:
         from .transport import torch as tt
 
         global _calls
-        _calls += 1
         self.tt = tt
         self.settings = settings
         self.rank, self.size = rank, size
-        self.store = tt.env_store(settings, rank, size)
-        self.prefix = f"ringlet/{_calls}"
+        if store is None:
+            _calls += 1
+            self.store = tt.env_store(settings, rank, size)
+            self.prefix = f"ringlet/{_calls}"
+        else:   # a store of the caller's own (a torch process group's): its keys are ours
+            self.store, self.prefix = store, "ringlet"
 
     def allgather(self, text: str) -> list[str]:
         self.store.set(f"{self.prefix}/key/{self.rank}", text)
@@ -117,19 +120,26 @@ class _Torch:
 
 
 def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | None,
-          local_start: Callable[[int, int, str], Any]) -> tuple[str, Transport, Topology]:
+          local_start: Callable[[int, int, str], Any], store: Any = None,
+          keep_engine: bool = True) -> tuple[str, Transport, Topology]:
     """Steps 1 to 4 of the module documentation; ``local_start(local rank, local size,
-    node job id)`` is the one-host start-up, returning (job id, ShmTransport)."""
+    node job id)`` is the one-host start-up, returning (job id, ShmTransport).
+
+    ``store``: meet on this torch store (engine torch) instead of the env:// one.
+    ``keep_engine=False``: a job that turns out to be on one node gets shared memory
+    only (its fused paths), without the engine."""
     from .transport.routed import RoutedTransport
 
     boot: _Mpi | _Torch = _Mpi(settings, rank, size) if engine == "mpi" else \
-        _Torch(settings, rank, size)
+        _Torch(settings, rank, size, store)
     keys = boot.allgather(node_key(settings))
     job = boot.from_rank0(job_id or secrets.token_hex(16) if rank == 0 else "")
     if job_id is not None and job != job_id:
         raise ConfigError("ranks were given different job ids (RINGLET_JOB_ID): run one job "
                           "per launcher")
     topo = Topology.from_keys(keys, rank, engine)
+    if topo.engine is None and not keep_engine:
+        return job, local_start(rank, size, job)[1], Topology.single(size)
     if topo.engine is None:   # one node, engine forced: it stays available (native)
         topo = Topology(topo.nodes, topo.node, engine)
     here = topo.local_ranks

@@ -152,6 +152,29 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     return Communicator(rank, size, t, settings, job_id, topo)
 
 
+def init_on_store(store: Any, rank: int, size: int, *,
+                  settings: Settings | None = None) -> Communicator:
+    """A communicator of ``size`` ranks that meet on a torch.distributed ``store``
+    (what the torch backend gets for each process group): shared memory among the
+    ranks of a node, torch.distributed's gloo between nodes
+    (:func:`ringlet.engines.start`); one node gets shared memory only unless
+    ``RINGLET_ENGINE=torch``.  Collective: every rank of the group calls it."""
+    settings = Settings.from_env() if settings is None else settings
+    if not 0 <= rank < size:
+        raise ArgumentError(f"rank {rank} is out of range for size {size}")
+    if settings.engine == "none" or settings.engine == "mpi":
+        raise ConfigError(f"RINGLET_ENGINE={settings.engine}: a torch.distributed process "
+                          f"group meets on torch's store and uses torch between nodes; "
+                          f"unset RINGLET_ENGINE or set it to torch or auto")
+    from .engines import start
+
+    job_id, t, topo = start("torch", rank, size, settings, None,
+                            lambda lr, ls, j: _start(lr, ls, settings, j, None, lambda: None),
+                            store=store, keep_engine=settings.engine == "torch")
+    _log(f"rank {rank} of {size} (on a torch store): {topo.describe()}")
+    return Communicator(rank, size, t, settings, job_id, topo)
+
+
 def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,
            check: Callable[[], None]) -> tuple[str, ShmTransport]:
     """The rendezvous, then the shared-memory transport's start-up."""

@@ -19,10 +19,25 @@ class Work:
         self._result: Any = None
         self._error: BaseException | None = None
         self._driver: Callable[[Work, float | None], None] | None = None
+        self._callbacks: list[Callable[[Work], None]] = []
+        self._lock = threading.Lock()
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
-        self._done.set()
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def _then(self, fn: Callable[[Work], None]) -> None:
+        """Call ``fn(self)`` once the operation finished (at once if it has), in the
+        thread that finishes it (the torch backend completes torch futures this way)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def is_completed(self) -> bool:
         """True once the operation finished (successfully or not)."""

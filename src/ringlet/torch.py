@@ -1,0 +1,308 @@
+"""A torch.distributed backend named ``ringlet``, for CPU tensors.
+
+::
+
+    import ringlet.torch                      # registers the backend
+    import torch.distributed as dist
+
+    dist.init_process_group("ringlet")        # under torchrun (env://), or with
+                                              # store=, rank=, world_size=
+    dist.all_reduce(t)                        # ringlet's schedules and shared memory
+
+Each process group (the default one and every ``new_group``) builds a
+:class:`ringlet.Communicator` on the store torch gives it
+(:func:`ringlet.startup.init_on_store`): shared memory among the group's ranks
+on a node, torch.distributed's gloo between nodes.  The group's ``timeout``
+(``init_process_group(timeout=...)``) is ringlet's deadline for every wait.
+
+Operations map onto the communicator's calls with torch's semantics:
+``all_reduce`` (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG), ``broadcast``,
+``reduce``, ``all_gather`` (list and into a tensor), ``reduce_scatter`` (list
+and from a tensor), ``all_to_all`` and ``all_to_all_single`` (even splits),
+``gather``, ``scatter``, ``barrier``, ``send``/``recv``/``isend``/``irecv``
+with tags, and the object collectives through torch's wrappers.  A
+collective runs on the communicator's worker thread and completes the
+:class:`torch.futures.Future` of its ``Work`` (so ``async_op=True``,
+``Work.wait()``, ``Work.get_future()`` and DDP's communication hooks work); a
+ringlet error (mismatch, timeout, dead peer) reaches ``wait()`` with
+ringlet's message.  What torch offers and ringlet does not (CUDA tensors,
+uneven all-to-all splits, receiving from any source, PREMUL_SUM) raises a
+:class:`~ringlet.errors.ArgumentError` that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from .comm import Communicator
+from .config import Settings
+from .errors import ArgumentError
+from .ops import ReduceOp
+from .work import Work
+
+BACKEND = "ringlet"
+
+
+def _op(opts: Any) -> ReduceOp:
+    red = opts.reduceOp
+    kind = getattr(red, "op", red)
+    name = str(getattr(kind, "name", kind))
+    try:
+        return ReduceOp.parse(kind)
+    except ArgumentError:
+        raise ArgumentError(
+            f"the ringlet backend has no reduction {name}; it has SUM, PRODUCT, MIN, MAX, "
+            f"BAND, BOR, BXOR and AVG") from None
+
+
+def _cpu(tensors: Sequence[Any], what: str) -> None:
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise ArgumentError(
+                f"{what}: the ringlet backend runs on CPU tensors, got one on {t.device}; "
+                f"use gloo or nccl for other devices (init_process_group('cpu:ringlet,"
+                f"cuda:nccl') puts each device on its own backend)")
+
+
+def _one(tensors: Sequence[Any], what: str) -> Any:
+    if len(tensors) != 1:
+        raise ArgumentError(f"{what}: the ringlet backend takes one tensor per call, got "
+                            f"{len(tensors)}")
+    _cpu(tensors, what)
+    return tensors[0]
+
+
+class _Work(dist._Work):
+    """torch's handle of a ringlet call.  ``wait`` waits for ringlet's :class:`Work`
+    (driving it, for point-to-point) and raises its error as it is; the future
+    completes with ``finish(result)`` in the thread that finishes the call
+    (ringlet's worker thread for a collective), or fails with the error."""
+
+    def __init__(self, work: Work, finish: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._work = work
+        self._finish = finish
+        self._fut: Future[Any] = Future()
+        work._then(self._settle)
+
+    def _settle(self, w: Work) -> None:
+        if w._error is not None:
+            self._fut.set_exception(w._error)
+            return
+        try:
+            value = self._finish(w._result)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            self._fut.set_exception(exc)
+            return
+        self._fut.set_result(value)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        secs = timeout.total_seconds() if timeout is not None and \
+            timeout.total_seconds() > 0 else None
+        self._work.wait(secs)
+        self._fut.wait()    # finish() ran: outputs are in place (or its error is raised)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_completed() and self._work._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._work._error
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+class ProcessGroupRinglet(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives are a ringlet communicator's."""
+
+    def __init__(self, comm: Communicator) -> None:
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
+        self.comm = comm
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupRinglet rank {self.comm.rank} of {self.comm.size}>"
+
+    # --- the bridge --------------------------------------------------------------------
+
+    def _async(self, start: Callable[[], Work], finish: Callable[[Any], Any]) -> _Work:
+        """Start a ringlet call with ``async_op=True``; torch's handle of it."""
+        return _Work(start(), finish)
+
+    # --- collectives -------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+        t = _one(tensors, "all_reduce")
+        op = _op(opts)
+        return self._async(lambda: self.comm.all_reduce(t, op=op, async_op=True),
+                           lambda _: tensors)
+
+    def broadcast(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+        t = _one(tensors, "broadcast")
+        return self._async(lambda: self.comm.broadcast(t, root=opts.rootRank, async_op=True),
+                           lambda _: tensors)
+
+    def reduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+        t = _one(tensors, "reduce")
+        op = _op(opts)
+        return self._async(
+            lambda: self.comm.reduce(t, root=opts.rootRank, op=op, async_op=True),
+            lambda _: tensors)
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+        x = _one(inputs, "all_gather")
+        outs = outputs[0]
+        _cpu(outs, "all_gather")
+        self._count(outs, x, "all_gather")
+
+        def finish(res: Any) -> Any:
+            for o, r in zip(outs, res, strict=True):
+                o.copy_(r.reshape(o.shape))
+            return outputs
+
+        return self._async(lambda: self.comm.all_gather(x, async_op=True), finish)
+
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        _cpu([output, input], "all_gather_into_tensor")
+        return self._async(lambda: self.comm.all_gather(input, out=output, async_op=True),
+                           lambda _: [output])
+
+    def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
+                       inputs: list[list[Any]], opts: Any = None) -> Any:
+        out = _one(outputs, "reduce_scatter")
+        ins = inputs[0]
+        _cpu(ins, "reduce_scatter")
+        self._count(ins, out, "reduce_scatter")
+        x = torch.cat([t.reshape(-1) for t in ins])
+        op = _op(opts)
+        return self._async(lambda: self.comm.reduce_scatter(x, op=op, out=out, async_op=True),
+                           lambda _: outputs)
+
+    def reduce_scatter_single(self, output: Any, input: Any,  # noqa: A002
+                              opts: Any = None) -> Any:
+        _cpu([output, input], "reduce_scatter_tensor")
+        op = _op(opts)
+        return self._async(
+            lambda: self.comm.reduce_scatter(input, op=op, out=output, async_op=True),
+            lambda _: [output])
+
+    def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
+        _cpu([*outputs, *inputs], "all_to_all")
+        sizes = {t.numel() for t in [*outputs, *inputs]}
+        if len(sizes) > 1:
+            raise ArgumentError(
+                f"all_to_all: the ringlet backend sends blocks of one size, got "
+                f"{sorted(sizes)} elements (uneven all-to-all is not supported yet)")
+        x = torch.cat([t.reshape(-1) for t in inputs])
+
+        def finish(res: Any) -> Any:
+            for o, r in zip(outputs, res.reshape(len(outputs), -1), strict=True):
+                o.copy_(r.reshape(o.shape))
+            return outputs
+
+        return self._async(lambda: self.comm.all_to_all(x, async_op=True), finish)
+
+    def alltoall_base(self, output: Any, input: Any, output_split_sizes: list[int],  # noqa: A002
+                      input_split_sizes: list[int], opts: Any = None) -> Any:
+        _cpu([output, input], "all_to_all_single")
+        n = self.comm.size
+        for name, splits in (("output", output_split_sizes), ("input", input_split_sizes)):
+            if splits and len(set(splits)) > 1:
+                raise ArgumentError(
+                    f"all_to_all_single: the ringlet backend sends blocks of one size, got "
+                    f"{name}_split_sizes={list(splits)} (uneven all-to-all is not supported "
+                    f"yet)")
+            if splits and len(splits) != n:
+                raise ArgumentError(f"all_to_all_single: {name}_split_sizes has "
+                                    f"{len(splits)} entries for {n} ranks")
+        return self._async(lambda: self.comm.all_to_all(input, out=output, async_op=True),
+                           lambda _: [output])
+
+    def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+        x = _one(inputs, "gather")
+        root = opts.rootRank
+        outs = outputs[0] if outputs else []
+        if self.comm.rank == root:
+            _cpu(outs, "gather")
+            self._count(outs, x, "gather")
+
+        def finish(res: Any) -> Any:
+            if res is not None:
+                for o, r in zip(outs, res, strict=True):
+                    o.copy_(r.reshape(o.shape))
+            return outputs
+
+        return self._async(lambda: self.comm.gather(x, root=root, async_op=True), finish)
+
+    def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> Any:  # type: ignore[override]
+        out = _one(outputs, "scatter")
+        root = opts.rootRank
+        x = None
+        if self.comm.rank == root:
+            ins = inputs[0]
+            _cpu(ins, "scatter")
+            self._count(ins, out, "scatter")
+            x = torch.cat([t.reshape(-1) for t in ins])
+        return self._async(lambda: self.comm.scatter(x, root=root, out=out, async_op=True),
+                           lambda _: outputs)
+
+    def barrier(self, opts: Any = None) -> Any:
+        return self._async(lambda: self.comm.barrier(async_op=True), lambda _: [])
+
+    # --- point-to-point ----------------------------------------------------------------
+
+    def send(self, tensors: list[Any], dst: int, tag: int) -> Any:
+        t = _one(tensors, "send")
+        return _Work(self.comm.isend(t, dst, tag), lambda _: tensors)
+
+    def recv(self, tensors: list[Any], src: int, tag: int) -> Any:
+        t = _one(tensors, "recv")
+        return _Work(self.comm.irecv(t, src, tag), lambda _: tensors)
+
+    def recv_anysource(self, tensors: list[Any], tag: int) -> Any:
+        raise ArgumentError("recv: the ringlet backend needs the source rank (receiving from "
+                            "any source is not supported yet)")
+
+    # --- life --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.comm.close()
+
+    def abort(self) -> None:
+        self.comm.close()
+
+    def _count(self, parts: Sequence[Any], one: Any, what: str) -> None:
+        n = self.comm.size
+        if len(parts) != n:
+            raise ArgumentError(f"{what}: {len(parts)} tensors for {n} ranks")
+        bad = [i for i, t in enumerate(parts) if t.numel() != one.numel()]
+        if bad:
+            raise ArgumentError(f"{what}: tensor {bad[0]} has {parts[bad[0]].numel()} "
+                                f"elements, the call's has {one.numel()}")
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupRinglet:
+    """torch's constructor of the backend (see ``Backend.register_backend``)."""
+    from .startup import init_on_store
+
+    settings = Settings.from_env()
+    secs = timeout.total_seconds() if timeout is not None else 0.0
+    if secs > 0:
+        settings = settings.replace(timeout=secs)
+    return ProcessGroupRinglet(init_on_store(store, rank, size, settings=settings))
+
+
+if BACKEND not in dist.Backend.backend_list:
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])

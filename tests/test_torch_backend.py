@@ -1,0 +1,89 @@
+"""The torch.distributed backend ``ringlet`` (``import ringlet.torch``), driven by torch's own
+API under torchrun: every operation against its answer, async work and futures, a
+subgroup, point-to-point with tags, object collectives, clear errors, and DDP trained on
+ringlet and on gloo in the same job ending with the same weights
+(tests/scripts/torch_backend.py).  N = 1, 2, 3, 4 on one host, and 2 emulated nodes x 2
+ranks (two torchruns with different RINGLET_NODE: shared memory inside a node, gloo
+between)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "torch_backend.py"
+LIMIT = 150   # seconds any one job may take, whatever happens
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="torch is not installed (pip install torch==2.13.0)")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(cmds: list[list[str]], envs: list[dict[str, str]]) -> tuple[list[int], str]:
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=e, start_new_session=True) for c, e in zip(cmds, envs,
+                                                                              strict=True)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=LIMIT)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    os.killpg(q.pid, signal.SIGKILL)
+            outs.append(p.communicate()[0])
+            pytest.fail(f"the job did not finish in {LIMIT} s:\n{''.join(outs)}")
+    return [p.returncode for p in procs], "".join(outs)
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args, str(SCRIPT)]
+
+
+def _all_ok(codes: list[int], out: str, n: int) -> None:
+    oks = sorted(r for r in range(n) if f"[rank {r}] ok" in out)
+    assert oks == list(range(n)) and all(c == 0 for c in codes), \
+        f"exit codes {codes}, ranks ok {oks} of {n}:\n{out[-6000:]}"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4], ids=lambda n: f"N{n}")
+def test_torch_api_on_ringlet(n: int) -> None:
+    codes, out = _run([_torchrun("--standalone", "--nproc-per-node", str(n))], [_env()])
+    _all_ok(codes, out, n)
+
+
+def test_two_emulated_nodes() -> None:
+    port = str(_port())
+    cmds = [_torchrun("--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "2",
+                      "--master-addr", "127.0.0.1", "--master-port", port) for k in range(2)]
+    codes, out = _run(cmds, [_env(RINGLET_NODE=f"host{k}") for k in range(2)])
+    _all_ok(codes, out, 4)
+
+
+def test_registered_on_import() -> None:
+    import torch.distributed as dist
+
+    import ringlet.torch as rt
+
+    assert "ringlet" in dist.Backend.backend_list
+    assert dist.Backend("ringlet") == "ringlet"
+    assert rt.BACKEND == "ringlet"
