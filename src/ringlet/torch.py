@@ -137,29 +137,37 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     # --- the bridge --------------------------------------------------------------------
 
-    def _async(self, start: Callable[[], Work], finish: Callable[[Any], Any]) -> _Work:
-        """Start a ringlet call with ``async_op=True``; torch's handle of it."""
-        return _Work(start(), finish)
+    def _async(self, start: Callable[[bool], Any], finish: Callable[[Any], Any],
+               opts: Any = None) -> _Work:
+        """Run a ringlet call, ``start(async_op)``; torch's handle of it.  When torch
+        says the caller waits at once (``opts.asyncOp`` False: ``async_op=False`` of
+        all_reduce, broadcast, reduce, all_gather), the call runs here, inline, as
+        ringlet's own; otherwise on the communicator's worker thread."""
+        if opts is not None and getattr(opts, "asyncOp", True) is False:
+            work = Work("a finished call")
+            work._finish(start(False))
+            return _Work(work, finish)
+        return _Work(start(True), finish)
 
     # --- collectives -------------------------------------------------------------------
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "all_reduce")
         op = _op(opts)
-        return self._async(lambda: self.comm.all_reduce(t, op=op, async_op=True),
-                           lambda _: tensors)
+        return self._async(lambda a: self.comm.all_reduce(t, op=op, async_op=a),
+                           lambda _: tensors, opts)
 
     def broadcast(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "broadcast")
-        return self._async(lambda: self.comm.broadcast(t, root=opts.rootRank, async_op=True),
-                           lambda _: tensors)
+        return self._async(lambda a: self.comm.broadcast(t, root=opts.rootRank, async_op=a),
+                           lambda _: tensors, opts)
 
     def reduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "reduce")
         op = _op(opts)
         return self._async(
-            lambda: self.comm.reduce(t, root=opts.rootRank, op=op, async_op=True),
-            lambda _: tensors)
+            lambda a: self.comm.reduce(t, root=opts.rootRank, op=op, async_op=a),
+            lambda _: tensors, opts)
 
     def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         x = _one(inputs, "all_gather")
@@ -172,12 +180,12 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                 o.copy_(r.reshape(o.shape))
             return outputs
 
-        return self._async(lambda: self.comm.all_gather(x, async_op=True), finish)
+        return self._async(lambda a: self.comm.all_gather(x, async_op=a), finish, opts)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         _cpu([output, input], "all_gather_into_tensor")
-        return self._async(lambda: self.comm.all_gather(input, out=output, async_op=True),
-                           lambda _: [output])
+        return self._async(lambda a: self.comm.all_gather(input, out=output, async_op=a),
+                           lambda _: [output], opts)
 
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
                        inputs: list[list[Any]], opts: Any = None) -> Any:
@@ -187,16 +195,16 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         self._count(ins, out, "reduce_scatter")
         x = torch.cat([t.reshape(-1) for t in ins])
         op = _op(opts)
-        return self._async(lambda: self.comm.reduce_scatter(x, op=op, out=out, async_op=True),
-                           lambda _: outputs)
+        return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=out, async_op=a),
+                           lambda _: outputs, opts)
 
     def reduce_scatter_single(self, output: Any, input: Any,  # noqa: A002
                               opts: Any = None) -> Any:
         _cpu([output, input], "reduce_scatter_tensor")
         op = _op(opts)
         return self._async(
-            lambda: self.comm.reduce_scatter(input, op=op, out=output, async_op=True),
-            lambda _: [output])
+            lambda a: self.comm.reduce_scatter(input, op=op, out=output, async_op=a),
+            lambda _: [output], opts)
 
     def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
         _cpu([*outputs, *inputs], "all_to_all")
@@ -212,7 +220,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                 o.copy_(r.reshape(o.shape))
             return outputs
 
-        return self._async(lambda: self.comm.all_to_all(x, async_op=True), finish)
+        return self._async(lambda a: self.comm.all_to_all(x, async_op=a), finish, opts)
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: list[int],  # noqa: A002
                       input_split_sizes: list[int], opts: Any = None) -> Any:
@@ -227,8 +235,8 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             if splits and len(splits) != n:
                 raise ArgumentError(f"all_to_all_single: {name}_split_sizes has "
                                     f"{len(splits)} entries for {n} ranks")
-        return self._async(lambda: self.comm.all_to_all(input, out=output, async_op=True),
-                           lambda _: [output])
+        return self._async(lambda a: self.comm.all_to_all(input, out=output, async_op=a),
+                           lambda _: [output], opts)
 
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         x = _one(inputs, "gather")
@@ -244,7 +252,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                     o.copy_(r.reshape(o.shape))
             return outputs
 
-        return self._async(lambda: self.comm.gather(x, root=root, async_op=True), finish)
+        return self._async(lambda a: self.comm.gather(x, root=root, async_op=a), finish, opts)
 
     def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> Any:  # type: ignore[override]
         out = _one(outputs, "scatter")
@@ -255,11 +263,11 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             _cpu(ins, "scatter")
             self._count(ins, out, "scatter")
             x = torch.cat([t.reshape(-1) for t in ins])
-        return self._async(lambda: self.comm.scatter(x, root=root, out=out, async_op=True),
-                           lambda _: outputs)
+        return self._async(lambda a: self.comm.scatter(x, root=root, out=out, async_op=a),
+                           lambda _: outputs, opts)
 
     def barrier(self, opts: Any = None) -> Any:
-        return self._async(lambda: self.comm.barrier(async_op=True), lambda _: [])
+        return self._async(lambda a: self.comm.barrier(async_op=a), lambda _: [], opts)
 
     # --- point-to-point ----------------------------------------------------------------
 
@@ -291,6 +299,18 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         if bad:
             raise ArgumentError(f"{what}: tensor {bad[0]} has {parts[bad[0]].numel()} "
                                 f"elements, the call's has {one.numel()}")
+
+
+def communicator(group: Any = None) -> Communicator:
+    """The ringlet communicator behind a torch process group on this backend (the default
+    group if None): for ringlet's own calls (``algorithm=``, explanations) on the same
+    ranks.  ArgumentError if the group is on another backend."""
+    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(pg, ProcessGroupRinglet):
+        raise ArgumentError(f"this process group's backend is {dist.get_backend(pg)!r}, not "
+                            f"'ringlet' (dist.init_process_group('ringlet') or "
+                            f"dist.new_group(backend='ringlet'))")
+    return pg.comm
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupRinglet:

@@ -213,6 +213,7 @@ def main() -> int:
     r, n = dist.get_rank(), dist.get_world_size()
     bad: list[str] = []
     check(bad, dist.get_backend() == "ringlet", f"backend {dist.get_backend()}")
+    check(bad, ringlet.torch.communicator().size == n, "ringlet.torch.communicator()")
     try:
         if "--ddp-only" not in sys.argv:
             operations(r, n, bad)

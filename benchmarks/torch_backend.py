@@ -1,0 +1,195 @@
+"""Regenerate benchmarks/DDP.md: torch.distributed on the ringlet backend beside gloo, one job.
+
+    python benchmarks/torch_backend.py --out benchmarks/DDP.md            # 2 ranks
+    python benchmarks/torch_backend.py -n 4 --out /tmp/ddp4.md
+
+It starts ``torchrun --standalone`` itself.  In one job (the same processes,
+the same tensors): the default group on ``backend="ringlet"`` and a gloo group
+(``new_group(backend="gloo")``) over the same ranks.
+
+- all_reduce (float32, sum) from 8 B to 64 MiB: ``dist.all_reduce`` on each
+  group, and ringlet's own ``comm.all_reduce`` on the same tensor (what the
+  backend adds); per size, the median over timed loops between barriers.
+- DDP: the same model (an MLP of ``--hidden`` units, 4 layers) wrapped twice,
+  once per group, trained on the same data; the step time (forward, backward
+  with the bucketed gradient all-reduces, optimizer) and the time of the
+  gradient all-reduces alone (every parameter's grad in DDP's 25 MiB buckets,
+  all_reduce'd by the group), medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+
+
+def _rank(out: str, hidden: int, steps: int) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ringlet.torch
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("ringlet")
+    r, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    comm = ringlet.torch.communicator()
+    res: dict[str, Any] = {"n": n, "all_reduce": {}, "ddp": {}}
+
+    def timed(fn: Any, nbytes: int) -> float:
+        k = max(1, min(200, (32 << 20) // max(nbytes, 1)))
+        fn()
+        times = []
+        for _ in range(5):
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            for _ in range(k):
+                fn()
+            times.append((time.perf_counter() - t0) / k)
+        return statistics.median(times)
+
+    for nbytes in SIZES:
+        t = torch.ones(max(1, nbytes // 4))
+        row = {
+            "ringlet backend": timed(lambda t=t: dist.all_reduce(t), nbytes),
+            "gloo": timed(lambda t=t: dist.all_reduce(t, group=gloo), nbytes),
+            "ringlet direct": timed(lambda t=t: comm.all_reduce(t), nbytes),
+        }
+        res["all_reduce"][nbytes] = row
+
+    torch.manual_seed(0)
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                             nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                             nn.Linear(hidden, 16))
+
+    params = sum(p.numel() for p in model().parameters())
+    res["params"] = params
+    x, y = torch.randn(32, hidden), torch.randn(32, 16)
+    for name, group in (("ringlet", None), ("gloo", gloo)):
+        m = DDP(model(), process_group=group)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def step(m: Any = m, opt: Any = opt) -> None:
+            opt.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+
+        step_s = timed(step, 0) if steps == 0 else None
+        times = []
+        for _ in range(max(steps, 3)):
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        grads = [p.grad for p in m.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        comm_s = timed(lambda flat=flat, group=group: dist.all_reduce(flat, group=group),
+                       flat.numel() * 4)
+        res["ddp"][name] = {"step": step_s or statistics.median(times), "comm": comm_s}
+    if r == 0:
+        Path(out).write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10 else f"{b} B"
+
+
+def report(res: dict[str, Any], cmd: str) -> str:
+    n = res["n"]
+    lines = [
+        "# torch.distributed on the ringlet backend, beside gloo",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: `nproc` = {os.cpu_count()}, {platform.machine()}, "
+        f"Linux {platform.release()}",
+        f"- ranks: {n} (torchrun --standalone), float32; one job: the default group on "
+        f"`backend=\"ringlet\"`, a gloo group on the same ranks",
+        f"- regenerate: `{cmd}`",
+        "",
+        "## all_reduce",
+        "",
+        "Median time per call; busbw = 2 (n-1)/n x bytes / time (nccl-tests' definition).",
+        "*backend / direct*: the time through torch.distributed over ringlet's own call on "
+        "the same tensor.",
+        "",
+        "| size | ringlet backend | gloo | ringlet direct | busbw ringlet | busbw gloo | "
+        "gloo / ringlet | backend / direct |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for nbytes, row in sorted(res["all_reduce"].items(), key=lambda kv: int(kv[0])):
+        b = int(nbytes)
+        rb, gl, di = row["ringlet backend"], row["gloo"], row["ringlet direct"]
+        bus = 2 * (n - 1) / n * b if n > 1 else b
+        lines.append(f"| {_size(b)} | {_fmt_s(rb)} | {_fmt_s(gl)} | {_fmt_s(di)} | "
+                     f"{bus / rb / 1e9:.2f} GB/s | {bus / gl / 1e9:.2f} GB/s | "
+                     f"{gl / rb:.2f}x | {rb / di:.2f}x |")
+    d = res["ddp"]
+    lines += [
+        "",
+        f"## DDP step ({res['params']:,} parameters, an MLP of 4 layers, batch 32)",
+        "",
+        "| backend | step | gradient all_reduce alone | share of the step |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in ("ringlet", "gloo"):
+        lines.append(f"| {name} | {_fmt_s(d[name]['step'])} | {_fmt_s(d[name]['comm'])} | "
+                     f"{100 * d[name]['comm'] / d[name]['step']:.0f} % |")
+    lines += ["", f"gloo's step / ringlet's step: {d['gloo']['step'] / d['ringlet']['step']:.2f}x",
+              ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_rank":
+        _rank(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--hidden", type=int, default=2048,
+                    help="units per layer of the DDP model (2048: about 12.6 M parameters)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default=str(HERE / "DDP.md"))
+    args = ap.parse_args()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGLET_", "MASTER_"))}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(args.n), __file__, "_rank", path,
+                    str(args.hidden), str(args.steps)], check=True, env=env)
+    res = json.loads(Path(path).read_text())
+    os.unlink(path)
+    cmd = "python benchmarks/torch_backend.py" + (f" -n {args.n}" if args.n != 2 else "") + \
+        (f" --hidden {args.hidden}" if args.hidden != 2048 else "") + \
+        f" --out {os.path.relpath(args.out)}"
+    text = report(res, cmd)
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
