@@ -10,6 +10,8 @@ the same tensors): the default group on ``backend="ringlet"`` and a gloo group
 - all_reduce (float32, sum) from 8 B to 64 MiB: ``dist.all_reduce`` on each
   group, and ringlet's own ``comm.all_reduce`` on the same tensor (what the
   backend adds); per size, the median over timed loops between barriers.
+- 1,000 numpy arrays of 4 KiB all-reduced one by one, with
+  ``comm.all_reduce_coalesced`` and with a :class:`ringlet.Bucketer`.
 - DDP: the same model (an MLP of ``--hidden`` units, 4 layers) wrapped twice,
   once per group, trained on the same data; the step time (forward, backward
   with the bucketed gradient all-reduces, optimizer) and the time of the
@@ -44,6 +46,7 @@ def _rank(out: str, hidden: int, steps: int) -> None:
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    import ringlet
     import ringlet.torch
 
     warnings.filterwarnings("ignore")
@@ -73,6 +76,26 @@ def _rank(out: str, hidden: int, steps: int) -> None:
             "ringlet direct": timed(lambda t=t: comm.all_reduce(t), nbytes),
         }
         res["all_reduce"][nbytes] = row
+
+    import numpy as np
+
+    small = [np.ones(1024, np.float32) for _ in range(1000)]   # 1,000 arrays of 4 KiB
+
+    def one_by_one() -> None:
+        for a in small:
+            comm.all_reduce(a)
+
+    def bucketed() -> None:
+        b = ringlet.Bucketer(comm)
+        for a in small:
+            b.add(a)
+        b.wait()
+
+    res["coalesce"] = {
+        "one by one": timed(one_by_one, 1 << 30),
+        "all_reduce_coalesced": timed(lambda: comm.all_reduce_coalesced(small), 1 << 30),
+        "Bucketer (25 MiB)": timed(bucketed, 1 << 30),
+    }
 
     torch.manual_seed(0)
 
@@ -161,6 +184,12 @@ def report(res: dict[str, Any], cmd: str) -> str:
                      f"{100 * d[name]['comm'] / d[name]['step']:.0f} % |")
     lines += ["", f"gloo's step / ringlet's step: {d['gloo']['step'] / d['ringlet']['step']:.2f}x",
               ""]
+    co = res["coalesce"]
+    lines += ["## 1,000 numpy arrays of 4 KiB (ringlet's own calls)", "",
+              "| how | time | vs one by one |", "|---|---:|---:|"]
+    for k, v in co.items():
+        lines.append(f"| {k} | {_fmt_s(v)} | {co['one by one'] / v:.1f}x |")
+    lines.append("")
     ar = {int(k): v for k, v in res["all_reduce"].items()}
     bw = {b: v["gloo"] / v["ringlet backend"] for b, v in ar.items() if b >= 64 << 10}
     over = {b: v["ringlet backend"] / v["ringlet direct"] for b, v in ar.items() if b >= 1 << 20}

@@ -44,3 +44,25 @@ def test_example_checks_itself(script: str, n: int) -> None:
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert len(lines) == n
     assert all(ln.endswith("True") for ln in lines), proc.stdout
+
+
+def test_ddp_train_on_ringlet_matches_gloo() -> None:
+    """examples/ddp_train.py under torchrun: the same losses on ringlet and on gloo, and
+    identical replicas on every rank."""
+    pytest.importorskip("torch")
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_"))}
+    losses = {}
+    for backend in ("ringlet", "gloo"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(EXAMPLES / "ddp_train.py"), "--backend", backend, "--steps", "4",
+             "--hidden", "128"], capture_output=True, text=True, timeout=180, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count("replicas identical: True") == 2, proc.stdout
+        assert f"{backend}: 2 ranks" in proc.stdout and "ringlet plan" in proc.stdout
+        losses[backend] = [ln.split(",")[0] for ln in proc.stdout.splitlines()
+                           if ln.startswith("step ")]
+    assert len(losses["ringlet"]) == 4 and losses["ringlet"] == losses["gloo"], losses

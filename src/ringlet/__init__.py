@@ -8,6 +8,7 @@ costed and drawn.
 from __future__ import annotations
 
 from .algorithms import algorithms
+from .bucket import Bucketer
 from .comm import Communicator, Work
 from .config import Settings
 from .errors import (
@@ -41,7 +42,7 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params
 
 
 __all__ = [
-    "ArgumentError", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
+    "ArgumentError", "Bucketer", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
     "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError",
     "VerificationError", "Work", "algorithms", "init", "spawn", "verify",
 ]

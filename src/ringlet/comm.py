@@ -22,6 +22,7 @@ from . import agreement
 from .agreement import GENERIC, POST, SHARED, STAGE, Desc
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
+from .bucket import Buckets
 from .buffers import Buffer, as_buffer, check_out, new_buffer
 from .calls import NATIVE, _collective, _configure_logging
 from .config import Settings
@@ -55,7 +56,7 @@ def _close_all() -> None:
             c._t.mark_closed()
 
 
-class Communicator(Groups):
+class Communicator(Groups, Buckets):
     """A group of ranks that run collectives together.  Create with :func:`ringlet.init`.
 
     Buffers are C-contiguous numpy arrays or torch CPU tensors.  Per-rank

@@ -1,0 +1,175 @@
+"""Many small arrays in few collectives: ``all_reduce_coalesced`` and :class:`Bucketer`.
+
+A collective costs a fixed time (agreement, a round trip or more) plus its
+bytes: a thousand 4 KiB all-reduces pay the fixed time a thousand times.
+Packed into one buffer they pay it once (seed 001: "small tensors kill
+bandwidth utilization"), which is what DDP's gradient buckets do.
+
+``comm.all_reduce_coalesced(arrays)`` packs the arrays (numpy arrays or torch
+CPU tensors) into one buffer per element type, all-reduces each, and writes
+the results back into the arrays, in place.  :class:`Bucketer` does it
+incrementally, like DDP: arrays are added as they become ready, and every
+time the pending ones reach ``cap_bytes`` (25 MiB by default, DDP's
+``bucket_cap_mb``) they are all-reduced asynchronously while the caller
+goes on; ``wait()`` flushes the rest and waits for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .calls import Calls
+from .errors import ArgumentError
+from .ops import ReduceOp
+from .work import Work
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+#: DDP's default bucket (``bucket_cap_mb=25``)
+DEFAULT_CAP = 25 << 20
+
+
+def _is_torch(a: Any) -> bool:
+    return type(a).__module__.startswith("torch")
+
+
+def _groups(arrays: Sequence[Any]) -> list[list[int]]:
+    """Indices of ``arrays`` per (kind, element type), in order of first appearance: the
+    same on every rank that passes the same kinds of arrays."""
+    keys: dict[tuple[bool, str], list[int]] = {}
+    for i, a in enumerate(arrays):
+        torch_like = _is_torch(a)
+        if not torch_like and not isinstance(a, np.ndarray):
+            raise ArgumentError(f"all_reduce_coalesced: item {i} is a {type(a).__name__}; "
+                                f"pass numpy arrays or torch CPU tensors")
+        keys.setdefault((torch_like, str(a.dtype)), []).append(i)
+    return list(keys.values())
+
+
+def _pack(parts: list[Any]) -> Any:
+    if _is_torch(parts[0]):
+        import torch
+
+        return torch.cat([p.reshape(-1) for p in parts])
+    return np.concatenate([p.reshape(-1) for p in parts])
+
+
+def _unpack(flat: Any, parts: list[Any]) -> None:
+    off = 0
+    for p in parts:
+        n = p.numel() if _is_torch(p) else p.size
+        if _is_torch(p):
+            p.copy_(flat[off:off + n].view(p.shape))
+        else:
+            np.copyto(p, flat[off:off + n].reshape(p.shape))
+        off += n
+
+
+class Buckets(Calls):
+    """all_reduce_coalesced (a mixin of :class:`~ringlet.comm.Communicator`)."""
+
+    if TYPE_CHECKING:
+        def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,
+                       algorithm: str | None = None, async_op: bool = False) -> Any: ...
+
+    def all_reduce_coalesced(self, arrays: Sequence[Any], op: ReduceOp | str = "sum",
+                             algorithm: str | None = None, async_op: bool = False) -> Any:
+        """All-reduce every array of ``arrays`` in place, packed into one collective per
+        element type (numpy arrays and torch tensors apart).  Every rank passes arrays
+        of the same shapes and types in the same order (a disagreement is a
+        MismatchError, as for ``all_reduce``).  Returns ``arrays``, or a :class:`Work`
+        with ``async_op=True`` (the arrays hold the results once it is done)::
+
+            grads = [np.ones(1000, np.float32) for _ in range(100)]
+            comm.all_reduce_coalesced(grads)       # one all_reduce of 100,000 floats
+        """
+        arrays = list(arrays)
+        for i, a in enumerate(arrays):
+            writable = a.flags.writeable if isinstance(a, np.ndarray) else True
+            if not writable:
+                raise ArgumentError(f"all_reduce_coalesced: array {i} is read-only (the "
+                                    f"results are written back into the arrays)")
+        groups = [[arrays[i] for i in idx] for idx in _groups(arrays)]
+        packed = [_pack(g) for g in groups]
+        if not async_op:
+            for flat, parts in zip(packed, groups, strict=True):
+                self.all_reduce(flat, op=op, algorithm=algorithm)
+                _unpack(flat, parts)
+            return arrays
+        done = Work(f"all_reduce_coalesced of {len(arrays)} arrays")
+        works = [self.all_reduce(flat, op=op, algorithm=algorithm, async_op=True)
+                 for flat in packed]
+        left = [len(works)]
+
+        def one(w: Work) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            err = next((x._error for x in works if x._error is not None), None)
+            if err is None:
+                try:
+                    for flat, parts in zip(packed, groups, strict=True):
+                        _unpack(flat, parts)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                    err = exc
+            done._finish(arrays if err is None else None, err)
+
+        if not works:
+            done._finish(arrays)
+        for w in works:
+            w._then(one)
+        return done
+
+
+class Bucketer:
+    """All-reduce arrays as they come, in buckets of about ``cap_bytes`` (like DDP).
+
+    ::
+
+        b = ringlet.Bucketer(comm)            # 25 MiB buckets, sum
+        for g in gradients_as_they_are_ready():
+            b.add(g)                          # a full bucket starts its all-reduce
+        b.wait()                              # the rest, then every result is in place
+
+    Every rank must add arrays of the same shapes and types in the same order.
+    ``op`` and ``algorithm`` are passed on to every all-reduce.
+    """
+
+    def __init__(self, comm: Communicator, cap_bytes: int = DEFAULT_CAP,
+                 op: ReduceOp | str = "sum", algorithm: str | None = None) -> None:
+        if not isinstance(cap_bytes, int) or cap_bytes < 1:
+            raise ArgumentError(f"Bucketer: cap_bytes must be a positive whole number, got "
+                                f"{cap_bytes!r}")
+        self.comm, self.cap, self.op, self.algorithm = comm, cap_bytes, op, algorithm
+        self._pending: list[Any] = []
+        self._bytes = 0
+        self._works: list[Work] = []
+        self.buckets = 0    # buckets started so far
+
+    def add(self, array: Any) -> None:
+        """Queue ``array``; start the bucket if it reached ``cap_bytes``."""
+        self._pending.append(array)
+        self._bytes += int(array.nbytes) if not _is_torch(array) else \
+            array.numel() * array.element_size()
+        if self._bytes >= self.cap:
+            self.flush()
+
+    def flush(self) -> None:
+        """Start the all-reduce of the pending arrays (if any), asynchronously."""
+        if not self._pending:
+            return
+        self._works.append(self.comm.all_reduce_coalesced(
+            self._pending, op=self.op, algorithm=self.algorithm, async_op=True))
+        self._pending, self._bytes = [], 0
+        self.buckets += 1
+
+    def wait(self) -> None:
+        """Flush, then wait for every bucket: every array added holds its result."""
+        self.flush()
+        works, self._works = self._works, []
+        for w in works:
+            w.wait()
