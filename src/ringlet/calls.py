@@ -34,6 +34,7 @@ two threads' calls would pair up differently on different ranks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -129,6 +130,9 @@ class Calls:
     _pending_reject: int | None
     _owner: threading.Thread | None
     _owner_id: int
+    #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
+    #: gives a context manager (the torch backend's profiler ranges)
+    _span: Callable[[str, str, int], contextlib.AbstractContextManager[Any]] | None = None
 
     def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
                 xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
@@ -248,6 +252,11 @@ class Calls:
                              name or _alg_name(agreement.coll_name(desc.collective),
                                                desc.algorithm),
                              " (fused)" if desc.path else "", xb.nbytes if xb else 0)
+                if self._span is not None:
+                    with self._span(self._current, name or _alg_name(
+                            agreement.coll_name(desc.collective), desc.algorithm),
+                            xb.nbytes if xb else 0):
+                        return run(seq)
                 return run(seq)
             except (MismatchError, ArgumentError):
                 raise

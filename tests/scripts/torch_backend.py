@@ -148,6 +148,17 @@ def operations(r: int, n: int, bad: list[str]) -> None:
     t = torch.ones(3)
     dist.all_reduce(t)
     check(bad, t.tolist() == [float(n)] * 3, "all_reduce after the errors")
+    # ringlet's calls are named ranges in torch.profiler (async ones with all threads)
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=cfg) as prof:
+        dist.all_reduce(torch.ones(256))
+        dist.all_reduce(torch.ones(256), async_op=True).wait()
+        dist.broadcast(torch.ones(4), 0)
+    names = [e.name for e in prof.events() if e.name.startswith("ringlet ")]
+    check(bad, len(names) == 3 and "all_reduce" in names[0] and "1024 B" in names[0]
+          and "broadcast" in names[2], f"profiler ranges: {names}")
     # ringlet's own errors reach torch with ringlet's message: ranks that disagree
     if n > 1:
         try:
