@@ -136,6 +136,8 @@ _FLUSH_S = 1.0
 #: the gloo group's own timeout, beyond ringlet's deadline: gloo's collectives wait this
 #: long internally (and then close the group's connections)
 _GLOO_MARGIN_S = 30.0
+#: how long a failed gloo collective waits for the lanes to say which peer died
+_GRACE_S = 1.0
 #: the timeout of the heartbeat thread's store calls (bounds the join at close)
 _STORE_CALL_S = 3.0
 
@@ -973,7 +975,15 @@ class TorchTransport(Transport):
         try:
             work.wait()
         except RuntimeError as exc:
-            self.check(None, what())   # a peer that died or aborted says it better
+            # a peer that died or aborted says it better; its STATUS lane may report a
+            # closed connection a few milliseconds after gloo's collective failed
+            end = time.monotonic() + _GRACE_S
+            while True:
+                self.check(None, what())
+                if time.monotonic() >= end:
+                    break
+                with self._cv:
+                    self._cv.wait(0.01)
             raise PeerError(f"rank {self.rank}: gloo's {collective} failed in {what()}: "
                             f"{_gloo_message(exc)}") from None
 
