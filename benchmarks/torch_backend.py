@@ -247,7 +247,7 @@ def main() -> None:
     ap.add_argument("--hidden", default="256,2880",
                     help="units per layer of the DDP models (default 256,2880: about 0.2 M "
                          "and 25 M parameters)")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=str(HERE / "DDP.md"))
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGLET_", "MASTER_"))}

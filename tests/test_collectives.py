@@ -355,3 +355,51 @@ def _misc(comm: ringlet.Communicator) -> list[str]:
 def test_objects_async_split(world: Any) -> None:
     for r, bad in enumerate(world.run(_misc)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _group(comm: ringlet.Communicator) -> list[str]:
+    """comm.group(ranks): members numbered in the list's order, None elsewhere; a bad
+    list, then a good call, then ranks that disagree, then a good call."""
+    n, r = comm.size, comm.rank
+    bad = []
+    want = list(range(n))[::-2]             # e.g. N=5: [4, 2, 0]
+    sub = comm.group(want)
+    if (sub is None) != (r not in want):
+        bad.append(f"group membership {sub}")
+    if sub is not None:
+        if (sub.rank, sub.size) != (want.index(r), len(want)):
+            bad.append(f"group numbering {sub.rank}/{sub.size}")
+        x = np.array([r], np.int64)
+        sub.all_reduce(x)
+        if x[0] != sum(want):
+            bad.append(f"group all_reduce {x}")
+        sub.close()
+    try:
+        comm.group([0, n] if r == 0 else [0])
+    except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
+        if r == 0 and not (isinstance(exc, ringlet.ArgumentError) and "out of range" in str(exc)):
+            bad.append(f"rank 0's error: {exc}")
+    else:
+        bad.append("a rank out of range: no error")
+    x = np.ones(3)
+    comm.all_reduce(x)
+    if x[0] != n:
+        bad.append("all_reduce after a bad group")
+    if n > 1:
+        try:
+            comm.group([0] if r == 0 else [0, 1])
+        except ringlet.MismatchError as exc:
+            if "group" not in str(exc):
+                bad.append(f"mismatch message: {exc}")
+        else:
+            bad.append("ranks that disagree: no error")
+    x = np.ones(3)
+    comm.all_reduce(x)
+    if x[0] != n:
+        bad.append("all_reduce after a mismatched group")
+    return bad
+
+
+def test_group_from_a_rank_list(world: Any) -> None:
+    for r, bad in enumerate(world.run(_group)):
+        assert not bad, f"rank {r}: {bad}"

@@ -61,7 +61,7 @@ log = logging.getLogger("ringlet")
 #: the engine's own collectives (an algorithm name)
 NATIVE = "native"
 #: calls made of other collectives: the descriptors of their parts carry this name
-_COMPOUND = frozenset({"split", "broadcast_object", "all_gather_object", "empty"})
+_COMPOUND = frozenset({"split", "group", "broadcast_object", "all_gather_object", "empty"})
 
 
 def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -184,6 +184,9 @@ class Calls:
         return self._queue
 
     def _work_loop(self) -> None:
+        from .wait import background
+
+        background()
         q = self._queue
         while q is not None:
             item = q.get()

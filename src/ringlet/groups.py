@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class Groups(Calls):
-    """broadcast_object, all_gather_object, split, empty."""
+    """broadcast_object, all_gather_object, split, group, empty."""
 
     job_id: str
     topology: Topology
@@ -93,11 +93,44 @@ class Groups(Calls):
             return None
         members = sorted((k, r) for r, (cc, k, _) in enumerate(table) if cc == c)
         ranks = [r for _, r in members]
-        token = table[ranks[0]][2]
+        return self._subgroup(ranks, table[ranks[0]][2])
+
+    @_collective
+    def group(self, ranks: Any) -> Communicator | None:
+        """The sub-communicator of ``ranks`` (like torch's ``new_group``), numbered in
+        the order given; None on the other ranks.  Every rank of this communicator
+        calls it with the same list (a MismatchError on every rank otherwise)::
+
+            sub = comm.group([0, 2, 3])     # rank 2 of comm is rank 1 of sub
+        """
+        try:
+            wanted = [int(q) for q in ranks]
+        except (TypeError, ValueError):
+            raise ArgumentError(f"group: ranks must be a list of ranks, got {ranks!r}") from None
+        if not wanted:
+            raise ArgumentError("group: ranks is empty")
+        bad = [q for q in wanted if not 0 <= q < self.size]
+        if bad:
+            raise ArgumentError(f"group: ranks {bad} are out of range for {self.size} ranks")
+        if len(set(wanted)) != len(wanted):
+            raise ArgumentError(f"group: ranks {wanted} name a rank twice")
+        table = self.all_gather_object((wanted, secrets.token_hex(8)))
+        differ = [q for q, (w, _) in enumerate(table) if w != wanted]
+        if differ:
+            raise MismatchError(
+                "ranks disagree about group's ranks: " + "; ".join(
+                    f"rank {q}: {table[q][0]}" for q in range(self.size)))
+        if self.rank not in wanted:
+            self.barrier()
+            return None
+        return self._subgroup(wanted, table[wanted[0]][1])
+
+    def _subgroup(self, ranks: list[int], token: str) -> Communicator:
+        """This rank's communicator of ``ranks`` (a member's half of split and group)."""
         try:
             t = self._t.split(ranks, token)
         finally:
-            # no rank leaves split before every group has mapped its segments
+            # no rank leaves before every group has mapped its segments
             self.barrier()
         from .comm import Communicator
 

@@ -12,6 +12,7 @@ operation, its sequence number and the ranks that did not arrive.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -19,6 +20,23 @@ from .config import Settings
 from .errors import CommTimeoutError, PeerError
 
 _sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class _Background(threading.local):
+    """``on`` in a thread that runs calls in the background (a communicator's worker
+    thread, for ``async_op=True``): its waits spin briefly and then sleep, never
+    yield, because the caller computes meanwhile on the same cores (a yielding wait
+    took the CPU that DDP's backward needed)."""
+
+    on = False
+
+
+_background = _Background()
+
+
+def background() -> None:
+    """Mark this thread as a background thread (see :class:`_Background`)."""
+    _background.on = True
 
 
 class Waiter:
@@ -41,7 +59,7 @@ class Waiter:
         self._start = now
         self._deadline = now + self.timeout
         self._spin_end = now + settings.spin_us * 1e-6
-        self._yield_end = self._spin_end + settings.yield_us * 1e-6
+        self._yield_end = self._spin_end + (0.0 if _background.on else settings.yield_us * 1e-6)
         self._sleep = 20e-6
         self._sleep_max = max(settings.sleep_us * 1e-6, 20e-6)
         self._liveness = settings.liveness_s
