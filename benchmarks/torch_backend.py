@@ -229,7 +229,7 @@ def report(runs: list[dict[str, Any]], cmd: str) -> str:
         f"| the backend adds <= 20 % to ringlet's own all_reduce from 1 MiB ({two['n']} "
         f"ranks) | {listing(over)} | {verdict(max(over.values()) <= 1.2)} |",
         "",
-        "Below 1 MiB the backend's fixed cost shows: about 15 us per call over ringlet's "
+        "Below 1 MiB the backend's fixed cost shows: 5-15 us per call over ringlet's "
         "own (torch's dispatch into the Python process group, the Work and its Future).",
         "",
     ]

@@ -58,16 +58,24 @@ def _profiler_range(what: str, algorithm: str, nbytes: int) -> Any:
     return torch.profiler.record_function(f"ringlet {what} {algorithm} {nbytes} B")
 
 
+_OPS: dict[Any, ReduceOp] = {}
+
+
 def _op(opts: Any) -> ReduceOp:
     red = opts.reduceOp
     kind = getattr(red, "op", red)
+    op = _OPS.get(kind)
+    if op is not None:
+        return op
     name = str(getattr(kind, "name", kind))
     try:
-        return ReduceOp.parse(kind)
+        op = ReduceOp.parse(kind)
     except ArgumentError:
         raise ArgumentError(
             f"the ringlet backend has no reduction {name}; it has SUM, PRODUCT, MIN, MAX, "
             f"BAND, BOR, BXOR and AVG") from None
+    _OPS[kind] = op
+    return op
 
 
 def _cpu(tensors: Sequence[Any], what: str) -> None:
@@ -131,6 +139,30 @@ class _Work(dist._Work):
         return self._fut
 
 
+class _Done(dist._Work):
+    """torch's handle of a call that ran inline and finished: nothing to wait for."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self._fut: Future[Any] = Future()
+        self._fut.set_result(value)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
 class ProcessGroupRinglet(dist.ProcessGroup):
     """A torch.distributed process group whose collectives are a ringlet communicator's."""
 
@@ -148,15 +180,13 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     # --- the bridge --------------------------------------------------------------------
 
     def _async(self, start: Callable[[bool], Any], finish: Callable[[Any], Any],
-               opts: Any = None) -> _Work:
+               opts: Any = None) -> _Work | _Done:
         """Run a ringlet call, ``start(async_op)``; torch's handle of it.  When torch
         says the caller waits at once (``opts.asyncOp`` False: ``async_op=False`` of
         all_reduce, broadcast, reduce, all_gather), the call runs here, inline, as
         ringlet's own; otherwise on the communicator's worker thread."""
         if opts is not None and getattr(opts, "asyncOp", True) is False:
-            work = Work("a finished call")
-            work._finish(start(False))
-            return _Work(work, finish)
+            return _Done(finish(start(False)))
         return _Work(start(True), finish)
 
     # --- collectives -------------------------------------------------------------------
