@@ -11,6 +11,7 @@ Flags: ``--ddp-only``, ``--no-ddp``.
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 
 import torch
@@ -170,6 +171,25 @@ def operations(r: int, n: int, bad: list[str]) -> None:
             bad.append("mismatched counts: no error")
 
 
+def timeout(r: int, n: int, bad: list[str]) -> None:
+    """A group's timeout is ringlet's deadline: rank 0 calls, the others do not; rank 0
+    gets ringlet's CommTimeoutError naming them."""
+    from datetime import timedelta
+
+    sub = dist.new_group(list(range(n)), timeout=timedelta(seconds=2))
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4), group=sub)
+        except ringlet.CommTimeoutError as exc:
+            others = ", ".join(map(str, range(1, n)))
+            check(bad, "did not arrive" in str(exc) and others in str(exc)
+                  and time.monotonic() - t0 < 10, f"timeout message: {exc}")
+        else:
+            bad.append("a call nobody else made: no timeout")
+    dist.barrier()
+
+
 def ddp(r: int, n: int, bad: list[str]) -> None:
     """The same model on ringlet and on gloo: same weights after training."""
     gloo = dist.new_group(backend="gloo")
@@ -228,6 +248,8 @@ def main() -> int:
     try:
         if "--ddp-only" not in sys.argv:
             operations(r, n, bad)
+        if n > 1 and "--ddp-only" not in sys.argv:
+            timeout(r, n, bad)
         if "--no-ddp" not in sys.argv:
             ddp(r, n, bad)
     except Exception as exc:  # noqa: BLE001 - reported
