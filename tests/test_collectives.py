@@ -362,6 +362,13 @@ def _group(comm: ringlet.Communicator) -> list[str]:
     list, then a good call, then ranks that disagree, then a good call."""
     n, r = comm.size, comm.rank
     bad = []
+
+    def still_works(after: str) -> None:
+        x = np.ones(3)
+        comm.all_reduce(x)
+        if x[0] != n:
+            bad.append(f"all_reduce after {after}")
+
     want = list(range(n))[::-2]             # e.g. N=5: [4, 2, 0]
     sub = comm.group(want)
     if (sub is None) != (r not in want):
@@ -381,10 +388,7 @@ def _group(comm: ringlet.Communicator) -> list[str]:
             bad.append(f"rank 0's error: {exc}")
     else:
         bad.append("a rank out of range: no error")
-    x = np.ones(3)
-    comm.all_reduce(x)
-    if x[0] != n:
-        bad.append("all_reduce after a bad group")
+    still_works("a bad group")
     if n > 1:
         try:
             comm.group([0] if r == 0 else [0, 1])
@@ -393,10 +397,7 @@ def _group(comm: ringlet.Communicator) -> list[str]:
                 bad.append(f"mismatch message: {exc}")
         else:
             bad.append("ranks that disagree: no error")
-    x = np.ones(3)
-    comm.all_reduce(x)
-    if x[0] != n:
-        bad.append("all_reduce after a mismatched group")
+    still_works("a mismatched group")
     return bad
 
 
