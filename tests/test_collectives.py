@@ -404,3 +404,26 @@ def _group(comm: ringlet.Communicator) -> list[str]:
 def test_group_from_a_rank_list(world: Any) -> None:
     for r, bad in enumerate(world.run(_group)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _logical(comm: ringlet.Communicator) -> list[Any]:
+    """LAND, LOR, LXOR give 0 or 1 in the buffer's type, at every size (N = 1 included)."""
+    r = comm.rank
+    out = []
+    for op in ("land", "lor", "lxor"):
+        x = np.array([5, 0, r, 7 * (r % 2)], np.int32)
+        comm.all_reduce(x, op=op)
+        out.append(x.tolist())
+    return out
+
+
+def test_logical_ops(world: Any) -> None:
+    n = world.size
+    ranks = range(n)
+    want = [
+        [1, 0, int(all(ranks)), int(all(q % 2 for q in ranks))],
+        [1, 0, int(any(ranks)), int(any(q % 2 for q in ranks))],
+        [n % 2, 0, sum(1 for q in ranks if q) % 2, sum(q % 2 for q in ranks) % 2],
+    ]
+    for r, got in enumerate(world.run(_logical)):
+        assert got == want, f"rank {r}: {got} != {want}"

@@ -22,6 +22,8 @@ BAD_CALLS = [
     ("unknown op", lambda c: c.all_reduce(np.ones(3), op="median"), "unknown reduction op"),
     ("bitwise on float", lambda c: c.all_reduce(np.ones(3), op="bxor"),
      "bitwise op BXOR is not defined for float64"),
+    ("logical on float", lambda c: c.all_reduce(np.ones(3), op="land"),
+     "logical op LAND is defined for bool and integer"),
     ("avg on int", lambda c: c.all_reduce(np.ones(3, np.int32), op="avg"),
      "AVG is defined for floating"),
     ("min on complex", lambda c: c.all_reduce(np.ones(3, np.complex64), op="min"),

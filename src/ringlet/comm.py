@@ -32,7 +32,7 @@ from .errors import (
 )
 from .executor import compile_program, execute
 from .groups import Groups
-from .ops import ReduceOp, check_op, finish_avg, reducer
+from .ops import ReduceOp, check_op, finish, reducer
 from .p2p import P2PEngine
 from .schedule import Buf
 from .topology import Topology
@@ -157,8 +157,7 @@ class Communicator(Groups, Buckets):
                 if ob is not None:
                     ob.flat[...] = xb.flat
                 self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
-            if rop is ReduceOp.AVG:
-                finish_avg(dst.flat, xb.dt, self.size)
+            finish(rop, dst.flat, xb.dt, self.size)
             return dst.obj
 
         return self._submit(self._desc("all_reduce", op=rop, buf=xb, algorithm=name, path=path),
@@ -208,8 +207,7 @@ class Communicator(Groups, Buckets):
             self._run("reduce", name, root, xb.count, {Buf.IN: src, Buf.OUT: dst}, xb.dt, rop)
             if not at_root:
                 return None
-            if rop is ReduceOp.AVG:
-                finish_avg(dst, xb.dt, self.size)
+            finish(rop, dst, xb.dt, self.size)
             return (ob or xb).obj
 
         return self._submit(self._desc("reduce", op=rop, buf=xb, root=root, algorithm=name),
@@ -256,8 +254,7 @@ class Communicator(Groups, Buckets):
             else:
                 self._run("reduce_scatter", name, 0, m, {Buf.IN: xb.flat, Buf.OUT: ob.flat},
                           xb.dt, rop)
-            if rop is ReduceOp.AVG:
-                finish_avg(ob.flat, xb.dt, self.size)
+            finish(rop, ob.flat, xb.dt, self.size)
             return ob.obj
 
         return self._submit(self._desc("reduce_scatter", op=rop, buf=xb, algorithm=name, path=path),

@@ -29,6 +29,9 @@ class ReduceOp(enum.IntEnum):
     BAND = 5
     BOR = 6
     BXOR = 7
+    LAND = 8
+    LOR = 9
+    LXOR = 10
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
@@ -122,7 +125,11 @@ def dtype_of_numpy(dt: np.dtype[Any]) -> DType:
 
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
           ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
+          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+          ReduceOp.LAND: np.logical_and, ReduceOp.LOR: np.logical_or,
+          ReduceOp.LXOR: np.logical_xor}
+#: the logical ops: every element is true (1) or false (0), as MPI_LAND...
+LOGICAL = frozenset({ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR})
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
@@ -133,6 +140,10 @@ def check_op(op: ReduceOp, dt: DType) -> None:
         raise ArgumentError(
             f"bitwise op {op.name} is not defined for {dt.name}; use it on bool or integer "
             f"buffers (view the bits as an integer type if that is what you mean)")
+    if op in LOGICAL and (dt.is_float or dt.is_complex or dt.name == "bfloat16"):
+        raise ArgumentError(
+            f"logical op {op.name} is defined for bool and integer buffers (as in MPI), not "
+            f"{dt.name}; compare first (x != 0) if that is what you mean")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dt.is_complex:
         raise ArgumentError(f"{op.name} is not defined for complex dtype {dt.name}")
     if op is ReduceOp.AVG and not dt.is_float:
@@ -183,6 +194,16 @@ def _torch_bf16_reducer(op: ReduceOp) -> Reducer:
     return reduce
 
 
+def finish(op: ReduceOp, buf: np.ndarray, dt: DType, nranks: int) -> None:
+    """What a reduction's result needs after the schedule ran, in place, identically on
+    every rank: AVG divides the sum; a logical op on one rank makes its input 0 or 1 (on
+    more ranks every element went through the op already)."""
+    if op is ReduceOp.AVG:
+        finish_avg(buf, dt, nranks)
+    elif op in LOGICAL and nranks == 1 and buf.size:
+        np.not_equal(buf, 0, out=buf, casting="unsafe")
+
+
 def finish_avg(buf: np.ndarray, dt: DType, nranks: int) -> None:
     """Turn a SUM into the AVG, in place, identically on every rank."""
     if buf.size == 0:
@@ -201,4 +222,6 @@ def reference_reduce(stack: np.ndarray, op: ReduceOp) -> np.ndarray:
     if op is ReduceOp.AVG:
         out = np.add.reduce(stack, axis=0, dtype=stack.dtype)
         return (out / stack.shape[0]).astype(stack.dtype)
+    if op in LOGICAL:
+        return _UFUNC[op].reduce(stack != 0, axis=0).astype(stack.dtype)
     return _UFUNC[op].reduce(stack, axis=0, dtype=stack.dtype)

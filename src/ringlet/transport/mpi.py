@@ -371,7 +371,8 @@ _TYPES_BY_NAME = {"bool": "C_BOOL", "int8": "INT8_T", "int16": "INT16_T", "int32
 #: bool: numpy's add is OR, multiply AND, min AND, max OR
 _BOOL_OPS = {ReduceOp.SUM: "LOR", ReduceOp.PROD: "LAND", ReduceOp.MIN: "LAND",
              ReduceOp.MAX: "LOR", ReduceOp.BAND: "LAND", ReduceOp.BOR: "LOR",
-             ReduceOp.BXOR: "LXOR"}
+             ReduceOp.BXOR: "LXOR", ReduceOp.LAND: "LAND", ReduceOp.LOR: "LOR",
+             ReduceOp.LXOR: "LXOR"}
 _CONTIGUOUS: dict[int, Any] = {}
 
 

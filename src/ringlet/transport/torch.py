@@ -1044,6 +1044,9 @@ def _reduction(torch: Any, dist: Any, a: np.ndarray, op: Any, dtype: Any,
     if rop is ReduceOp.AVG:
         raise ArgumentError(f"native {collective}: AVG is not passed to the engine (the "
                             f"communicator sums and divides); pass SUM")
+    if rop in (ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR):
+        raise ArgumentError(f"native {collective}: gloo has no logical {rop.name}; use a "
+                            f"ringlet algorithm (algorithm=None chooses)")
     if rop in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         if a.dtype.kind in "fc" or name == "bfloat16":
             raise ArgumentError(f"native {collective}: bitwise {rop.name} is not defined for "
