@@ -450,6 +450,7 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        _BEATS.add(self)
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
         store.add(f"beat/{rank}", 1)
 
@@ -466,7 +467,10 @@ class _Heartbeat:
             client.set_timeout(timedelta(seconds=_STORE_CALL_S))
         except (AttributeError, RuntimeError):
             client = self.store
-        self._thread = threading.Thread(target=self._run, args=(client,), daemon=True,
+        # not a daemon: at exit the interpreter joins it (after _close_all, registered to
+        # run first, stopped it), so it is never inside a store call when the interpreter
+        # finalizes (see the class documentation)
+        self._thread = threading.Thread(target=self._run, args=(client,), daemon=False,
                                         name=f"ringlet-heartbeat-{self.rank}")
         self._thread.start()
 
@@ -524,13 +528,22 @@ class _Heartbeat:
 _LIVE: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
 
 
-@atexit.register
 def _close_all() -> None:
-    """At exit, say CLOSED and close the groups while gloo's threads still run."""
+    """At exit, say CLOSED and close the groups while gloo's threads still run, and stop
+    every heartbeat.  Runs when the main thread ends, before the interpreter joins the
+    threads that are not daemons (the heartbeats), and again as an atexit (a no-op then)."""
     for t in list(_LIVE):
         with contextlib.suppress(Exception):
             t.mark_closed()
             t.close()
+    for hb in list(_BEATS):
+        hb._stop.set()
+
+
+_BEATS: weakref.WeakSet[_Heartbeat] = weakref.WeakSet()
+atexit.register(_close_all)
+with contextlib.suppress(AttributeError, RuntimeError):
+    threading._register_atexit(_close_all)  # type: ignore[attr-defined]
 
 
 class TorchTransport(Transport):
