@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle import close, make, run_one
 
 import ringlet
 from ringlet.ops import DTYPES, ReduceOp, check_op, reference_reduce
@@ -20,38 +21,6 @@ from ringlet.ops import DTYPES, ReduceOp, check_op, reference_reduce
 NUMPY_DTYPES = [d for d in DTYPES if d != "bfloat16"]
 OPS = list(ReduceOp)
 COUNTS = [0, 1, 13, 1000]
-
-
-def make(dtype: str, count: int, rank: int, op: ReduceOp | None = None,
-         salt: int = 0) -> np.ndarray:
-    """Rank ``rank``'s deterministic input."""
-    rng = np.random.default_rng([rank, count, salt, DTYPES[dtype].code])
-    dt = np.dtype(dtype)
-    if dt.kind == "b":
-        return rng.integers(0, 2, count).astype(bool)
-    if dt.kind in "iu":
-        info = np.iinfo(dt)
-        lo, hi = (max(info.min, -1000), min(info.max, 1000))
-        return rng.integers(lo, hi, count, endpoint=True).astype(dt)
-    if op is ReduceOp.PROD:
-        x = rng.uniform(0.5, 1.5, count)
-    else:
-        x = rng.normal(0, 10, count)
-    if dt.kind == "c":
-        x = x + 1j * (rng.uniform(0.5, 1.5, count) if op is ReduceOp.PROD
-                      else rng.normal(0, 10, count))
-    return x.astype(dt)
-
-
-def close(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype == np.float16:   # sums of ~N(0, 10) terms in a different order
-        return bool(np.allclose(a, b, rtol=2e-2, atol=0.5))
-    if a.dtype.kind in "fc":
-        tol = 1e-4 if a.dtype in (np.float32, np.complex64) else 1e-9
-        return bool(np.allclose(a, b, rtol=tol, atol=tol))
-    return bool(np.array_equal(a, b))
 
 
 def digest(a: np.ndarray) -> str:
@@ -126,7 +95,7 @@ def _algorithms(comm: ringlet.Communicator, collective: str) -> list[str]:
                 for root in (roots if collective in ("broadcast", "reduce", "scatter",
                                                      "gather") else [0]):
                     try:
-                        err = _one(comm, collective, name, dtype, op, count, root)
+                        err = run_one(comm, collective, name, dtype, op, count, root)
                     except ringlet.RingletError as exc:
                         err = f"raised {type(exc).__name__}: {exc}"
                     if err:
@@ -135,51 +104,6 @@ def _algorithms(comm: ringlet.Communicator, collective: str) -> list[str]:
                         if len(bad) > 5:
                             return bad
     return bad
-
-
-def _one(comm: ringlet.Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
-         count: int, root: int) -> str | None:
-    n, r = comm.size, comm.rank
-    ins = [make(dtype, count, q, op, salt=7) for q in range(n)]
-    x = ins[r].copy()
-    if coll == "all_reduce":
-        ref = reference_reduce(np.stack(ins), op)
-        got = comm.all_reduce(x, op=op, algorithm=name)
-    elif coll == "broadcast":
-        ref = ins[root]
-        got = comm.broadcast(x, root=root, algorithm=name)
-    elif coll == "reduce":
-        ref = reference_reduce(np.stack(ins), op)
-        got = comm.reduce(x, root=root, op=op, algorithm=name)
-        if r != root:
-            if got is not None:
-                return "non-root got a result"
-            return None if np.array_equal(x, ins[r]) else "non-root input was modified"
-    elif coll == "all_gather":
-        ref = np.stack(ins)
-        got = comm.all_gather(x, algorithm=name)
-    elif coll == "gather":
-        ref = np.stack(ins)
-        got = comm.gather(x, root=root, algorithm=name)
-        if r != root:
-            return None if got is None else "non-root got a result"
-    elif coll == "reduce_scatter":
-        full = [make(dtype, count * n, q, op, salt=8) for q in range(n)]
-        ref = reference_reduce(np.stack(full), op)[r * count:(r + 1) * count]
-        got = comm.reduce_scatter(full[r], op=op, algorithm=name)
-    elif coll == "all_to_all":
-        full = [make(dtype, count * n, q, op, salt=9) for q in range(n)]
-        ref = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
-        got = comm.all_to_all(full[r], algorithm=name)
-    elif coll == "scatter":
-        full = make(dtype, count * n, root, op, salt=10)
-        ref = full[r * count:(r + 1) * count]
-        got = comm.scatter(full if r == root else None, root=root,
-                           out=np.empty(count, dtype), algorithm=name)
-    else:
-        raise AssertionError(coll)
-    return None if close(np.asarray(got), ref) else f"{np.asarray(got).ravel()[:4]} != " \
-                                                    f"{ref.ravel()[:4]}"
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jobs import clean_env
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -50,10 +51,7 @@ def test_ddp_train_on_ringlet_matches_gloo() -> None:
     """examples/ddp_train.py under torchrun: the same losses on ringlet and on gloo, and
     identical replicas on every rank."""
     pytest.importorskip("torch")
-    import os
-
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_"))}
+    env = clean_env()
     losses = {}
     for backend in ("ringlet", "gloo"):
         proc = subprocess.run(

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_collectives import close, digest, make, valid_ops
+from oracle import close, make
+from test_collectives import digest, valid_ops
 from world import World
 
 import ringlet

@@ -19,7 +19,9 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
+from jobs import clean_env
 
 from ringlet.errors import ConfigError
 from ringlet.ops import DTYPES, ReduceOp
@@ -38,9 +40,7 @@ needs_mpi = pytest.mark.skipif(
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "PMI_", "OMPI_", "MPIR_", "HYDRA_"))}
-    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return clean_env(OMP_NUM_THREADS="1")
 
 
 def _mpiexec(script: str, n: int, *args: str) -> str:
@@ -135,3 +135,24 @@ def test_builtin_ops_only_where_they_compute_ringlets_op() -> None:
     assert got[ReduceOp.MIN, "float32"] is None and got[ReduceOp.SUM, "float32"] == "SUM"
     assert got[ReduceOp.PROD, "complex64"] is None and got[ReduceOp.SUM, "complex64"] == "SUM"
     assert all(got[op, "bfloat16"] is None for op in (ReduceOp.SUM, ReduceOp.MAX))
+
+
+def test_deliver_hands_over_whole_elements_across_any_cut() -> None:
+    """base.deliver, as the engine transports use it: parts of several types, bytes
+    arriving in cuts that split elements; every element copied (or reduced) once."""
+    from ringlet.transport import base
+
+    rng = np.random.default_rng(0)
+    src = [np.arange(5, dtype=np.uint8), np.arange(7, dtype=np.float64) + 0.5,
+           np.arange(3, dtype=np.int32) - 9, np.arange(11, dtype=np.complex64)]
+    buf = np.concatenate([a.view(np.uint8) for a in src])
+    for reduce in (False, True):
+        parts = [np.ones_like(a) for a in src]
+        cuts = sorted({int(c) for c in rng.integers(1, buf.size, 9)} | {buf.size})
+        pos = 0
+        for upto in cuts:
+            pos = base.deliver(parts, buf, pos, upto,
+                               (lambda d, s: np.add(d, s, out=d)) if reduce else None)
+        assert pos == buf.size
+        for got, a in zip(parts, src, strict=True):
+            assert np.array_equal(got, a + 1 if reduce else a), (got, a)

@@ -17,7 +17,6 @@ network namespaces is in ``test_netns_jobs.py``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import clean_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
 BIN = Path(sys.executable).parent
@@ -35,10 +35,7 @@ LIMIT = 240
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "PMI_", "OMPI_", "MASTER_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return {**env, "PYTHONUNBUFFERED": "1", "RINGLET_TIMEOUT": "60", **extra}
+    return clean_env(**{"RINGLET_TIMEOUT": "60", **extra})
 
 
 def _reports(text: str) -> list[dict[str, Any]]:

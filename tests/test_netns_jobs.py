@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import launcher_vars
 
 sys.path.insert(0, str(Path(__file__).parent))
 import netbed  # noqa: E402
@@ -90,10 +91,7 @@ def bed() -> Iterator[netbed.NetBed]:
 def _env(**extra: str) -> dict[str, str | None]:
     """The job's variables on top of the bed's: no launcher or ringlet leftovers from
     the environment pytest runs in."""
-    drop = [k for k in os.environ
-            if k.startswith(("RINGLET_", "PMI_", "OMPI_", "MASTER_", "TORCHELASTIC_"))
-            or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")]
-    env: dict[str, str | None] = dict.fromkeys(drop)
+    env: dict[str, str | None] = dict.fromkeys(launcher_vars())
     env.pop("RINGLET_NODE", None)   # the bed sets it per host
     return {**env, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **extra}
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import clean_env
 
 from ringlet.config import Settings
 from ringlet.env import detect
@@ -44,10 +45,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make an
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "STARTUP_", "PMI_", "OMPI_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return {**env, "PYTHONUNBUFFERED": "1", "RINGLET_INIT_TIMEOUT": "4", **extra}
+    return clean_env(("STARTUP_",), **{"RINGLET_INIT_TIMEOUT": "4", **extra})
 
 
 def _torch_vars(rank: int, size: int, run_id: str) -> dict[str, str]:

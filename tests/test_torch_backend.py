@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jobs import clean_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "torch_backend.py"
 LIMIT = 150   # seconds any one job may take, whatever happens
@@ -26,10 +27,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+    return clean_env(**{"OMP_NUM_THREADS": "1", **extra})
 
 
 def _port() -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import clean_env
 
 from ringlet.config import Settings
 from ringlet.errors import ArgumentError, ConfigError
@@ -44,10 +45,7 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+    return clean_env(**{"OMP_NUM_THREADS": "1", **extra})
 
 
 def _listening(port: int, proc: subprocess.Popen[str], seconds: float = 30.0) -> None:

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 import numpy as np
-from mpi_common import Report, close, communicator, guarded, make
+from mpi_common import Report, communicator, guarded
+from oracle import close, make, run_one
 
 import ringlet
 from ringlet.comm import Communicator
@@ -28,53 +29,6 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatte
                "all_to_all", "scatter", "gather")
 COUNTS = [0, 1, 7, 1000]
 BIG = 70_001   # float32: 280 KB, many pieces with --pieces
-
-
-def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp, count: int,
-            root: int) -> str | None:
-    """One call of ``coll`` with algorithm ``name``; what is wrong, or None."""
-    n, r = comm.size, comm.rank
-    ins = [make(dtype, count, q, salt=7) for q in range(n)]
-    x = ins[r].copy()
-    if coll == "all_reduce":
-        ref = reference_reduce(np.stack(ins), op)
-        got = comm.all_reduce(x, op=op, algorithm=name)
-    elif coll == "broadcast":
-        ref = ins[root]
-        got = comm.broadcast(x, root=root, algorithm=name)
-    elif coll == "reduce":
-        ref = reference_reduce(np.stack(ins), op)
-        got = comm.reduce(x, root=root, op=op, algorithm=name)
-        if r != root:
-            if got is not None:
-                return "non-root got a result"
-            return None if np.array_equal(x, ins[r]) else "non-root input was modified"
-    elif coll == "all_gather":
-        ref = np.stack(ins)
-        got = comm.all_gather(x, algorithm=name)
-    elif coll == "gather":
-        ref = np.stack(ins)
-        got = comm.gather(x, root=root, algorithm=name)
-        if r != root:
-            return None if got is None else "non-root got a result"
-    elif coll == "reduce_scatter":
-        full = [make(dtype, count * n, q, salt=8) for q in range(n)]
-        ref = reference_reduce(np.stack(full), op)[r * count:(r + 1) * count]
-        got = comm.reduce_scatter(full[r], op=op, algorithm=name)
-    elif coll == "all_to_all":
-        full = [make(dtype, count * n, q, salt=9) for q in range(n)]
-        ref = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
-        got = comm.all_to_all(full[r], algorithm=name)
-    elif coll == "scatter":
-        blocks = make(dtype, count * n, root, salt=10)
-        ref = blocks[r * count:(r + 1) * count]
-        got = comm.scatter(blocks if r == root else None, root=root,
-                           out=np.empty(count, dtype), algorithm=name)
-    else:
-        raise AssertionError(coll)
-    if close(np.asarray(got), ref):
-        return None
-    return f"{np.asarray(got).ravel()[:4]} != {ref.ravel()[:4]}"
 
 
 def every_algorithm(comm: Communicator, rep: Report) -> None:

@@ -84,6 +84,34 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 PIECE_BYTES = 4 << 20
 
 
+def deliver(parts: Sequence[np.ndarray], buf: np.ndarray, pos: int, upto: int,
+            reducer: Reducer | None) -> int:
+    """Copy (or reduce, with ``reducer(dst, src)``) the whole elements of bytes
+    ``buf[pos:upto]`` into ``parts``, laid end to end in ``buf``; returns the byte up to
+    which everything is delivered (an element that ``upto`` cuts waits for the next
+    call).  How an engine transport hands over a message that arrives in pieces."""
+    off = 0
+    for p in parts:
+        end = off + p.nbytes
+        if pos >= upto:
+            break
+        if end > pos:
+            isz = p.itemsize
+            lo, hi = (pos - off) // isz, (min(end, upto) - off) // isz
+            if hi > lo:
+                dst = p.reshape(-1)[lo:hi]
+                src = buf[off + lo * isz:off + hi * isz].view(p.dtype)
+                if reducer is None:
+                    dst[...] = src
+                else:
+                    reducer(dst, src)
+                pos = off + hi * isz
+            if pos < end:
+                break           # the rest of this part has not arrived
+        off = end
+    return pos
+
+
 def pieces(nbytes: int, size: int = PIECE_BYTES) -> list[tuple[int, int]]:
     """The byte ranges a message of ``nbytes`` travels as (none for an empty one); both
     sides compute the same ranges from the size."""

@@ -271,7 +271,7 @@ class MpiRecv:
     """A message being received: one MPI receive per piece, each piece copied or reduced
     into the parts as it completes (in order)."""
 
-    __slots__ = ("_t", "peer", "channel", "_reqs", "_next", "_buf", "_parts", "_offs",
+    __slots__ = ("_t", "peer", "channel", "_reqs", "_next", "_buf", "_parts", "_pos",
                  "_reducer", "_direct", "_ranges")
 
     def __init__(self, t: MpiTransport, peer: int, parts: Sequence[np.ndarray],
@@ -284,10 +284,7 @@ class MpiRecv:
             self._buf = _as_bytes(self._parts[0])
         else:
             self._buf = t._take(nbytes) if nbytes else np.empty(0, np.uint8)
-        offs = [0]
-        for p in self._parts:
-            offs.append(offs[-1] + p.nbytes)
-        self._offs = offs
+        self._pos = 0       # bytes delivered into the parts
         self._ranges = _pieces(nbytes)
         comm, tag, MPI, buf = t.comm, _TAGS[channel], t.MPI, self._buf
         with t._lock:
@@ -332,27 +329,13 @@ class MpiRecv:
                 self._next += 1
                 moved = True
                 if not self._direct:
-                    self._deliver(lo, hi)
+                    self._pos = base.deliver(self._parts, self._buf, self._pos, hi,
+                                             self._reducer)
             if self._next == len(reqs):
                 t._recvs.discard(self)
                 if not self._direct and self._buf.size:
                     t._give(self._buf)
         return moved
-
-    def _deliver(self, lo: int, hi: int) -> None:
-        """Copy or reduce bytes [lo, hi) of the message into the parts they belong to."""
-        buf, offs = self._buf, self._offs
-        for i, p in enumerate(self._parts):
-            a, b = max(lo, offs[i]), min(hi, offs[i + 1])
-            if a >= b:
-                continue
-            isz = p.itemsize
-            dst = p[(a - offs[i]) // isz:(b - offs[i]) // isz]
-            src = buf[a:b].view(p.dtype)
-            if self._reducer is None:
-                dst[...] = src
-            else:
-                self._reducer(dst, src)
 
     def pending(self) -> list[Any]:
         return self._reqs[self._next:]

@@ -269,7 +269,7 @@ class _Msg:
     caller's thread copies or reduces each arrived piece into the parts (``advance``)."""
 
     __slots__ = ("peer", "channel", "works", "ranges", "arrived", "state", "error", "_fin",
-                 "_parts", "_tmp", "_reducer", "_keep", "_pos", "_part")
+                 "_parts", "_tmp", "_reducer", "_keep", "_pos")
 
     def __init__(self, peer: int, channel: int, parts: list[np.ndarray] | None = None,
                  tmp: np.ndarray | None = None, reducer: Reducer | None = None,
@@ -288,7 +288,6 @@ class _Msg:
         self._reducer = reducer
         self._keep = keep          # the tensor gloo reads or writes (and so its memory)
         self._pos = 0              # bytes of tmp delivered into the parts
-        self._part = 0             # the part _pos is in
 
     @property
     def done(self) -> bool:
@@ -311,36 +310,13 @@ class _Msg:
             upto = self.ranges[n - 1][1]
             if upto == self._pos:
                 return False
-            self._deliver(tmp, upto)
+            self._pos = base.deliver(self._parts, tmp, self._pos, upto, self._reducer)
         if n == len(self.ranges):
             self._fin = True
             self.works = []
             self._keep = self._tmp = self._parts = None
             return True
         return tmp is not None
-
-    def _deliver(self, tmp: np.ndarray, upto: int) -> None:
-        """Copy or reduce the whole elements of tmp[_pos:upto] into the parts."""
-        assert self._parts is not None
-        parts, pos, i = self._parts, self._pos, self._part
-        off = sum(p.nbytes for p in parts[:i])
-        while i < len(parts) and pos < upto:
-            p = parts[i]
-            end = off + p.nbytes
-            isz = p.itemsize
-            lo, hi = (pos - off) // isz, (min(end, upto) - off) // isz
-            if hi > lo:
-                flat = p if p.ndim == 1 else p.reshape(-1)
-                src = tmp[off + lo * isz:off + hi * isz].view(p.dtype)
-                if self._reducer is None:
-                    flat[lo:hi] = src
-                else:
-                    self._reducer(flat[lo:hi], src)
-                pos = off + hi * isz
-            if pos < end:
-                break               # the rest of this part has not arrived
-            off, i = end, i + 1
-        self._pos, self._part = pos, i
 
     def __repr__(self) -> str:
         state = "done" if self._fin else {_PENDING: "pending", _OK: "arrived",
