@@ -81,6 +81,7 @@ def main() -> None:
               + (f" (ringlet plan --link local predicts {predicted * 1e3:.2f} ms)"
                  if predicted is not None else ""), flush=True)
     print(f"[rank {r}] replicas identical: {same}", flush=True)
+    dist.barrier()          # every rank tears down together (rank 0 ran ringlet plan)
     dist.destroy_process_group()
 
 

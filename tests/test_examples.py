@@ -58,7 +58,12 @@ def test_ddp_train_on_ringlet_matches_gloo() -> None:
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
              "2", str(EXAMPLES / "ddp_train.py"), "--backend", backend, "--steps", "4",
              "--hidden", "128"], capture_output=True, text=True, timeout=180, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # torch's own gloo sometimes aborts a rank at exit after the job finished
+        # ("terminate called without an active exception"; 2 of 8 runs of this example
+        # on gloo with ringlet not even imported): tolerated for the gloo reference only
+        gloo_exit = backend == "gloo" and "terminate called without an active exception" \
+            in proc.stdout + proc.stderr
+        assert proc.returncode == 0 or gloo_exit, proc.stdout + proc.stderr
         assert proc.stdout.count("replicas identical: True") == 2, proc.stdout
         assert f"{backend}: 2 ranks" in proc.stdout and "ringlet plan" in proc.stdout
         losses[backend] = [ln.split(",")[0] for ln in proc.stdout.splitlines()
