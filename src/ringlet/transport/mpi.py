@@ -194,6 +194,11 @@ def _pieces(nbytes: int) -> list[tuple[int, int]]:
     return base.pieces(nbytes, PIECE_BYTES)
 
 
+def _too_big(peer: int, expected: int) -> RingletError:
+    return RingletError(f"message from rank {peer} does not fit: more than the {expected} "
+                        f"bytes expected arrived (ranks disagree about a message size)")
+
+
 def _as_bytes(a: np.ndarray) -> np.ndarray:
     """The bytes of ``a`` (a contiguous view: MPI reads or writes them in place)."""
     if not a.flags.c_contiguous:
@@ -323,6 +328,8 @@ class MpiRecv:
                 lo, hi = self._ranges[self._next]
                 got = st.Get_count(t.MPI.BYTE)
                 if got != hi - lo:
+                    if st.Get_error() == t.MPI.ERR_TRUNCATE:   # said in the status only
+                        raise _too_big(self.peer, hi - lo)
                     raise RingletError(
                         f"message from rank {self.peer} does not fit: {got} bytes arrived, "
                         f"{hi - lo} expected (ranks disagree about a message size)")
@@ -827,9 +834,7 @@ class MpiTransport(Transport):
         text = (exc.Get_error_string() or str(exc)).strip().splitlines()
         why = text[0] if text else f"error class {exc.Get_error_class()}"
         if exc.Get_error_class() == MPI.ERR_TRUNCATE:
-            return RingletError(
-                f"message from rank {peer} does not fit: more than the {expected} bytes "
-                f"expected arrived (ranks disagree about a message size)")
+            return _too_big(peer, expected)
         err = PeerError(
             f"rank {peer} failed or died: MPI reported an error on a message {direction} it "
             f"({why}); {self.describe()} cannot complete")
