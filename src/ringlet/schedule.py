@@ -216,6 +216,9 @@ class Schedule:
     root: int = 0
     params: dict[str, int] = field(default_factory=dict)
     _cache: dict[int, list[list[Step]]] = field(default_factory=dict, repr=False)
+    #: The closed form of :meth:`round_arrays` (round -> message vectors), if the family
+    #: has one; without it every rank's steps are built.
+    round_fn: Callable[[int], dict[str, np.ndarray]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -261,10 +264,29 @@ class Schedule:
     def round_arrays(self, i: int) -> dict[str, np.ndarray]:
         """Every message of round ``i`` as vectors: ``src``, ``dst``, ``chunks``, ``reduce``.
 
-        ``chunks`` is the number of chunks a message carries (its bytes are
-        about ``chunks / layout.nchunks`` of the buffer).  Built from every
-        rank's steps; families with a closed form may override it.
+        ``chunks`` is the number of chunks a message carries (every chunk of a
+        schedule holds the same share of the data, ``scale / nchunks`` of a
+        buffer's unit count: see :meth:`chunk_elements`); ``reduce`` says whether
+        the receiver reduces it into what it holds.  From the family's closed
+        form (:attr:`round_fn`: no rank's steps are built, so it serves 16,384
+        ranks) or, without one, from every rank's steps
+        (:meth:`round_arrays_stepwise`).  The order of the messages is unspecified.
         """
+        if self.round_fn is None:
+            return self.round_arrays_stepwise(i)
+        if not 0 <= i < self.nrounds:
+            raise ArgumentError(f"{self.name}: round {i} is out of range (0..{self.nrounds - 1})")
+        return self.round_fn(i)
+
+    def chunk_elements(self, m: float) -> float:
+        """The elements one chunk holds at unit count ``m`` (on average: chunks of one
+        buffer differ by at most one element)."""
+        lay = self.layouts[Buf.OUT]
+        return lay.scale * m / lay.nchunks
+
+    def round_arrays_stepwise(self, i: int) -> dict[str, np.ndarray]:
+        """:meth:`round_arrays` built from every rank's steps (the reference the closed
+        forms are tested against; slow at scale)."""
         src, dst, nch, red = [], [], [], []
         recv_kinds: dict[tuple[int, int], list[bool]] = {}
         for r in range(self.nranks):

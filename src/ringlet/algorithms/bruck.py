@@ -7,9 +7,29 @@ short messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..schedule import Buf, Layout, Ref, Schedule, Step, copy, empty_rounds, recv, send
 from . import register
-from .common import lg, span
+from .common import Messages, lg, messages, no_messages, span
+
+
+def _shifts(n: int, chunks: Callable[[int], int]) -> Callable[[int], Messages]:
+    """Round k of a Bruck algorithm: every rank r sends ``chunks(k)`` chunks to r - 2^k."""
+    r = np.arange(n, dtype=np.int64)
+
+    def rounds(k: int) -> Messages:
+        return no_messages() if n == 1 else messages(r, (r - (1 << k)) % n, chunks(k))
+
+    return rounds
+
+
+def _with_bit(n: int, k: int) -> int:
+    """How many positions 1..n-1 have bit k set (the blocks round k of all-to-all moves)."""
+    d = 1 << k
+    return sum(min(d, n - base) for base in range(d, n, 2 * d))
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -36,7 +56,8 @@ def all_gather_bruck(n: int, root: int = 0) -> Schedule:
             rounds[k] += [send((r - d) % n, *src), recv((r + d) % n, *span(OUT, r + d, cnt, n))]
         return rounds
 
-    return Schedule("all_gather", "bruck", n, R, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn)
+    return Schedule("all_gather", "bruck", n, R, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn,
+                    round_fn=_shifts(n, lambda k: min(1 << k, n - (1 << k))))
 
 
 @register("all_to_all", "bruck")
@@ -76,4 +97,5 @@ def all_to_all_bruck(n: int, root: int = 0) -> Schedule:
         return rounds
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(n, 1, n), TMP: Layout(2 * n, 1, 2 * n)}
-    return Schedule("all_to_all", "bruck", n, R, layouts, rank_fn)
+    return Schedule("all_to_all", "bruck", n, R, layouts, rank_fn,
+                    round_fn=_shifts(n, lambda k: _with_bit(n, k)))

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ArgumentError
 from ..schedule import Buf, Ref
+
+#: A round's messages as vectors (see :meth:`ringlet.schedule.Schedule.round_arrays`).
+Messages = dict[str, np.ndarray]
 
 
 def lg(n: int) -> int:
@@ -27,3 +32,28 @@ def check_pieces(name: str, pieces: int) -> int:
     if not isinstance(pieces, int) or isinstance(pieces, bool) or pieces < 1:
         raise ArgumentError(f"{name}: pieces must be a whole number >= 1, got {pieces!r}")
     return pieces
+
+
+def messages(src: np.ndarray | int, dst: np.ndarray | int, chunks: np.ndarray | int = 1,
+             reduce: np.ndarray | bool = False) -> Messages:
+    """One round's messages as the vectors of ``Schedule.round_arrays`` (scalars are
+    broadcast to the length of the others)."""
+    s, d, c, r = np.broadcast_arrays(np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                                     np.asarray(chunks, np.int64), np.asarray(reduce, bool))
+    return {"src": s.ravel(), "dst": d.ravel(), "chunks": c.ravel(), "reduce": r.ravel()}
+
+
+def no_messages() -> Messages:
+    return messages(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def all_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) of one message from every rank to every other (r -> r+1, r+2, ...)."""
+    r = np.arange(n, dtype=np.int64)
+    k = np.arange(1, n, dtype=np.int64)
+    return np.repeat(r, n - 1), ((r[:, None] + k[None, :]) % n).ravel()
+
+
+def lowbit(x: np.ndarray) -> np.ndarray:
+    """x & -x, elementwise (0 for 0)."""
+    return x & -x

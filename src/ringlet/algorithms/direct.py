@@ -11,6 +11,10 @@ Linear scatter/gather is the root serving the ranks one at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..schedule import (
     Buf,
     Layout,
@@ -24,6 +28,7 @@ from ..schedule import (
     send,
 )
 from . import naive, register
+from .common import Messages, all_pairs, messages, no_messages
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -50,7 +55,24 @@ def all_reduce_direct(n: int, root: int = 0) -> Schedule:
         ag = [send(q, (OUT, r)) for q in ahead] + [recv(q, (OUT, q)) for q in behind]
         return [rs, ag]
 
-    return Schedule("all_reduce", "direct", n, R, {OUT: Layout(n)}, rank_fn)
+    def rounds(i: int) -> Messages:
+        # round 0 reduces block q at rank q, round 1 hands it out
+        src, dst = all_pairs(n)
+        return messages(src, dst, 1, i == 0)
+
+    return Schedule("all_reduce", "direct", n, R, {OUT: Layout(n)}, rank_fn, round_fn=rounds)
+
+
+def _pairwise(n: int, reduce: bool) -> Callable[[int], Messages]:
+    """Round k-1 of pairwise exchange: every rank r sends one block to r+k."""
+    r = np.arange(n, dtype=np.int64)
+
+    def rounds(i: int) -> Messages:
+        if n == 1:
+            return no_messages()
+        return messages(r, (r + i + 1) % n, 1, reduce)
+
+    return rounds
 
 
 @register("reduce_scatter", "pairwise")
@@ -68,7 +90,7 @@ def reduce_scatter_pairwise(n: int, root: int = 0) -> Schedule:
         return rounds
 
     return Schedule("reduce_scatter", "pairwise", n, R, {IN: Layout(n, 1, n), OUT: Layout(1)},
-                    rank_fn)
+                    rank_fn, round_fn=_pairwise(n, True))
 
 
 @register("all_to_all", "pairwise")
@@ -88,7 +110,8 @@ def all_to_all_pairwise(n: int, root: int = 0) -> Schedule:
         return rounds
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(n, 1, n)}
-    return Schedule("all_to_all", "pairwise", n, R, layouts, rank_fn)
+    return Schedule("all_to_all", "pairwise", n, R, layouts, rank_fn,
+                    round_fn=_pairwise(n, False))
 
 
 @register("scatter", "linear")
@@ -108,8 +131,11 @@ def scatter_linear(n: int, root: int = 0) -> Schedule:
             rounds[w - 1].append(send(q, (IN, q)))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        return no_messages() if n == 1 else messages(root, (root + i + 1) % n)
+
     return Schedule("scatter", "linear", n, R, {IN: Layout(n, 1, n), OUT: Layout(1)}, rank_fn,
-                    root=root)
+                    root=root, round_fn=rounds)
 
 
 @register("gather", "linear")
@@ -129,8 +155,11 @@ def gather_linear(n: int, root: int = 0) -> Schedule:
             rounds[w - 1].append(recv(q, (OUT, q)))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        return no_messages() if n == 1 else messages((root + i + 1) % n, root)
+
     return Schedule("gather", "linear", n, R, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn,
-                    root=root)
+                    root=root, round_fn=rounds)
 
 
 # --- one-round direct exchange: what the shared-memory transport runs fused -------------------
@@ -167,8 +196,11 @@ def all_reduce_oneshot(n: int, root: int = 0) -> Schedule:
         combine += [local_reduce([(OUT, 0)], [(TMP, q)]) for q in range(1, n)]
         return [exchange, combine]
 
+    def rounds(i: int) -> Messages:
+        return messages(*all_pairs(n)) if i == 0 else no_messages()
+
     return Schedule("all_reduce", "oneshot", n, R, {OUT: Layout(1), TMP: Layout(n, 1, n)},
-                    rank_fn)
+                    rank_fn, round_fn=rounds)
 
 
 @register("broadcast", "direct")

@@ -57,6 +57,10 @@ out of the root's group and twice into three of the other groups.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..errors import ArgumentError
 from ..schedule import (
     Buf,
@@ -70,8 +74,8 @@ from ..schedule import (
     send,
 )
 from . import register
-from .common import check_pieces, lg
-from .tree import SEND, binomial_down, binomial_up
+from .common import Messages, check_pieces, lg, messages, no_messages
+from .tree import SEND, binomial_down, binomial_up, down_senders, up_senders
 
 OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
 
@@ -137,7 +141,10 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
                 t += 1
         return rounds
 
-    return Schedule("all_reduce", "hierarchical", n, R, {OUT: Layout(g, P * G)}, rank_fn)
+    rounds = _phases(n, g, [(P * (g - 1), "right", G, True), (P * (G - 1), "up", 1, True),
+                            (P * (G - 1), "up", 1, False), (P * (g - 1), "right", G, False)])
+    return Schedule("all_reduce", "hierarchical", n, R, {OUT: Layout(g, P * G)}, rank_fn,
+                    round_fn=rounds)
 
 
 
@@ -151,6 +158,25 @@ def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
             f"hierarchical {collective}: group={group} does not divide {n} ranks into equal "
             f"groups; use one of {', '.join(map(str, divisors(n)))} (or 0 to choose)")
     return group, n // group
+
+
+def _phases(n: int, g: int, phases: list[tuple[int, str, int, bool]]
+            ) -> Callable[[int], Messages]:
+    """Closed-form rounds of a schedule made of ring phases: ``(rounds, "right"|"up",
+    chunks, reduce)`` each, in order; in a phase every rank sends ``chunks`` chunks to its
+    right neighbour in its group, or to the same local rank of the next group."""
+    r = np.arange(n, dtype=np.int64)
+    G = n // g
+    peer = {"right": (r // g) * g + (r % g + 1) % g, "up": ((r // g + 1) % G) * g + r % g}
+
+    def rounds(t: int) -> Messages:
+        for length, where, chunks, reduce in phases:
+            if t < length:
+                return messages(r, peer[where], chunks, reduce)
+            t -= length
+        return no_messages()
+
+    return rounds
 
 
 def _neighbours(r: int, g: int, G: int) -> tuple[int, int, int, int, int, int]:
@@ -201,8 +227,9 @@ def all_gather_hierarchical(n: int, root: int = 0, group: int = 0,
                 t += 1
         return rounds
 
+    rounds = _phases(n, g, [(P * (G - 1), "up", 1, False), (P * (g - 1), "right", G, False)])
     return Schedule("all_gather", "hierarchical", n, R,
-                    {IN: Layout(1, P), OUT: Layout(n, P, n)}, rank_fn)
+                    {IN: Layout(1, P), OUT: Layout(n, P, n)}, rank_fn, round_fn=rounds)
 
 
 @register("reduce_scatter", "hierarchical", params={"group": 0, "pieces": 1})
@@ -258,9 +285,10 @@ def reduce_scatter_hierarchical(n: int, root: int = 0, group: int = 0,
             rounds[R - 1].append(copy([(OUT, p)], [(TMP, (h * G + j) * P + p)]))
         return rounds
 
+    rounds = _phases(n, g, [(P * (g - 1), "right", G, True), (P * (G - 1), "up", 1, True)])
     return Schedule("reduce_scatter", "hierarchical", n, R,
                     {IN: Layout(n, P, n), OUT: Layout(1, P), TMP: Layout(2 * G, P, 2 * G)},
-                    rank_fn)
+                    rank_fn, round_fn=rounds)
 
 
 @register("broadcast", "hierarchical", params={"group": 0, "pieces": 1})
@@ -300,8 +328,23 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
                 t += 1
         return rounds
 
+    ring = _phases(n, g, [(P * (g - 1), "right", 1, False)])
+    rails = np.arange(g, dtype=np.int64)
+
+    def rounds(t: int) -> Messages:
+        if t < s1 * P:   # the root hands shard c to local rank c of its group
+            return messages(root, j0 * g + rails[rails != root % g])
+        t -= s1 * P
+        if t < L * P:    # binomial broadcast across groups, every rail at once
+            w = down_senders(t // P, G)
+            d = 1 << (L - 1 - t // P)
+            src = ((w + j0) % G)[:, None] * g + rails
+            dst = ((w + d + j0) % G)[:, None] * g + rails
+            return messages(src, dst)
+        return ring(t - L * P)
+
     return Schedule("broadcast", "hierarchical", n, R, {OUT: Layout(g, P)}, rank_fn,
-                    root=root)
+                    root=root, round_fn=rounds)
 
 
 @register("reduce", "hierarchical", params={"group": 0, "pieces": 1})
@@ -354,5 +397,22 @@ def reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int = 1) 
             rounds[0].append(copy([(OUT, 0, P)], [(IN, 0, P)]))
         return rounds
 
+    ring = _phases(n, g, [(P * (g - 1), "right", 1, True)])
+    rails = np.arange(g, dtype=np.int64)
+
+    def rounds(t: int) -> Messages:
+        if t < P * (g - 1):
+            return ring(t)
+        t -= P * (g - 1)
+        if t < L * P:    # binomial reduce across groups, every rail at once
+            k = t // P
+            w = up_senders(k, G)
+            src = ((w + j0) % G)[:, None] * g + rails
+            dst = ((w - (1 << k) + j0) % G)[:, None] * g + rails
+            return messages(src, dst, 1, True)
+        if s3 and t - L * P < P:   # the root's group hands its shards to the root
+            return messages(j0 * g + rails[rails != root % g], root)
+        return no_messages()
+
     return Schedule("reduce", "hierarchical", n, R, {IN: Layout(g, P), OUT: Layout(g, P)},
-                    rank_fn, root=root)
+                    rank_fn, root=root, round_fn=rounds)

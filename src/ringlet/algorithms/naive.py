@@ -9,6 +9,10 @@ which is what the tests want from an oracle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..schedule import (
     Buf,
     Layout,
@@ -20,6 +24,23 @@ from ..schedule import (
     send,
 )
 from . import register
+from .common import Messages, all_pairs, messages
+
+
+def _everyone(n: int) -> Callable[[int], Messages]:
+    """The one round of an all-to-all exchange: every rank sends one chunk to every other
+    (received whole, reduced afterwards, if at all, by a local step)."""
+    return lambda i: messages(*all_pairs(n))
+
+
+def _from_root(n: int, root: int) -> Callable[[int], Messages]:
+    others = np.array([q for q in range(n) if q != root], np.int64)
+    return lambda i: messages(root, others)
+
+
+def _to_root(n: int, root: int) -> Callable[[int], Messages]:
+    others = np.array([q for q in range(n) if q != root], np.int64)
+    return lambda i: messages(others, root)
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -42,7 +63,8 @@ def all_reduce_naive(n: int, root: int = 0) -> Schedule:
         rnd += [copy([(TMP, r)], [(OUT, 0)])]
         return [rnd + _reduce_in_rank_order(n, (OUT, 0))]
 
-    return Schedule("all_reduce", "naive", n, 1, {OUT: Layout(1), TMP: Layout(n, 1, n)}, rank_fn)
+    return Schedule("all_reduce", "naive", n, 1, {OUT: Layout(1), TMP: Layout(n, 1, n)}, rank_fn,
+                    round_fn=_everyone(n))
 
 
 @register("broadcast", "naive")
@@ -54,7 +76,8 @@ def broadcast_naive(n: int, root: int = 0) -> Schedule:
             return [[send(q, (OUT, 0)) for q in range(n) if q != root]]
         return [[recv(root, (OUT, 0))]]
 
-    return Schedule("broadcast", "naive", n, 1, {OUT: Layout(1)}, rank_fn, root=root)
+    return Schedule("broadcast", "naive", n, 1, {OUT: Layout(1)}, rank_fn, root=root,
+                    round_fn=_from_root(n, root))
 
 
 @register("reduce", "naive")
@@ -69,7 +92,8 @@ def reduce_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + _reduce_in_rank_order(n, (OUT, 0))]
 
     layouts = {IN: Layout(1), OUT: Layout(1), TMP: Layout(n, 1, n)}
-    return Schedule("reduce", "naive", n, 1, layouts, rank_fn, root=root)
+    return Schedule("reduce", "naive", n, 1, layouts, rank_fn, root=root,
+                    round_fn=_to_root(n, root))
 
 
 @register("all_gather", "naive")
@@ -81,7 +105,8 @@ def all_gather_naive(n: int, root: int = 0) -> Schedule:
         rnd = [send(q, (IN, 0)) for q in peers] + [recv(q, (OUT, q)) for q in peers]
         return [rnd + [copy([(OUT, r)], [(IN, 0)])]]
 
-    return Schedule("all_gather", "naive", n, 1, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn)
+    return Schedule("all_gather", "naive", n, 1, {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn,
+                    round_fn=_everyone(n))
 
 
 @register("reduce_scatter", "naive")
@@ -95,7 +120,7 @@ def reduce_scatter_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + _reduce_in_rank_order(n, (OUT, 0))]
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
-    return Schedule("reduce_scatter", "naive", n, 1, layouts, rank_fn)
+    return Schedule("reduce_scatter", "naive", n, 1, layouts, rank_fn, round_fn=_everyone(n))
 
 
 @register("all_to_all", "naive")
@@ -108,7 +133,7 @@ def all_to_all_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + [copy([(OUT, r)], [(IN, r)])]]
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(n, 1, n)}
-    return Schedule("all_to_all", "naive", n, 1, layouts, rank_fn)
+    return Schedule("all_to_all", "naive", n, 1, layouts, rank_fn, round_fn=_everyone(n))
 
 
 @register("scatter", "naive")
@@ -122,7 +147,8 @@ def scatter_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + [copy([(OUT, 0)], [(IN, root)])]]
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1)}
-    return Schedule("scatter", "naive", n, 1, layouts, rank_fn, root=root)
+    return Schedule("scatter", "naive", n, 1, layouts, rank_fn, root=root,
+                    round_fn=_from_root(n, root))
 
 
 @register("gather", "naive")
@@ -136,4 +162,5 @@ def gather_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + [copy([(OUT, root)], [(IN, 0)])]]
 
     layouts = {IN: Layout(1), OUT: Layout(n, 1, n)}
-    return Schedule("gather", "naive", n, 1, layouts, rank_fn, root=root)
+    return Schedule("gather", "naive", n, 1, layouts, rank_fn, root=root,
+                    round_fn=_to_root(n, root))

@@ -19,6 +19,8 @@ root always survives.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..schedule import (
     Buf,
     Layout,
@@ -33,6 +35,7 @@ from ..schedule import (
     send,
 )
 from . import register
+from .common import Messages, lowbit, messages, no_messages
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -55,6 +58,20 @@ class Fold:
         """Old rank of new rank x: also the first of the old ranks x stands for
         (``old(p')`` is p, the end of the last run)."""
         return 2 * x if x < self.rem else x + self.rem
+
+    def olds(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`old` of every new rank in ``x``."""
+        return np.where(x < self.rem, 2 * x, x + self.rem)
+
+    @property
+    def survivors(self) -> np.ndarray:
+        """New ranks 0..p'-1."""
+        return np.arange(self.pof2, dtype=np.int64)
+
+    def fold_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(even, odd) old ranks of the first rem pairs."""
+        even = np.arange(0, 2 * self.rem, 2, dtype=np.int64)
+        return even, even + 1
 
 
 def _halve(lo: int, hi: int, x: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -109,8 +126,20 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
             rounds[R - 1].append(copy([(OUT, 0)], [(TMP, 0)]))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        even, odd = f.fold_pairs()
+        if f.rem and i == 0:        # fold, reduced on arrival
+            return messages(odd, even, 1, True)
+        if f.rem and i == R - 1:    # unfold
+            return messages(even, odd)
+        s = i - (1 if f.rem else 0)
+        if s >= k:                  # the last local copy back to OUT
+            return no_messages()
+        x = f.survivors   # doubling (received into the other buffer, reduced locally)
+        return messages(f.olds(x), f.olds(x ^ (1 << s)))
+
     return Schedule("all_reduce", "recursive_doubling", n, R, {OUT: Layout(1), TMP: Layout(1)},
-                    rank_fn)
+                    rank_fn, round_fn=rounds)
 
 
 @register("all_reduce", "rabenseifner")
@@ -155,7 +184,21 @@ def all_reduce_rabenseifner(n: int, root: int = 0) -> Schedule:
             rounds[R - 1].append(recv(r - 1, whole) if x < 0 else send(r + 1, whole))
         return rounds
 
-    return Schedule("all_reduce", "rabenseifner", n, R, {OUT: Layout(f.pof2)}, rank_fn)
+    def rounds(i: int) -> Messages:
+        even, odd = f.fold_pairs()
+        if f.rem and i == 0:
+            return messages(odd, even, f.pof2, True)
+        if f.rem and i == R - 1:
+            return messages(even, odd, f.pof2)
+        x, s = f.survivors, i - (1 if f.rem else 0)
+        if s < k:   # reduce-scatter: half of what is left goes to the partner
+            d = f.pof2 >> (s + 1)
+            return messages(f.olds(x), f.olds(x ^ d), d, True)
+        d = 1 << (s - k)   # all-gather: the aligned run of d blocks
+        return messages(f.olds(x), f.olds(x ^ d), d)
+
+    return Schedule("all_reduce", "rabenseifner", n, R, {OUT: Layout(f.pof2)}, rank_fn,
+                    round_fn=rounds)
 
 
 # --- reduce --------------------------------------------------------------------------
@@ -218,9 +261,26 @@ def reduce_rabenseifner(n: int, root: int = 0) -> Schedule:
             rounds[t + s].append(recv(phys(f.old(x + d)), (acc, x + d, x + 2 * d)))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        if n == 1:
+            return no_messages()
+        even, odd = f.fold_pairs()
+        if f.rem and i == 0:
+            m = messages(odd, even, f.pof2, True)
+        else:
+            x, s = f.survivors, i - (1 if f.rem else 0)
+            if s < k:   # reduce-scatter
+                d = f.pof2 >> (s + 1)
+                m = messages(f.olds(x), f.olds(x ^ d), d, True)
+            else:       # binomial gather: x sends its d blocks up when bit s is its lowest
+                d = 1 << (s - k)
+                x = x[lowbit(x) == d]
+                m = messages(f.olds(x), f.olds(x - d), d)
+        return {**m, "src": (m["src"] + root) % n, "dst": (m["dst"] + root) % n}
+
     lay = Layout(f.pof2)
     return Schedule("reduce", "rabenseifner", n, R, {IN: lay, OUT: lay, TMP: lay}, rank_fn,
-                    root=root)
+                    root=root, round_fn=rounds)
 
 
 # --- reduce-scatter ------------------------------------------------------------------
@@ -277,8 +337,21 @@ def reduce_scatter_recursive_halving(n: int, root: int = 0) -> Schedule:
             rounds[R - 1].append(recv(r - 1, (OUT, 0)) if x < 0 else send(r + 1, (TMP, r + 1)))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        if n == 1:
+            return no_messages()
+        even, odd = f.fold_pairs()
+        if f.rem and i == 0:
+            return messages(odd, even, n, True)
+        if f.rem and i == R - 1:
+            return messages(even, odd)
+        x, d = f.survivors, f.pof2 >> (i - (1 if f.rem else 0) + 1)
+        glo = (x ^ d) & -d     # the half x gives away: the old ranks' blocks it stands for
+        return messages(f.olds(x), f.olds(x ^ d), f.olds(glo + d) - f.olds(glo), True)
+
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
-    return Schedule("reduce_scatter", "recursive_halving", n, R, layouts, rank_fn)
+    return Schedule("reduce_scatter", "recursive_halving", n, R, layouts, rank_fn,
+                    round_fn=rounds)
 
 
 # --- all-gather ----------------------------------------------------------------------
@@ -324,5 +397,17 @@ def all_gather_recursive_doubling(n: int, root: int = 0) -> Schedule:
             rounds[R - 1].append(recv(r - 1, *rest) if x < 0 else send(r + 1, *rest))
         return rounds
 
+    def rounds(i: int) -> Messages:
+        if n == 1:
+            return no_messages()
+        even, odd = f.fold_pairs()
+        if f.rem and i == 0:
+            return messages(odd, even)
+        if f.rem and i == R - 1:
+            return messages(even, odd, n - 1)
+        x, d = f.survivors, 1 << (i - (1 if f.rem else 0))
+        mine = x & -d
+        return messages(f.olds(x), f.olds(x ^ d), f.olds(mine + d) - f.olds(mine))
+
     return Schedule("all_gather", "recursive_doubling", n, R,
-                    {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn)
+                    {IN: Layout(1), OUT: Layout(n, 1, n)}, rank_fn, round_fn=rounds)

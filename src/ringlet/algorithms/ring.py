@@ -12,9 +12,30 @@ pipeline the executor overlaps piece by piece.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..schedule import Buf, Layout, Schedule, Step, copy, empty_rounds, recv, recv_reduce, send
 from . import register
-from .common import check_pieces
+from .common import Messages, check_pieces, messages
+
+
+def ring_rounds(n: int, reducing_rounds: int) -> Callable[[int], Messages]:
+    """Closed form of a ring's rounds: every rank sends one chunk to its right
+    neighbour; the first ``reducing_rounds`` rounds are reduced on arrival."""
+    src = np.arange(n, dtype=np.int64)
+    dst = (src + 1) % n
+    ones = np.ones(n, np.int64)
+    flags = np.ones(n, bool), np.zeros(n, bool)
+
+    def rounds(i: int) -> Messages:
+        if n == 1:
+            return messages(src[:0], dst[:0])
+        return {"src": src, "dst": dst, "chunks": ones,
+                "reduce": flags[0] if i < reducing_rounds else flags[1]}
+
+    return rounds
 
 OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
 
@@ -44,7 +65,8 @@ def all_reduce_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
                 t += 1
         return rounds
 
-    return Schedule("all_reduce", "ring", n, R, {OUT: Layout(n, P)}, rank_fn)
+    return Schedule("all_reduce", "ring", n, R, {OUT: Layout(n, P)}, rank_fn,
+                    round_fn=ring_rounds(n, (n - 1) * P))
 
 
 @register("all_gather", "ring", params={"pieces": 1})
@@ -70,7 +92,7 @@ def all_gather_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
         return rounds
 
     return Schedule("all_gather", "ring", n, R, {IN: Layout(1, P), OUT: Layout(n, P, n)},
-                    rank_fn)
+                    rank_fn, round_fn=ring_rounds(n, 0))
 
 
 @register("reduce_scatter", "ring", params={"pieces": 1})
@@ -101,4 +123,5 @@ def reduce_scatter_ring(n: int, root: int = 0, pieces: int = 1) -> Schedule:
     layouts = {IN: Layout(n, P, n), OUT: Layout(1, P)}
     if n > 2:
         layouts[TMP] = Layout(2, P, 2)
-    return Schedule("reduce_scatter", "ring", n, R, layouts, rank_fn)
+    return Schedule("reduce_scatter", "ring", n, R, layouts, rank_fn,
+                    round_fn=ring_rounds(n, R))

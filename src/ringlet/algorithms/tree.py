@@ -20,7 +20,9 @@ half of the vector, pipelined in pieces.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import numpy as np
 
 from ..schedule import (
     Buf,
@@ -35,7 +37,7 @@ from ..schedule import (
     send,
 )
 from . import register
-from .common import check_pieces, lg, span
+from .common import Messages, check_pieces, lg, lowbit, messages, no_messages, span
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 SEND, RECV = "send", "recv"
@@ -68,6 +70,46 @@ def binomial_up(v: int, n: int) -> Iterator[tuple[int, str, int]]:
             yield k, RECV, v + d
 
 
+def subtree_sizes(v: np.ndarray, n: int) -> np.ndarray:
+    """:func:`_subtree` of every relative rank in ``v``."""
+    return np.where(v == 0, n, np.minimum(lowbit(v), n - v))
+
+
+def down_senders(j: int, n: int) -> np.ndarray:
+    """The relative ranks that send in round j of a binomial broadcast from 0 (each to
+    v + d, d = 2^(L-1-j))."""
+    d = 1 << (lg(n) - 1 - j)
+    return np.arange(0, max(0, n - d), 2 * d, dtype=np.int64)
+
+
+def up_senders(k: int, n: int) -> np.ndarray:
+    """The relative ranks that send in round k of a binomial reduce to 0 (each to v - 2^k)."""
+    d = 1 << k
+    return np.arange(d, n, 2 * d, dtype=np.int64)
+
+
+def _binomial(n: int, root: int, up: bool, reduce: bool, sized: bool = False
+              ) -> Callable[[int], Messages]:
+    """Closed form of a binomial tree's rounds, down (broadcast, scatter) or up (reduce,
+    gather); ``sized``: a message carries the subtree below (or of) its sender's child."""
+
+    def rounds(j: int) -> Messages:
+        if n == 1:
+            return no_messages()
+        if up:
+            d = 1 << j
+            v = up_senders(j, n)
+            w, child = v - d, v
+        else:
+            d = 1 << (lg(n) - 1 - j)
+            v = down_senders(j, n)
+            w, child = v + d, v + d
+        chunks = subtree_sizes(child, n) if sized else 1
+        return messages((v + root) % n, (w + root) % n, chunks, reduce)
+
+    return rounds
+
+
 # --- binomial ------------------------------------------------------------------------
 
 
@@ -83,7 +125,8 @@ def broadcast_binomial(n: int, root: int = 0) -> Schedule:
             rounds[t].append(send(peer, (OUT, 0)) if kind == SEND else recv(peer, (OUT, 0)))
         return rounds
 
-    return Schedule("broadcast", "binomial", n, lg(n), {OUT: Layout(1)}, rank_fn, root=root)
+    return Schedule("broadcast", "binomial", n, lg(n), {OUT: Layout(1)}, rank_fn, root=root,
+                    round_fn=_binomial(n, root, up=False, reduce=False))
 
 
 @register("reduce", "binomial", aliases=("tree",))
@@ -108,7 +151,8 @@ def reduce_binomial(n: int, root: int = 0) -> Schedule:
         return rounds
 
     layouts = {IN: Layout(1), OUT: Layout(1), TMP: Layout(1)}
-    return Schedule("reduce", "binomial", n, R, layouts, rank_fn, root=root)
+    return Schedule("reduce", "binomial", n, R, layouts, rank_fn, root=root,
+                    round_fn=_binomial(n, root, up=True, reduce=True))
 
 
 @register("all_reduce", "binomial", aliases=("tree",))
@@ -126,7 +170,14 @@ def all_reduce_binomial(n: int, root: int = 0) -> Schedule:
             rounds[L + t].append(send(w, (OUT, 0)) if kind == SEND else recv(w, (OUT, 0)))
         return rounds
 
-    return Schedule("all_reduce", "binomial", n, 2 * L, {OUT: Layout(1)}, rank_fn)
+    reduce, bcast = (_binomial(n, 0, up=True, reduce=True),
+                     _binomial(n, 0, up=False, reduce=False))
+
+    def rounds(i: int) -> Messages:
+        return reduce(i) if i < L else bcast(i - L)
+
+    return Schedule("all_reduce", "binomial", n, 2 * L, {OUT: Layout(1)}, rank_fn,
+                    round_fn=rounds)
 
 
 @register("scatter", "binomial", aliases=("tree",))
@@ -154,7 +205,8 @@ def scatter_binomial(n: int, root: int = 0) -> Schedule:
         return rounds
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
-    return Schedule("scatter", "binomial", n, R, layouts, rank_fn, root=root)
+    return Schedule("scatter", "binomial", n, R, layouts, rank_fn, root=root,
+                    round_fn=_binomial(n, root, up=False, reduce=False, sized=True))
 
 
 @register("gather", "binomial", aliases=("tree",))
@@ -182,7 +234,8 @@ def gather_binomial(n: int, root: int = 0) -> Schedule:
         return rounds
 
     layouts = {IN: Layout(1), OUT: Layout(n, 1, n), TMP: Layout(n, 1, n)}
-    return Schedule("gather", "binomial", n, R, layouts, rank_fn, root=root)
+    return Schedule("gather", "binomial", n, R, layouts, rank_fn, root=root,
+                    round_fn=_binomial(n, root, up=True, reduce=False, sized=True))
 
 
 # --- van de Geijn broadcast ----------------------------------------------------------
@@ -223,7 +276,20 @@ def broadcast_scatter_allgather(n: int, root: int = 0) -> Schedule:
                 rounds[L + k].append(recv((left + root) % n, (OUT, in_b)))
         return rounds
 
-    return Schedule("broadcast", "scatter_allgather", n, R, {OUT: Layout(n)}, rank_fn, root=root)
+    scatter = _binomial(n, root, up=False, reduce=False, sized=True)
+    v = np.arange(n, dtype=np.int64)
+    right = (v + 1) % n
+    lo, hi = right, right + subtree_sizes(right, n)
+
+    def rounds(i: int) -> Messages:
+        if i < L:
+            return scatter(i)
+        b = (v - (i - L)) % n     # the block v passes on; sent unless right has it
+        send = (right != 0) & ((b < lo) | (b >= hi))
+        return messages((v[send] + root) % n, (right[send] + root) % n)
+
+    return Schedule("broadcast", "scatter_allgather", n, R, {OUT: Layout(n)}, rank_fn, root=root,
+                    round_fn=rounds)
 
 
 # --- chain ---------------------------------------------------------------------------
@@ -252,7 +318,13 @@ def broadcast_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
                 rounds[v + p].append(send((r + 1) % n, (OUT, p)))
         return rounds
 
-    return Schedule("broadcast", "chain", n, R, {OUT: Layout(1, P)}, rank_fn, root=root)
+    def rounds(t: int) -> Messages:
+        # piece t - v leaves relative rank v in round t
+        v = np.arange(max(0, t - P + 1), min(t, n - 2) + 1, dtype=np.int64)
+        return messages((v + root) % n, (v + 1 + root) % n)
+
+    return Schedule("broadcast", "chain", n, R, {OUT: Layout(1, P)}, rank_fn, root=root,
+                    round_fn=rounds)
 
 
 # --- double binary tree --------------------------------------------------------------
@@ -348,4 +420,54 @@ def all_reduce_double_binary_tree(n: int, root: int = 0, pieces: int = 4) -> Sch
                     rounds[D + p + d].append(send(k, (OUT, c)))
         return rounds
 
-    return Schedule("all_reduce", "double_binary_tree", n, R, {OUT: Layout(2, P)}, rank_fn)
+    trees: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def rounds(i: int) -> Messages:
+        if not trees:
+            trees.extend(_dtree_arrays(n, t) for t in (0, 1))
+        parts = []
+        for r, parent, h, d in trees:
+            # up: a node of height h sends piece i - h to its parent, reduced there
+            p = i - h
+            up = (parent >= 0) & (p >= 0) & (p < P)
+            parts.append(messages(r[up], parent[up], 1, True))
+            # down: a parent at depth d - 1 sends piece i - D - (d - 1) to its child
+            p = i - D - (d - 1)
+            down = (parent >= 0) & (p >= 0) & (p < P)
+            parts.append(messages(parent[down], r[down], 1, False))
+        return {k: np.concatenate([m[k] for m in parts]) for k in parts[0]}
+
+    return Schedule("all_reduce", "double_binary_tree", n, R, {OUT: Layout(2, P)}, rank_fn,
+                    round_fn=rounds)
+
+
+def _dtree_arrays(n: int, tree: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, parent, height, depth) of every rank in tree 0 or 1 of the double binary tree,
+    as vectors (:func:`_dtree` for all ranks at once; parent -1 for the root)."""
+    x = np.arange(n, dtype=np.int64)
+    top = 1 << ((n - 1).bit_length() - 1)
+    b = lowbit(x)
+    parent = np.where(x & (2 * b), x - b, x + b)
+    parent = np.where(parent >= n, x - b, parent)
+    parent[x == top] = 0
+    parent[0] = -1
+    height = np.zeros(n, np.int64)
+    height[1:] = np.log2(b[1:]).round().astype(np.int64)
+    height[0] = top.bit_length()
+    depth = np.zeros(n, np.int64)
+    cur = x.copy()
+    while (cur > 0).any():
+        move = cur > 0
+        depth[move] += 1
+        cur[move] = parent[cur[move]]
+    # x is the tree's label of a rank: rank = back(x)
+    if tree == 0:
+        rank = x
+    elif n % 2 == 0:
+        rank = n - 1 - x
+    else:
+        rank = (x + 1) % n
+    back = np.empty(n, np.int64)
+    back[x] = rank
+    par = np.where(parent >= 0, back[np.maximum(parent, 0)], -1)
+    return rank, par, height, depth
