@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import agreement
+from . import agreement, recorder
 from .agreement import Desc, algo_code, describe
 from .algorithms import algorithms as _algorithms
 from .buffers import Buffer
 from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, MismatchError, PeerError, RingletError
+from .recorder import T_END, T_START, FlightRecorder, now_ns
 from .transport.base import Transport
 from .wait import Waiter
 from .work import Work
@@ -130,6 +131,8 @@ class Calls:
     _pending_reject: int | None
     _owner: threading.Thread | None
     _owner_id: int
+    #: the flight recorder (None with RINGLET_FLIGHT_RECORDS=0 and no trace)
+    _fr: FlightRecorder | None
     #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
     #: gives a context manager (the torch backend's profiler ranges)
     _span: Callable[[str, str, int], contextlib.AbstractContextManager[Any]] | None = None
@@ -148,7 +151,11 @@ class Calls:
                 return self._execute(seq, desc, run, name, xb, before)
             work = Work(describe(seq, desc))
             self._inflight += 1
-            self._worker().put((seq, desc, run, work, name, xb, before))
+            rec = None
+            if self._fr is not None:   # queued now, started when the worker runs it
+                rec = [0, seq, desc, name, now_ns(), 0, 0, None, None, None]
+                self._fr.add(rec)
+            self._worker().put((seq, desc, run, work, name, xb, before, rec))
         return work if async_op else work.wait()
 
     def _reject(self, coll: str, note: str, exc: ArgumentError) -> None:
@@ -169,7 +176,7 @@ class Calls:
             if self._inflight:
                 self._inflight += 1
                 self._worker().put((seq, desc, publish, Work(describe(seq, desc)), "", None,
-                                    None))
+                                    None, None))
                 return
             try:
                 self._execute(seq, desc, publish, "", None, None)
@@ -192,9 +199,10 @@ class Calls:
             item = q.get()
             if item is None:
                 return
-            seq, desc, run, work, name, xb, before = item
+            seq, desc, run, work, name, xb, before, rec = item
             try:
-                res = None if desc is None else self._execute(seq, desc, run, name, xb, before)
+                res = None if desc is None else self._execute(seq, desc, run, name, xb, before,
+                                                              rec)
                 work._finish(res)
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
@@ -238,14 +246,25 @@ class Calls:
 
     def _execute(self, seq: int, desc: Desc, run: Callable[[int], Any],
                  name: str, xb: Buffer | None,
-                 before: Callable[[int], None] | None = None) -> Any:
+                 before: Callable[[int], None] | None = None,
+                 rec: list[Any] | None = None) -> Any:
         with self._exec_lock:
             self._usable()
             self._cur = (seq, desc)
+            fr = self._fr
+            if fr is not None:   # the flight recorder: one list per call (see ringlet.recorder)
+                if rec is None:
+                    rec = [0, seq, desc, name, 0, now_ns(), 0, None, None, None]
+                    fr.add(rec)
+                else:
+                    rec[T_START] = now_ns()
             try:
                 self._settle()
                 if desc.rejected:
-                    return run(seq)
+                    res = run(seq)
+                    if rec is not None:
+                        rec[T_END] = now_ns()
+                    return res
                 if before is not None:
                     before(seq)
                 self._agree(seq, desc)
@@ -259,11 +278,20 @@ class Calls:
                     with self._span(self._current, name or _alg_name(
                             agreement.coll_name(desc.collective), desc.algorithm),
                             xb.nbytes if xb else 0):
-                        return run(seq)
-                return run(seq)
-            except (MismatchError, ArgumentError):
+                        res = run(seq)
+                else:
+                    res = run(seq)
+                if rec is not None:
+                    rec[T_END] = now_ns()
+                return res
+            except MismatchError as exc:
+                recorder.failed(rec, exc)
+                recorder.dump(f"mismatch: {exc}")
+                raise
+            except ArgumentError:
                 raise
             except BaseException as exc:
+                recorder.failed(rec, exc)
                 self._fail(exc)
                 if isinstance(exc, RingletError) or not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and SystemExit reach the caller as they are
@@ -282,6 +310,9 @@ class Calls:
         self._broken = msg
         self._t.discard_pending()
         self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
+        kind = "timeout" if isinstance(exc, CommTimeoutError) else \
+            "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
+        recorder.dump(f"{kind}: {msg}")
 
     def _settle(self) -> None:
         """Wait until every peer has published the call this rank last rejected.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -34,6 +35,7 @@ from .executor import compile_program, execute
 from .groups import Groups
 from .ops import ReduceOp, check_op, finish, reducer
 from .p2p import P2PEngine
+from .recorder import FlightRecorder, install_signal
 from .schedule import Buf
 from .topology import Topology
 from .transport.base import Transport
@@ -47,6 +49,8 @@ log = logging.getLogger("ringlet")
 _PATH_CODE = {"generic": GENERIC, "post": POST, "staged": STAGE}
 #: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+#: numbers communicators in the order they were made (a dump lists them so)
+_MADE = itertools.count()
 
 
 @atexit.register
@@ -105,6 +109,14 @@ class Communicator(Groups, Buckets):
         self._regions: list[tuple[int, int, list[np.ndarray]]] = []
         self._region_maps: list[Any] = []
         transport.describe = lambda: self._current
+        self._created = next(_MADE)
+        #: the world ranks of this communicator's ranks (a group's are set by its parent)
+        self._world_ranks = list(range(size))
+        self._fr = FlightRecorder(settings.flight_records, self._world_ranks, rank,
+                                  settings.trace) \
+            if settings.flight_records or settings.trace else None
+        if settings.dump_dir:
+            install_signal(self)
         _LIVE.add(self)
         if settings.debug:
             _configure_logging(settings.debug)
@@ -378,7 +390,7 @@ class Communicator(Groups, Buckets):
             return
         if self._queue is not None:
             done = Work("close")
-            self._queue.put((0, None, None, done, "", None, None))
+            self._queue.put((0, None, None, done, "", None, None, None))
             with contextlib.suppress(RingletError):
                 done.wait()
             self._queue.put(None)

@@ -110,6 +110,19 @@ class Settings:
                "algorithm choice predicts times with; while the file does not exist, or "
                "with '' (no tuner), the built-in size rules choose. Every rank must read "
                "the same profile."})
+    flight_records: int = field(default=256, metadata={
+        "doc": "Operations each communicator's flight recorder keeps (the last ones: "
+               "collectives and point-to-point, with their state and timestamps); dumped "
+               "to dump_dir on a timeout, an abort, a mismatch or SIGUSR1. 0: off."})
+    dump_dir: str = field(default="", metadata={
+        "doc": "Directory where each rank writes its flight recorder (rank-R.json) on a "
+               "timeout, an abort, a mismatch, and on SIGUSR1; `ringlet diagnose DIR` "
+               "reads them. '' (default): no dumps, except that `ringlet run` gives its "
+               "ranks a directory and prints a diagnosis of a failed job."})
+    trace: str = field(default="", metadata={
+        "doc": "Directory where each rank writes its operations as Chrome trace events "
+               "(rank-R.trace.jsonl); `ringlet run --trace DIR` sets it and merges them "
+               "into DIR/trace.json (Perfetto, chrome://tracing). '' (default): off."})
     start_method: str = field(default="auto", metadata={
         "doc": "multiprocessing start method of ringlet.spawn: auto, spawn, forkserver or "
                "fork. auto forks where that is safe (Linux, this process has one thread), "
@@ -137,6 +150,8 @@ class Settings:
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.flight_records < 0:
+            raise ConfigError(f"flight_records must be >= 0, got {self.flight_records!r}")
         if self.start_method not in ("auto", "spawn", "forkserver", "fork"):
             raise ConfigError(f"start_method must be auto, spawn, forkserver or fork, got "
                               f"{self.start_method!r}")

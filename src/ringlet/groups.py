@@ -24,6 +24,7 @@ class Groups(Calls):
     """broadcast_object, all_gather_object, split, group, empty."""
 
     job_id: str
+    _world_ranks: list[int]
     topology: Topology
     _regions: list[tuple[int, int, list[np.ndarray]]]
     _region_maps: list[Any]
@@ -135,8 +136,10 @@ class Groups(Calls):
         from .comm import Communicator
 
         me = ranks.index(self.rank)
-        return Communicator(me, len(ranks), t, self.settings, self.job_id,
-                            self.topology.sub(ranks, me))
+        sub = Communicator(me, len(ranks), t, self.settings, self.job_id,
+                           self.topology.sub(ranks, me))
+        sub._world_ranks[:] = [self._world_ranks[q] for q in ranks]   # its flight recorder's
+        return sub
 
     # --- shared buffers -------------------------------------------------------------------
 

@@ -232,7 +232,8 @@ class _Outcome:
 def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | None = None,
                readers: Sequence[connection.Connection] = (),
                on_ready: Callable[[connection.Connection], bool] | None = None,
-               interrupts: _Interrupts | None = None) -> _Outcome:
+               interrupts: _Interrupts | None = None,
+               on_failure: Callable[[Sequence[_Child]], None] | None = None) -> _Outcome:
     """Wait for every child to end, applying the failure policy; return what happened.
 
     ``readers`` are connections to read whenever they are ready, with
@@ -240,7 +241,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     ``interrupts`` are the signals the launcher received: the first is
     forwarded to the children (they then get the grace period), a second
     one kills them.  Waits block on the children's sentinels, the readers
-    and the interrupt pipe, with a deadline: nothing spins.
+    and the interrupt pipe, with a deadline: nothing spins.  ``on_failure(live)`` is
+    called once, with the children still running, when the first rank fails or the
+    timeout passes (``ringlet run`` asks them for their flight recorders).
     """
     out = _Outcome(nranks=len(children), timeout=timeout)
     start = time.monotonic()
@@ -269,6 +272,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
                 out.first_failed, event = rank, True
                 out.frozen = tuple(r for r, c in sorted(live.items()) if stopped(c.pid))
                 stop_at = now + grace
+                if on_failure is not None:
+                    on_failure(list(live.values()))
         for sig in interrupts.take() if interrupts is not None else ():
             if not out.interrupted:
                 out.interrupted, event = sig, True
@@ -280,6 +285,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         if not live:
             break
         if deadline is not None and now >= deadline and not out.timed_out:
+            if on_failure is not None and not event:
+                on_failure(list(live.values()))
             out.timed_out, event = tuple(sorted(live)), True
             signal_all(signal.SIGTERM, f"{{was}} stopped with SIGTERM at the {timeout:g} s "
                                        f"timeout")
@@ -532,13 +539,19 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
                              "and lines of different ranks may mix")
     parser.add_argument("-m", dest="module", action="store_true",
                         help="PROGRAM is a module to run, as with python -m")
+    parser.add_argument("--trace", metavar="DIR", default=None,
+                        help="write every rank's operations as Chrome trace events "
+                             "(RINGLET_TRACE) and merge them into DIR/trace.json (Perfetto, "
+                             "chrome://tracing); print the collectives' arrival skew")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS...]",
                         help="the script (or with -m, the module) and its arguments")
     parser.epilog = (
         "Each rank runs `python PROGRAM ARGS` with RANK, WORLD_SIZE, LOCAL_RANK, "
         "LOCAL_WORLD_SIZE and RINGLET_JOB_ID set (with --nodes also RINGLET_NODE, "
-        "RINGLET_ENGINE=torch, MASTER_ADDR and MASTER_PORT). Exit status: 0, the first "
-        "failed rank's exit code, or 128 + signal.")
+        "RINGLET_ENGINE=torch, MASTER_ADDR and MASTER_PORT) and RINGLET_DUMP_DIR (a "
+        "temporary directory unless set): when the job fails, the ranks' flight recorders "
+        "are read from it and a diagnosis is printed before the summary. Exit status: 0, "
+        "the first failed rank's exit code, or 128 + signal.")
 
 
 def main_run(args: argparse.Namespace) -> int:
@@ -559,6 +572,48 @@ def main_run(args: argparse.Namespace) -> int:
         extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}
     job_id = secrets.token_hex(16)
+    with _dump_dir(settings) as dumps:
+        extra["RINGLET_DUMP_DIR"] = dumps
+        if args.trace:
+            from .tracing import clear
+
+            trace = os.path.abspath(args.trace)
+            os.makedirs(trace, exist_ok=True)
+            clear(trace)
+            extra["RINGLET_TRACE"] = trace
+        code = _run_job(args, command, nranks, per_node, nodes, grace, job_id, extra)
+    return code
+
+
+@contextmanager
+def _dump_dir(settings: Settings) -> Iterator[str]:
+    """The ranks' RINGLET_DUMP_DIR: the user's, or a temporary one removed at the end."""
+    if settings.dump_dir:
+        yield os.path.abspath(settings.dump_dir)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ringlet-dumps-") as tmp:
+        yield tmp
+
+
+def _ask_for_dumps(directory: str, live: Sequence[_Child]) -> None:
+    """SIGUSR1 to the ranks that said they dump on it (``rank-R.signal`` holds their pid)."""
+    for c in live:
+        try:
+            with open(os.path.join(directory, f"rank-{c.rank}.signal")) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if pid == c.pid:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+
+
+def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node: int,
+             nodes: int, grace: float, job_id: str, extra: dict[str, str]) -> int:
+    """Start the ranks and supervise them (see main_run)."""
+    dumps = extra["RINGLET_DUMP_DIR"]
     width = len(str(nranks - 1))
     lock = threading.Lock()
     pumps: list[_Pump] = []
@@ -590,7 +645,8 @@ def main_run(args: argparse.Namespace) -> int:
                           _Pump(popen.stderr, _binary(sys.stderr), prefix, lock)]
                 pumps[-2].start()
                 pumps[-1].start()
-        outcome = _supervise(children, grace=grace, interrupts=interrupts)
+        outcome = _supervise(children, grace=grace, interrupts=interrupts,
+                             on_failure=lambda live: _ask_for_dumps(dumps, live))
         reported = {rank: why for rank, fd in enumerate(errors)
                     if (why := _reported(fd)) is not None}
     deadline = time.monotonic() + _DRAIN
@@ -603,9 +659,32 @@ def main_run(args: argparse.Namespace) -> int:
         outcome.reasons[rank] = why
         if not why:
             del outcome.reasons[rank]
+    if "RINGLET_TRACE" in extra:
+        _merge_trace(extra["RINGLET_TRACE"])
     if not outcome.ok:
+        from .diagnose import report
+
+        ended = {q: _code_text(e.code) for q, e in outcome.endings.items()
+                 if e.code != 0 and not e.stopped_by}   # not the ranks the launcher stopped
+        with contextlib.suppress(Exception):   # the summary comes whatever the dumps hold
+            text = report(dumps, nranks, ended, job=job_id)
+            if text:
+                print(text, file=sys.stderr, flush=True)
         print(f"ringlet run: {outcome.summary()}", file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+def _merge_trace(directory: str) -> None:
+    """Merge the ranks' trace files into DIR/trace.json and print the skew summary."""
+    from .tracing import merge, skew_text
+
+    try:
+        path, s, n = merge(directory)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"ringlet run: could not merge the trace in {directory}: {exc}", file=sys.stderr)
+        return
+    print(f"ringlet run: trace of {n} operations in {path}; {skew_text(s)}", file=sys.stderr,
+          flush=True)
 
 
 def _free_port() -> int:

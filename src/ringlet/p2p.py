@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import recorder
 from .buffers import Buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE
+from .recorder import RECV, SEND
 from .transport.base import P2P, Request, Transport
 from .wait import Waiter
 from .work import Work
@@ -47,6 +49,9 @@ class P2PEngine:
 
     def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
         w = Work(f"send to rank {dst} (tag {tag})", dst)
+        fr = self.c._fr
+        if fr is not None:
+            w._rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes)
         hdr = np.array([_P2P_MAGIC, tag, xb.nbytes, xb.dt.code, 0, 0, 0, 0], np.int64)
         t = self.c._t
         with self.lock:
@@ -60,6 +65,9 @@ class P2PEngine:
 
     def irecv(self, xb: Buffer, src: int, tag: int) -> Work:
         w = Work(f"recv from rank {src} (tag {tag})", src)
+        fr = self.c._fr
+        if fr is not None:
+            w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
         with self.lock:
             self.c._usable()
             for i, (utag, code, data) in enumerate(self.unexpected[src]):
@@ -168,16 +176,22 @@ class P2PEngine:
             waiter = Waiter(t.settings, lambda: w._what,
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: self._check(watch, w),
-                            timeout=timeout, advice=lambda: self._advice(w))
+                            timeout=timeout, advice=lambda: self._advice(w, True))
             try:
                 while not w._done.is_set():
                     if not self._progress():
                         try:
                             waiter.pause()
-                        except CommTimeoutError:
+                        except CommTimeoutError as exc:
                             if timeout is not None:
                                 return
+                            recorder.failed(w._rec, exc)
+                            recorder.dump(f"timeout: {exc}")
                             raise
+            except PeerError as exc:
+                recorder.failed(w._rec, exc)
+                recorder.dump(f"abort: {exc}")
+                raise
             except KeyboardInterrupt as exc:
                 # a message may be half sent or received: the channels are out of step
                 self.c._fail(exc)
@@ -192,7 +206,7 @@ class P2PEngine:
                 raise
             raise PeerError(f"{exc} ({advice})") from None
 
-    def _advice(self, w: Work) -> str:
+    def _advice(self, w: Work, timed_out: bool = False) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer."""
         q = w._peer
         if q is None:
@@ -207,7 +221,12 @@ class P2PEngine:
         if pending:
             return (f"rank {q} sent this rank messages no receive matched: "
                     f"{', '.join(pending)}; check that send and recv use the same tag")
-        return f"nothing from rank {q} is pending: it has not sent this rank a message"
+        if not timed_out:
+            return f"nothing from rank {q} is pending: it has not sent this rank a message"
+        return (f"rank {q} has not sent this rank a message, though it is alive: it may be "
+                f"waiting itself (if every rank receives before it sends, they wait for each "
+                f"other in a cycle; `ringlet run` prints the wait-for graph, `ringlet "
+                f"diagnose DIR` reads it from the dumps in RINGLET_DUMP_DIR)")
 
 
 def _nothing() -> None:

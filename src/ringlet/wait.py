@@ -20,6 +20,7 @@ from .config import Settings
 from .errors import CommTimeoutError, PeerError
 
 _sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+_get_ident = threading.get_ident
 
 
 class _Background(threading.local):
@@ -37,6 +38,11 @@ _background = _Background()
 def background() -> None:
     """Mark this thread as a background thread (see :class:`_Background`)."""
     _background.on = True
+
+
+#: the latest wait each thread started (thread id -> waiter): what a flight recorder dump
+#: made meanwhile (a signal) says the thread waits for (``missing()`` is empty once done)
+WAITS: dict[int, Waiter] = {}
 
 
 class Waiter:
@@ -67,6 +73,20 @@ class Waiter:
         self._polls = 0
         self._rechecked = False
         self._advice = advice
+        WAITS[_get_ident()] = self
+
+    def waiting_on(self) -> list[int]:
+        """The ranks this wait still waits for (best effort, for a flight recorder dump)."""
+        try:
+            return sorted(set(self._missing()))
+        except Exception:  # noqa: BLE001 - read from a signal handler, mid-update
+            return []
+
+    def what(self) -> str:
+        try:
+            return self._what()
+        except Exception:  # noqa: BLE001 - as waiting_on
+            return ""
 
     def pause(self) -> None:
         """Nothing to do this poll: spin, yield or sleep, and check peers and the deadline."""
@@ -103,14 +123,20 @@ class Waiter:
         self._sleep = 20e-6
 
     def timeout_error(self) -> CommTimeoutError:
+        """The error of this wait's deadline; ``waiting_on`` holds the ranks still missing
+        (what the flight recorder records)."""
+        missing = sorted(set(self._missing()))
         advice = self._advice() if self._advice is not None else ""
         if advice:
-            return CommTimeoutError(f"timed out after {self.timeout:g} s in {self._what()}: "
-                                    f"{advice}")
-        missing = sorted(set(self._missing()))
+            err = CommTimeoutError(f"timed out after {self.timeout:g} s in {self._what()}: "
+                                   f"{advice}")
+            err.waiting_on = missing  # type: ignore[attr-defined]
+            return err
         who = (f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} "
                f"did not arrive") if missing else "no rank is known to be missing"
-        return CommTimeoutError(
+        err = CommTimeoutError(
             f"timed out after {self.timeout:g} s in {self._what()}: {who}. If the peers are "
             f"just slow, raise RINGLET_TIMEOUT (seconds); if they called a different "
             f"collective or none, fix the program's collective order")
+        err.waiting_on = missing  # type: ignore[attr-defined]
+        return err

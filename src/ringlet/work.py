@@ -12,6 +12,9 @@ from .errors import CommTimeoutError
 class Work:
     """Handle of an asynchronous operation (``async_op=True``, ``isend``, ``irecv``)."""
 
+    #: a point-to-point operation's flight record (see ringlet.recorder), finished here
+    _rec: list[Any] | None = None
+
     def __init__(self, what: str, peer: int | None = None) -> None:
         self._what = what
         self._peer = peer
@@ -24,6 +27,14 @@ class Work:
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
+        rec = self._rec
+        if rec is not None:
+            from .recorder import T_END, failed, now_ns
+
+            if error is None:
+                rec[T_END] = now_ns()
+            else:
+                failed(rec, error)
         with self._lock:
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []

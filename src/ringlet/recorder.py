@@ -1,0 +1,318 @@
+"""The flight recorder: every communicator's last operations, dumped when something goes wrong.
+
+Each communicator keeps a bounded ring (``RINGLET_FLIGHT_RECORDS``, default
+256) of its last operations, collectives and point-to-point alike.  A record
+is one small list, made when the operation starts and finished in place::
+
+    [kind, seq, info, algorithm, t_queued, t_start, t_end, state, error, waiting_on]
+
+``kind`` is :data:`COLL`, :data:`SEND` or :data:`RECV`; ``seq`` the
+collective's sequence number (a point-to-point operation's own counter);
+``info`` the collective's :class:`~ringlet.agreement.Desc` (collective, op,
+dtype, count, root, algorithm, path) or ``(peer, tag, dtype code, bytes)``;
+the times are ``time.monotonic_ns()`` (0: not yet), which every process of a
+host shares; ``state`` is None while the times say it (queued, started,
+done) and ``"failed"`` after an error (``error`` holds its message,
+``waiting_on`` the ranks a timed-out wait still waited for).  Adding
+a record costs one list and one ``deque.append``; nothing is formatted until
+a dump.
+
+A dump (:func:`dump`) writes ``DIR/rank-R.json`` (``RINGLET_DUMP_DIR``) with
+every live communicator of the process: on a timeout, an abort, a mismatch
+(the communicator calls it), and on ``SIGUSR1`` (the handler is installed by
+the first communicator when a dump directory is set and the program has no
+SIGUSR1 handler of its own; ``rank-R.signal`` says so to ``ringlet run``).
+:mod:`ringlet.diagnose` reads the dumps of every rank.
+
+With ``RINGLET_TRACE=DIR`` every record also becomes a Chrome trace event in
+``DIR/rank-R.trace.jsonl`` (one JSON event a line, written in batches and at
+exit); ``ringlet run --trace`` merges them (:func:`ringlet.diagnose.merge_traces`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .agreement import GENERIC, POST, SHARED, STAGE, Desc, coll_name, describe
+from .ops import DTYPE_BY_CODE, ReduceOp
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+#: record kinds
+COLL, SEND, RECV = 0, 1, 2
+#: record fields
+KIND, SEQ, INFO, ALGO, T_QUEUED, T_START, T_END, STATE, ERROR, WAITING = range(10)
+#: a record's state after an error
+FAILED = "failed"
+#: finished records a trace keeps in memory before it writes them out
+TRACE_BATCH = 4096
+FORMAT = "ringlet-flight-recorder/1"
+
+now_ns = time.monotonic_ns
+
+_PATHS = {GENERIC: "generic", POST: "fused one-shot", STAGE: "fused staged",
+          SHARED: "zero-copy"}
+
+
+class FlightRecorder:
+    """One communicator's ring of records (and its trace, when tracing)."""
+
+    def __init__(self, capacity: int, world_ranks: list[int], rank: int, trace_dir: str) -> None:
+        self.ring: deque[list[Any]] = deque(maxlen=max(1, capacity))
+        self.world_ranks = world_ranks
+        self.rank = rank
+        self.p2p_seq = 0
+        #: nanoseconds to add to this process's clock to get the job's clock (rank 0's);
+        #: 0 on one host (measured at init across nodes when tracing)
+        self.offset_ns = 0
+        self.trace_dir = trace_dir
+        self._trace: list[list[Any]] = []
+        self._lock = threading.Lock()
+        #: add(record): the hot path's one call
+        self.add: Callable[[list[Any]], None] = self.ring.append
+        if trace_dir:
+            self.add = self._add_traced
+            _TRACING.append(self)
+
+    def _add_traced(self, rec: list[Any]) -> None:
+        self.ring.append(rec)
+        self._trace.append(rec)
+        if len(self._trace) >= TRACE_BATCH:
+            self.flush_trace()
+
+    def p2p(self, kind: int, peer: int, tag: int, dtype: int, nbytes: int) -> list[Any]:
+        """The record of a send or receive (started now)."""
+        self.p2p_seq += 1
+        rec = [kind, self.p2p_seq, (peer, tag, dtype, nbytes), "", 0, now_ns(), 0, None, None,
+               None]
+        self.add(rec)
+        return rec
+
+    @property
+    def world_rank(self) -> int:
+        return self.world_ranks[self.rank]
+
+    # --- output -------------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
+        return [record_json(r, self.offset_ns) for r in list(self.ring)]
+
+    def flush_trace(self, final: bool = False) -> None:
+        """Write the finished records of the trace (all of them if ``final``)."""
+        with self._lock:
+            done = [r for r in self._trace if final or r[T_END] or r[STATE] is not None]
+            if not done:
+                return
+            keep = [] if final else [r for r in self._trace if not (r[T_END] or r[STATE])]
+            self._trace = keep
+        path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
+        with contextlib.suppress(OSError):
+            os.makedirs(self.trace_dir, exist_ok=True)
+            mode = "a" if path in _OPENED else "w"
+            _OPENED.add(path)
+            with open(path, mode) as f:
+                for r in done:
+                    f.write(json.dumps(trace_event(r, self)) + "\n")
+
+
+#: recorders that trace (written out at exit); trace files this process has started
+_TRACING: list[FlightRecorder] = []
+_OPENED: set[str] = set()
+
+
+@atexit.register
+def _flush_traces() -> None:
+    for fr in _TRACING:
+        with contextlib.suppress(Exception):
+            fr.flush_trace(final=True)
+
+
+def _dtype_name(code: int) -> str:
+    dt = DTYPE_BY_CODE.get(code)
+    return dt.name if dt is not None else str(code)
+
+
+def _state(r: list[Any]) -> str:
+    if r[STATE] is not None:
+        return str(r[STATE])
+    if r[T_END]:
+        return "done"
+    return "started" if r[T_START] else "queued"
+
+
+def _us(t: int, offset: int) -> float | None:
+    return None if not t else round((t + offset) / 1000, 3)
+
+
+def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
+    """One record as a dict: what a dump holds (see the module documentation)."""
+    out: dict[str, Any]
+    if r[KIND] == COLL:
+        d: Desc = r[INFO]
+        dt = DTYPE_BY_CODE.get(d.dtype)
+        out = {"kind": coll_name(d.collective), "seq": r[SEQ], "what": describe(r[SEQ], d),
+               "count": d.elems, "bytes": d.elems * dt.itemsize if dt else 0,
+               "dtype": _dtype_name(d.dtype) if d.dtype else None,
+               "algorithm": r[ALGO] or None, "path": _PATHS[d.path & 3]}
+        if d.op and d.op in ReduceOp._value2member_map_:
+            out["op"] = ReduceOp(d.op).name
+        if out["kind"] in ("broadcast", "reduce", "scatter", "gather"):
+            out["root"] = d.root
+        if d.rejected:
+            out["rejected"] = True
+    else:
+        peer, tag, dtype, nbytes = r[INFO]
+        kind = "send" if r[KIND] == SEND else "recv"
+        out = {"kind": kind, "seq": r[SEQ], "peer": peer, "tag": tag, "bytes": nbytes,
+               "dtype": _dtype_name(dtype),
+               "what": f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} (tag {tag})"}
+    out["state"] = _state(r)
+    out["t_queued_us"] = _us(r[T_QUEUED], offset)
+    out["t_start_us"] = _us(r[T_START], offset)
+    out["t_end_us"] = _us(r[T_END], offset)
+    if r[ERROR] is not None:
+        out["error"] = r[ERROR]
+    if r[WAITING] is not None:
+        out["waiting_on"] = r[WAITING]
+    return out
+
+
+def failed(rec: list[Any] | None, exc: BaseException) -> None:
+    """Mark ``rec`` failed with ``exc`` (and whom a timed-out wait waited for)."""
+    if rec is None or rec[STATE] is not None:
+        return
+    rec[STATE] = FAILED
+    rec[ERROR] = f"{type(exc).__name__}: {exc}"
+    on = getattr(exc, "waiting_on", None)
+    if on is not None:
+        rec[WAITING] = list(on)
+
+
+def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
+    """One record as a Chrome trace event (``ph: X``, one row per rank)."""
+    j = record_json(r, fr.offset_ns)
+    start = j["t_start_us"] or j["t_queued_us"] or 0.0
+    end = j["t_end_us"] or start
+    args: dict[str, Any] = {"seq": j["seq"], "bytes": j["bytes"], "state": j["state"],
+                            "comm": ",".join(map(str, fr.world_ranks))}
+    if r[KIND] == COLL:
+        args.update(algorithm=j["algorithm"], path=j["path"], count=j["count"],
+                    dtype=j["dtype"], peers=fr.world_ranks)
+        name = j["what"].split(" (")[0]
+        cat = "collective"
+    else:
+        args.update(peers=[fr.world_ranks[j["peer"]]], tag=j["tag"], dtype=j["dtype"])
+        name = j["what"]
+        cat = "p2p"
+    if "error" in j:
+        args["error"] = j["error"]
+    return {"name": name, "cat": cat, "ph": "X", "ts": start, "dur": round(end - start, 3),
+            "pid": 0, "tid": fr.world_rank, "args": args}
+
+
+# --- dumps ---------------------------------------------------------------------------------
+
+
+def _live() -> list[Communicator]:
+    from .comm import _LIVE
+
+    return sorted(_LIVE, key=lambda c: c._created)
+
+
+def comm_json(c: Communicator) -> dict[str, Any]:
+    """One communicator's part of a dump."""
+    fr = c._fr
+    out: dict[str, Any] = {"ranks": c._world_ranks, "rank": c.rank, "size": c.size,
+                           "seq": c._seq, "broken": c._broken,
+                           "ops": fr.records() if fr is not None else []}
+    return out
+
+
+def dump(reason: str, comms: Iterable[Communicator] | None = None,
+         directory: str | None = None) -> str | None:
+    """Write this process's flight recorders to ``DIR/rank-R.json``; return the path.
+
+    ``comms``: the communicators to write (default: every live one of the
+    process); ``directory``: default the communicators' ``dump_dir`` setting.
+    Never raises (a dump runs while something else already went wrong).
+    """
+    global _failure_dumped
+    on_demand = reason.startswith("SIGUSR1")
+    if on_demand and _failure_dumped:
+        return None   # this process is failing: its dump says why, and it is on its way out
+    try:
+        cs = list(_live() if comms is None else comms)
+        if not cs:
+            return None
+        directory = directory or cs[0].settings.dump_dir
+        if not directory:
+            return None
+        world = cs[0]._world_ranks[cs[0].rank]
+        waits = []
+        from .wait import WAITS
+
+        for ident, w in list(WAITS.items()):
+            on = w.waiting_on()
+            if on:
+                waits.append({"thread": ident, "what": w.what(), "waiting_on": on})
+        doc = {"format": FORMAT, "rank": world, "pid": os.getpid(), "host": socket.gethostname(),
+               "job": cs[0].job_id, "reason": reason, "time_unix": time.time(),
+               "now_us": _us(now_ns(), cs[0]._fr.offset_ns if cs[0]._fr else 0),
+               "waits": waits, "comms": [comm_json(c) for c in cs]}
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"rank-{world}.json")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+        _failure_dumped = _failure_dumped or not on_demand
+        return path
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
+_installed = False
+_failure_dumped = False
+
+
+def install_signal(comm: Communicator) -> None:
+    """Dump on SIGUSR1 (once per process, in the main thread, if the program has no SIGUSR1
+    handler of its own); ``DIR/rank-R.signal`` (the pid) tells ``ringlet run`` it may ask."""
+    global _installed
+    directory = comm.settings.dump_dir
+    sig = getattr(signal, "SIGUSR1", None)
+    if _installed or not directory or sig is None or \
+            threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+        return
+    signal.signal(sig, lambda signum, frame: dump("SIGUSR1 (on demand)"))
+    _installed = True
+    marker = os.path.join(directory, f"rank-{comm._world_ranks[comm.rank]}.signal")
+    pid = os.getpid()
+    with contextlib.suppress(OSError):
+        os.makedirs(directory, exist_ok=True)
+        with open(marker, "w") as f:
+            f.write(str(pid))
+
+    def at_exit() -> None:
+        # ignored from here on: when Python finalizes it restores SIGUSR1's default action,
+        # which would kill a rank that ringlet run asks for a dump as it exits
+        if os.getpid() == pid:
+            signal.signal(sig, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.remove(marker)
+
+    atexit.register(at_exit)

@@ -1,0 +1,123 @@
+"""A job's Chrome trace: the ranks' trace files merged, and the arrival skew of its collectives.
+
+With ``RINGLET_TRACE=DIR`` (``ringlet run --trace DIR`` sets it) every rank
+writes its operations to ``DIR/rank-R.trace.jsonl`` (:mod:`ringlet.recorder`).
+:func:`merge` joins them into ``DIR/trace.json`` in the Chrome trace event
+format (``{"traceEvents": [...]}``: one ``ph: "X"`` event per operation, one
+row (``tid``) per rank, named by metadata events), which Perfetto and
+``chrome://tracing`` open.  Times are microseconds of ``CLOCK_MONOTONIC``,
+which the processes of one host share; a rank on another node adds the
+offset to rank 0's clock measured when its communicator started.
+
+A collective's events of every rank start when that rank arrived (entered
+the call, before the agreement step); the spread of those starts is the
+collective's *arrival skew*, the last rank to arrive is its straggler, and
+``last arrival - own arrival`` is the time a rank waited for the others.
+:func:`skew` sums that up; ``trace.json`` carries it in ``otherData.skew``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from typing import Any
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
+
+
+def read(directory: str) -> list[dict[str, Any]]:
+    """Every event of the ranks' ``rank-R.trace.jsonl`` files in ``directory``."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(glob.glob(os.path.join(directory, "rank-*.trace.jsonl"))):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        events.append(json.loads(line))
+                    except ValueError:
+                        continue   # a line cut short by a rank that was killed
+    return events
+
+
+def skew(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Arrival skew of the collectives that every rank of their communicator traced."""
+    groups: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for e in events:
+        if e.get("cat") != "collective":
+            continue
+        a = e["args"]
+        groups.setdefault((a["comm"], int(a["seq"])), {})[int(e["tid"])] = e
+    skews: list[tuple[float, str, int]] = []
+    last: dict[int, int] = {}
+    waited: dict[int, float] = {}
+    for (comm, _), by_rank in groups.items():
+        members = [int(q) for q in comm.split(",")]
+        if len(members) < 2 or len(by_rank) < len(members):
+            continue
+        arrive = {q: float(e["ts"]) for q, e in by_rank.items()}
+        latest = max(arrive.values())
+        slow = max(arrive, key=lambda q: arrive[q])
+        skews.append((latest - min(arrive.values()), by_rank[slow]["name"], slow))
+        last[slow] = last.get(slow, 0) + 1
+        for q, t in arrive.items():
+            waited[q] = waited.get(q, 0.0) + latest - t
+    if not skews:
+        return {"collectives": 0}
+    worst = max(skews)
+    slowest = max(last, key=lambda q: last[q])
+    return {"collectives": len(skews),
+            "median_us": round(statistics.median(s for s, _, _ in skews), 3),
+            "worst_us": round(worst[0], 3), "worst_call": worst[1], "worst_last_rank": worst[2],
+            "slowest_rank": slowest, "slowest_last_in": last[slowest],
+            "last_to_arrive": {str(q): n for q, n in sorted(last.items())},
+            "waiting_us": {str(q): round(w, 3) for q, w in sorted(waited.items())}}
+
+
+def skew_text(s: dict[str, Any]) -> str:
+    """The skew summary in one line."""
+    n = s["collectives"]
+    if not n:
+        return "no collective was traced by every rank of its communicator"
+    waiting = ", ".join(f"rank {q} {_fmt_us(w)}" for q, w in s["waiting_us"].items())
+    return (f"arrival skew over {n} collectives: median {_fmt_us(s['median_us'])}, worst "
+            f"{_fmt_us(s['worst_us'])} ({s['worst_call']}, rank {s['worst_last_rank']} last); "
+            f"slowest to arrive: rank {s['slowest_rank']} (last in {s['slowest_last_in']} of "
+            f"{n}); waiting for others: {waiting}")
+
+
+def merge(directory: str) -> tuple[str, dict[str, Any], int]:
+    """Write ``directory/trace.json`` from the ranks' files; (its path, the skew, events)."""
+    events = read(directory)
+    ranks = sorted({int(e["tid"]) for e in events})
+    meta: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+                                   "args": {"name": "ringlet job"}}]
+    for q in ranks:
+        meta.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": q,
+                     "args": {"name": f"rank {q}"}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": q,
+                     "args": {"sort_index": q}})
+    s = skew(events)
+    path = os.path.join(directory, "trace.json")
+    with open(path, "w") as f:
+        json.dump({"traceEvents": meta + sorted(events, key=lambda e: (e["tid"], e["ts"])),
+                   "displayTimeUnit": "ms", "otherData": {"skew": s}}, f)
+    return path, s, len(events)
+
+
+def clear(directory: str) -> None:
+    """Remove the ranks' trace files of an earlier job in ``directory``."""
+    for path in glob.glob(os.path.join(directory, "rank-*.trace.jsonl")) + \
+            [os.path.join(directory, "trace.json")]:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
