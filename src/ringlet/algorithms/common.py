@@ -43,6 +43,14 @@ def messages(src: np.ndarray | int, dst: np.ndarray | int, chunks: np.ndarray | 
     return {"src": s.ravel(), "dst": d.ravel(), "chunks": c.ravel(), "reduce": r.ravel()}
 
 
+def frozen(m: Messages) -> Messages:
+    """``m`` with read-only vectors: for closed forms that hand out the same vectors for
+    many rounds (the simulator recognises them), so no caller can change them."""
+    for v in m.values():
+        v.flags.writeable = False
+    return m
+
+
 def no_messages() -> Messages:
     return messages(np.zeros(0, np.int64), np.zeros(0, np.int64))
 

@@ -74,7 +74,7 @@ from ..schedule import (
     send,
 )
 from . import register
-from .common import Messages, check_pieces, lg, messages, no_messages
+from .common import Messages, check_pieces, frozen, lg, messages, no_messages
 from .tree import SEND, binomial_down, binomial_up, down_senders, up_senders
 
 OUT, IN, TMP = Buf.OUT, Buf.IN, Buf.TMP
@@ -168,11 +168,16 @@ def _phases(n: int, g: int, phases: list[tuple[int, str, int, bool]]
     r = np.arange(n, dtype=np.int64)
     G = n // g
     peer = {"right": (r // g) * g + (r % g + 1) % g, "up": ((r // g + 1) % G) * g + r % g}
+    # one set of vectors per phase, built once: every round of a phase returns the same
+    # arrays, which lets the simulator recognise the round it has already costed
+    made: dict[int, Messages] = {}
 
     def rounds(t: int) -> Messages:
-        for length, where, chunks, reduce in phases:
+        for k, (length, where, chunks, reduce) in enumerate(phases):
             if t < length:
-                return messages(r, peer[where], chunks, reduce)
+                if k not in made:
+                    made[k] = frozen(messages(r, peer[where], chunks, reduce))
+                return made[k]
             t -= length
         return no_messages()
 

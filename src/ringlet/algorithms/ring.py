@@ -18,22 +18,20 @@ import numpy as np
 
 from ..schedule import Buf, Layout, Schedule, Step, copy, empty_rounds, recv, recv_reduce, send
 from . import register
-from .common import Messages, check_pieces, messages
+from .common import Messages, check_pieces, frozen, messages
 
 
 def ring_rounds(n: int, reducing_rounds: int) -> Callable[[int], Messages]:
     """Closed form of a ring's rounds: every rank sends one chunk to its right
     neighbour; the first ``reducing_rounds`` rounds are reduced on arrival."""
     src = np.arange(n, dtype=np.int64)
-    dst = (src + 1) % n
-    ones = np.ones(n, np.int64)
-    flags = np.ones(n, bool), np.zeros(n, bool)
+    # two sets of vectors for all the rounds (see common.frozen)
+    reducing, passing = (frozen(messages(src, (src + 1) % n, 1, flag)) for flag in (True, False))
 
     def rounds(i: int) -> Messages:
         if n == 1:
-            return messages(src[:0], dst[:0])
-        return {"src": src, "dst": dst, "chunks": ones,
-                "reduce": flags[0] if i < reducing_rounds else flags[1]}
+            return messages(src[:0], src[:0])
+        return reducing if i < reducing_rounds else passing
 
     return rounds
 

@@ -1,0 +1,312 @@
+"""The simulator's core: a schedule's rounds run over a :class:`~ringlet.sim.topology.Topology`.
+
+Time is kept per rank: ``t[r]`` is when rank ``r`` is done with the rounds so
+far.  A round's messages come from the schedule's closed form
+(:meth:`~ringlet.schedule.Schedule.round_arrays`), as vectors, and every rank
+advances at once (numpy), so a round of 16,384 ranks costs a few vector
+operations.  For every message of round ``i`` from ``s`` to ``d``:
+
+* it leaves at ``t[s] + o + j * max(o, g)``, the ``j``-th message of its sender
+  in the round (LogGP's overhead ``o`` and gap ``g``: ``p - 1`` messages cost
+  ``p - 1`` overheads);
+* it arrives ``latency + bytes / share`` later, where ``share`` is its part of
+  the most contended link on its path: the messages of a round that use a link
+  (a rank's port, a NIC, a leaf switch's uplinks) share its bandwidth, as if
+  they ran at once;
+* the sender is done with it when it has arrived (a rendezvous: NCCL reuses a
+  step's buffer slot only once the receiver has it, so its tuner charges a
+  latency per step), the receiver when it has arrived and, if the receiver
+  reduces it, after ``gamma * bytes`` more (reductions of one round are serial).
+
+A rank finishes round ``i`` at the latest of its start, its sends' ends and its
+receives' ends.  So ranks are not in lockstep: a chain or a tree pipelines
+pieces round after round as far as the data allows, and a late rank delays
+exactly the ranks that wait for its data (a ring all-reduce is as slow as its
+slowest link).
+
+Stragglers start late (``{rank: seconds}``).  Noise is seeded: with
+``jitter=SIGMA`` each message's time (latency and transfer) is multiplied by
+``exp(SIGMA * |Z|)``, ``Z`` standard normal drawn from
+``numpy.random.default_rng(seed)``: a folded lognormal, at least 1, so noise
+only ever slows a message down and, the recurrence being monotone, never makes
+a run faster than without it.  The same seed gives the same answer; there is
+no global state.
+
+What it leaves out: messages of different rounds do not contend (a slow
+round's traffic does not steal bandwidth from the next), reductions a rank
+does without a message (a local ``reduce`` step) cost nothing, and links are
+shared max-min fairly only in the sense above (each message gets its share of
+its most loaded link for its whole duration).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError
+from ..schedule import Schedule
+from .topology import Topology
+
+#: Round patterns kept (a pattern holds its arrays, so ids in the cache stay unique).
+PATTERN_CACHE = 64
+#: The most rank-rounds a trace may record (a Chrome trace beyond that will not open).
+TRACE_LIMIT = 2_000_000
+
+
+@dataclass
+class Result:
+    """One simulated run."""
+
+    collective: str
+    algorithm: str
+    nranks: int
+    nbytes: float                 # the collective's size (what --bytes said)
+    seconds: float                # the last rank's finish time, from the start at 0
+    finish: np.ndarray            # per rank: when it finished
+    rounds: int                   # rounds with at least one message
+    messages: int                 # messages sent, all ranks
+    bytes_moved: float            # bytes sent, all ranks
+    wall: float                   # seconds the simulation took
+    params: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collective": self.collective, "algorithm": self.algorithm,
+                "nranks": self.nranks, "nbytes": self.nbytes, "seconds": self.seconds,
+                "rounds": self.rounds, "messages": self.messages,
+                "bytes_moved": self.bytes_moved, "slowest_rank": int(np.argmax(self.finish)),
+                "params": dict(self.params), "wall_seconds": self.wall}
+
+
+@dataclass
+class _Pattern:
+    """What a round's messages cost, before anyone's clock is known."""
+
+    arrays: tuple[np.ndarray, ...]     # the round's arrays (kept alive: see PATTERN_CACHE)
+    src: np.ndarray
+    dst: np.ndarray
+    leave: np.ndarray                  # per message: LogGP offset of its departure
+    latency: np.ndarray
+    transfer: np.ndarray               # bytes over its share of its most loaded link
+    reduce_dst: np.ndarray             # per receiver (in `rdst` order): reduction seconds
+    shift: int                         # -1, or k if src = 0..n-1 and dst = src + k
+    sdst: np.ndarray                   # unique senders / receivers and how to group them
+    rdst: np.ndarray
+    sorder: np.ndarray | None
+    sstarts: np.ndarray | None
+    rorder: np.ndarray | None
+    rstarts: np.ndarray | None
+    nbytes: float
+    reduce_rank: np.ndarray | None = None   # shift patterns: reduction seconds per rank
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(unique keys, order, starts) to reduce per key with ``reduceat``; order None if
+    every key occurs once (then the messages are already one per key)."""
+    if len(np.unique(keys)) == len(keys):
+        return keys, None, None
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    return k[starts], order, starts
+
+
+class _Network:
+    """A topology laid over ``n`` ranks: link ids and capacities (see the module docs)."""
+
+    def __init__(self, topo: Topology, n: int) -> None:
+        self.topo, self.n = topo, n
+        g = topo.gpus_per_node if topo.inter is not None and 0 < topo.gpus_per_node < n else 0
+        self.g = g
+        self.two = g > 0
+        if not self.two:
+            return
+        inter = topo.inter
+        assert inter is not None
+        nodes = -(-n // g)
+        nics = topo.nics
+        self.nics = nics
+        self.nic_slots = nodes * nics
+        rails = topo.rails and topo.nodes_per_leaf > 0
+        self.rails = rails
+        per_leaf = topo.nodes_per_leaf or nodes
+        self.per_leaf = per_leaf
+        nleaves = -(-nodes // per_leaf) * (nics if rails else 1)
+        self.nleaves = nleaves
+        nic_bw = inter.bandwidth
+        leaf_nics = per_leaf * (1 if rails else nics)
+        self.leaf_bw = leaf_nics * nic_bw / topo.oversubscription
+
+    def transfer(self, src: np.ndarray, dst: np.ndarray, nb: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, transfer seconds) of every message of one round."""
+        topo, n = self.topo, self.n
+        intra_bw = topo.intra.bandwidth
+        if not self.two:
+            out = np.bincount(src, nb, n) / intra_bw
+            inn = np.bincount(dst, nb, n) / intra_bw
+            return (np.full(len(src), topo.intra.alpha),
+                    np.maximum(out[src], inn[dst]))
+        inter = topo.inter
+        assert inter is not None
+        g = self.g
+        ns, nd = src // g, dst // g
+        cross = ns != nd
+        lat = np.where(cross, inter.alpha, topo.intra.alpha)
+        # the intra ports
+        w_in = np.where(cross, 0.0, nb)
+        t_intra = np.maximum((np.bincount(src, w_in, n) / intra_bw)[src],
+                             (np.bincount(dst, w_in, n) / intra_bw)[dst])
+        # the NICs
+        w_x = nb - w_in
+        nic_s = ns * self.nics + (src % g) * self.nics // g
+        nic_d = nd * self.nics + (dst % g) * self.nics // g
+        bw = inter.bandwidth
+        t_nic = np.maximum((np.bincount(nic_s, w_x, self.nic_slots) / bw)[nic_s],
+                           (np.bincount(nic_d, w_x, self.nic_slots) / bw)[nic_d])
+        # the leaves' uplinks and downlinks
+        if self.topo.nodes_per_leaf:
+            if self.rails:
+                ls = (ns // self.per_leaf) * self.nics + nic_s % self.nics
+                ld = (nd // self.per_leaf) * self.nics + nic_d % self.nics
+            else:
+                ls, ld = ns // self.per_leaf, nd // self.per_leaf
+            w_l = np.where(ls != ld, w_x, 0.0)
+            t_leaf = np.maximum((np.bincount(ls, w_l, self.nleaves) / self.leaf_bw)[ls],
+                                (np.bincount(ld, w_l, self.nleaves) / self.leaf_bw)[ld])
+            t_nic = np.where(w_l > 0, np.maximum(t_nic, t_leaf), t_nic)
+        return lat, np.where(cross, t_nic, t_intra)
+
+
+class Simulator:
+    """Runs one schedule at one size over one topology (see the module docs)."""
+
+    def __init__(self, schedule: Schedule, unit_bytes: float, topology: Topology) -> None:
+        self.schedule = schedule
+        self.chunk_bytes = schedule.chunk_elements(unit_bytes)
+        self.topology = topology
+        self.net = _Network(topology, schedule.nranks)
+        self._patterns: OrderedDict[tuple[int, ...], _Pattern] = OrderedDict()
+
+    def pattern(self, ra: Mapping[str, np.ndarray]) -> _Pattern:
+        arrays = (ra["src"], ra["dst"], ra["chunks"], ra["reduce"])
+        key = tuple(id(a) for a in arrays)
+        got = self._patterns.get(key)
+        if got is not None:
+            self._patterns.move_to_end(key)
+            return got
+        src, dst, chunks, red = arrays
+        n, topo = self.schedule.nranks, self.topology
+        nb = chunks * self.chunk_bytes
+        lat, xfer = self.net.transfer(src, dst, nb)
+        step = max(topo.overhead, topo.gap)
+        if topo.overhead or step:
+            # j-th message of its sender in the round
+            order = np.argsort(src, kind="stable")
+            s = src[order]
+            first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+            j = np.empty(len(src), np.int64)
+            j[order] = np.arange(len(src)) - np.repeat(first, np.diff(np.r_[first, len(s)]))
+            leave = topo.overhead + j * step
+        else:
+            leave = np.zeros(len(src))
+        sdst, sorder, sstarts = _groups(src)
+        rdst, rorder, rstarts = _groups(dst)
+        gamma = topo.intra.gamma
+        red_bytes = np.bincount(dst, np.where(red, nb, 0.0), n)[rdst] if gamma else \
+            np.zeros(len(rdst))
+        shift = -1
+        if len(src) == n and n > 1 and sorder is None and rorder is None \
+                and np.array_equal(src, np.arange(n)):
+            k = int((dst[0] - src[0]) % n)
+            if np.array_equal(dst, (src + k) % n):
+                shift = k
+        p = _Pattern(arrays, src, dst, leave, lat, xfer, red_bytes * gamma, shift, sdst, rdst,
+                     sorder, sstarts, rorder, rstarts, float(nb.sum()))
+        if shift >= 0 and gamma and red.any():
+            p.reduce_rank = np.zeros(n)
+            p.reduce_rank[rdst] = p.reduce_dst
+        self._patterns[key] = p
+        if len(self._patterns) > PATTERN_CACHE:
+            self._patterns.popitem(last=False)
+        return p
+
+    def run(self, stragglers: Mapping[int, float] | None = None, jitter: float = 0.0,
+            seed: int = 0, progress: Callable[[int, int], None] | None = None,
+            trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None,
+            nbytes: float = 0.0) -> Result:
+        """Simulate once.  ``trace``, if given, receives ``(round, ranks, start, end)`` for
+        every round (ranks with a message in it)."""
+        s = self.schedule
+        n, R = s.nranks, s.nrounds
+        if not (math.isfinite(jitter) and jitter >= 0):
+            raise ArgumentError(f"jitter sigma must be a number >= 0, got {jitter!r}")
+        if trace is not None and n * R > TRACE_LIMIT:
+            raise ArgumentError(
+                f"a trace of {n} ranks x {R} rounds would hold {n * R:,} events (limit "
+                f"{TRACE_LIMIT:,}); trace a smaller job")
+        rng = np.random.default_rng(seed)
+        wall = time.perf_counter()
+        t = np.zeros(n)
+        for r, delay in (stragglers or {}).items():
+            if not 0 <= r < n:
+                raise ArgumentError(f"straggler rank {r} is out of range (0..{n - 1})")
+            if not (math.isfinite(delay) and delay >= 0):
+                raise ArgumentError(f"straggler delay must be >= 0 seconds, got {delay!r}")
+            t[r] += delay
+        rounds = messages = 0
+        moved = 0.0
+        every = max(1, R // 100)
+        for i in range(R):
+            if progress is not None and i % every == 0:
+                progress(i, R)
+            ra = s.round_arrays(i)
+            if not len(ra["src"]):
+                continue
+            p = self.pattern(ra)
+            rounds += 1
+            messages += len(p.src)
+            moved += p.nbytes
+            lat, xfer = p.latency, p.transfer
+            if jitter:
+                f = np.exp(jitter * np.abs(rng.standard_normal(len(p.src))))
+                lat, xfer = lat * f, xfer * f
+            before = t.copy() if trace is not None else None
+            if p.shift >= 0:
+                # every rank sends to rank + k: shifts instead of gathers
+                k = p.shift
+                sent = t + p.leave
+                arrive = sent + (lat + xfer)
+                got = np.empty(n)
+                got[k:], got[:k] = arrive[:n - k], arrive[n - k:]
+                got = np.maximum(t, got)
+                if p.reduce_rank is not None:
+                    got += p.reduce_rank
+                t = np.maximum(arrive, got)
+            else:
+                ts = t[p.src] + p.leave
+                arrive = done = ts + (lat + xfer)
+                new = t.copy()
+                if p.sorder is not None and p.sstarts is not None:
+                    done = np.maximum.reduceat(done[p.sorder], p.sstarts)
+                new[p.sdst] = np.maximum(new[p.sdst], done)
+                got = arrive
+                if p.rorder is not None and p.rstarts is not None:
+                    got = np.maximum.reduceat(arrive[p.rorder], p.rstarts)
+                new[p.rdst] = np.maximum(new[p.rdst],
+                                         np.maximum(t[p.rdst], got) + p.reduce_dst)
+                t = new
+            if trace is not None and before is not None:
+                active = np.union1d(p.sdst, p.rdst)
+                trace.append((i, active, before[active], t[active]))
+        if progress is not None:
+            progress(R, R)
+        return Result(s.collective, s.algorithm, n, nbytes, float(t.max()) if n else 0.0, t,
+                      rounds, messages, moved, time.perf_counter() - wall, dict(s.params))
+

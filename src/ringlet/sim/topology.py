@@ -1,0 +1,85 @@
+"""What the simulated ranks are connected by: links, NICs, rails and a two-level fat-tree.
+
+Rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node`` (one
+node holding every rank when ``gpus_per_node`` is 0).  A message between two
+ranks of a node uses the ``intra`` link: the sender's port out and the
+receiver's port in, each of ``intra.bandwidth`` per direction.  Any other
+message leaves through a NIC of the sender's node and enters through a NIC of
+the receiver's: GPU ``i`` uses NIC ``i * nics_per_node // gpus_per_node``, so
+with fewer NICs than GPUs several GPUs share one (each NIC has
+``inter.bandwidth`` per direction).
+
+Nodes hang off leaf switches, ``nodes_per_leaf`` per leaf (0: one
+non-blocking switch).  A message between leaves climbs its leaf's uplink and
+descends the other's downlink; a leaf's uplinks together carry what its NICs
+can send, divided by ``oversubscription`` (1: a full fat-tree, 2: half the
+bandwidth up, ...).  With ``rails`` the fabric is rail-optimised: NIC ``k`` of
+every node plugs into rail ``k``'s leaves, so a message from NIC k to NIC k
+stays on its rail's leaf while one between different NICs crosses the spine.
+
+Costs per message are LogGP's: the sender spends ``overhead`` seconds
+posting each message and consecutive messages of a rank leave at least
+``gap`` seconds apart; the message then takes the link's latency plus its
+bytes over its share of the bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cost.model import Link, Profile
+from ..errors import ArgumentError
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The links of a simulated job (see the module docs)."""
+
+    intra: Link
+    inter: Link | None = None
+    gpus_per_node: int = 0
+    nics_per_node: int = 0          # 0: one NIC per GPU
+    rails: bool = False
+    nodes_per_leaf: int = 0         # 0: every node on one non-blocking switch
+    oversubscription: float = 1.0
+    overhead: float = 0.0           # LogGP o: seconds a sender spends per message
+    gap: float = 0.0                # LogGP g: least seconds between a rank's messages
+
+    def __post_init__(self) -> None:
+        if self.inter is not None and self.gpus_per_node < 1:
+            raise ArgumentError("a two-level topology needs gpus_per_node >= 1, "
+                                f"got {self.gpus_per_node}")
+        for name in ("gpus_per_node", "nics_per_node", "nodes_per_leaf"):
+            if getattr(self, name) < 0:
+                raise ArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.nics_per_node > max(self.gpus_per_node, 1):
+            raise ArgumentError(f"nics_per_node ({self.nics_per_node}) cannot exceed the GPUs "
+                                f"per node ({self.gpus_per_node})")
+        if not self.oversubscription >= 1:
+            raise ArgumentError(
+                f"oversubscription is a ratio >= 1 (1: full bisection), got "
+                f"{self.oversubscription!r}")
+        if self.overhead < 0 or self.gap < 0:
+            raise ArgumentError("overhead and gap must be >= 0 seconds")
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **kw: object) -> Topology:
+        """The topology of a cost-model :class:`~ringlet.cost.model.Profile` (its links and
+        ranks per node), with the simulator's own options in ``kw``."""
+        return cls(profile.intra, profile.inter,
+                   profile.gpus_per_node if profile.inter is not None else 0,
+                   **kw)  # type: ignore[arg-type]
+
+    @property
+    def nics(self) -> int:
+        """NICs per node."""
+        return self.nics_per_node or max(self.gpus_per_node, 1)
+
+    def describe(self) -> str:
+        if self.inter is None:
+            return f"one level: {self.intra.bandwidth / 1e9:.4g} GB/s, alpha {self.intra.alpha:g} s"
+        fabric = ("one non-blocking switch" if not self.nodes_per_leaf else
+                  f"{self.nodes_per_leaf} nodes per leaf, {self.oversubscription:g}:1 "
+                  f"oversubscribed{', rail-optimised' if self.rails else ''}")
+        return (f"{self.gpus_per_node} ranks per node on {self.intra.bandwidth / 1e9:.4g} GB/s, "
+                f"{self.nics} NICs of {self.inter.bandwidth / 1e9:.4g} GB/s per node, {fabric}")
