@@ -1,0 +1,241 @@
+"""``ringlet simulate``: run an algorithm's schedule through the simulator, at any scale.
+
+::
+
+    ringlet simulate all_reduce --bytes 1GB --link dgx_h100 --nodes 2048 --algorithm ring
+    ringlet simulate all_reduce --bytes 256MB --ranks 512 --bandwidth 50GB/s --latency 5us \\
+        --straggler 7:10ms --jitter lognormal:0.2 --seed 1 --trace ring.json
+
+The link and shape options are ``ringlet predict``'s (:func:`ringlet.cost.cli.add_link_options`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+
+from ..algorithms import algorithms as registered_algorithms
+from ..algorithms import canonical
+from ..cost.cli import _params, add_link_options, resolve_links, resolve_ranks
+from ..cost.model import Profile, predict
+from ..cost.units import format_bytes, format_seconds, parse_size, parse_time
+from ..errors import ArgumentError
+from ..schedule import COLLECTIVES, ROOTED
+from . import simulate
+from .core import Result
+from .topology import Topology
+
+#: Algorithms that send every rank's data to every other rank in one round: p (p-1)
+#: messages a round, which the simulator holds in memory; skipped above this many.
+ALL_PAIRS = frozenset({"naive", "direct", "oneshot"})
+ALL_PAIRS_LIMIT = 1 << 24
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``ringlet simulate``'s options."""
+    p.description = textwrap.fill(
+        "Simulate a collective with ringlet's own schedules over a topology: links with "
+        "bandwidth and latency, NICs per node, rails, a two-level fat-tree with "
+        "oversubscription, per-message overheads, stragglers and seeded noise. Prints the "
+        "simulated time per algorithm, fastest first.")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (
+        "examples:\n"
+        "  ringlet simulate all_reduce --bytes 1GB --link dgx_h100 --nodes 2048 "
+        "--algorithm ring --algorithm hierarchical\n"
+        "  ringlet simulate all_reduce --bytes 64MB --ranks 512 --bandwidth 50GB/s "
+        "--latency 5us --straggler 7:10ms\n"
+        "  ringlet simulate all_reduce --bytes 64MB --ranks 64 --bandwidth 50GB/s "
+        "--jitter lognormal:0.3 --seed 2 --trace run.json   # open in ui.perfetto.dev\n"
+        "sizes: --bytes as in ringlet predict (nccl-tests' size). Without contention, "
+        "stragglers or jitter the simulator agrees with ringlet predict's link model.")
+    p.add_argument("collective", choices=list(COLLECTIVES), help="the collective")
+    p.add_argument("--bytes", metavar="SIZE", dest="nbytes", required=True,
+                   help="size in bytes: 1GB (10^9), 1GiB (2^30), 25MiB, 4096")
+    p.add_argument("--ranks", type=int, metavar="N", help="number of ranks")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--root", type=int, default=0, help="root of rooted collectives (default 0)")
+    p.add_argument("--algorithm", action="append", metavar="NAME",
+                   help="only these algorithms (repeatable; default: every registered one "
+                        "but the naive oracle)")
+    p.add_argument("--param", action="append", metavar="NAME=INT",
+                   help="fix an algorithm parameter where it exists, e.g. pieces=8 or group=8")
+    s = p.add_argument_group("disturbances")
+    s.add_argument("--straggler", action="append", metavar="RANK:DELAY", default=[],
+                   help="rank RANK starts DELAY late, e.g. 7:10ms (repeatable)")
+    s.add_argument("--jitter", metavar="lognormal:SIGMA",
+                   help="multiply every message's time by exp(SIGMA |Z|), Z standard normal "
+                        "(never faster than without noise)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    f = p.add_argument_group("fabric", "beyond ringlet predict's links (two levels only "
+                                       "for the NICs and the fat-tree)")
+    f.add_argument("--nics-per-node", type=int, default=0, metavar="K",
+                   help="NICs per node, shared by its GPUs (default: one per GPU)")
+    f.add_argument("--nodes-per-leaf", type=int, default=0, metavar="L",
+                   help="nodes per leaf switch of a two-level fat-tree (default 0: one "
+                        "non-blocking switch)")
+    f.add_argument("--oversubscription", type=float, default=1.0, metavar="RATIO",
+                   help="a leaf's downlinks over its uplinks, e.g. 2 for 2:1 (default 1)")
+    f.add_argument("--overhead", metavar="TIME", default="0",
+                   help="LogGP o: a sender's time per message, e.g. 1us (default 0)")
+    f.add_argument("--gap", metavar="TIME", default="0",
+                   help="LogGP g: least time between two messages of a rank (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print a JSON list, one object per "
+                                                       "algorithm")
+    o.add_argument("--trace", metavar="FILE",
+                   help="write a Chrome trace (chrome://tracing, ui.perfetto.dev): a process "
+                        "per algorithm, a row per rank, an event per round")
+    o.add_argument("--compare", action="store_true",
+                   help="also give ringlet predict's figure for the same algorithm and "
+                        "parameters")
+    add_link_options(p)
+
+
+def parse_straggler(text: str) -> tuple[int, float]:
+    rank, colon, delay = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        r = int(rank)
+    except ValueError:
+        raise ArgumentError(f"--straggler {text!r}: write RANK:DELAY, e.g. 7:10ms") from None
+    return r, parse_time(delay, "--straggler delay")
+
+
+def parse_jitter(text: str | None) -> float:
+    if not text:
+        return 0.0
+    kind, colon, sigma = text.partition(":")
+    try:
+        if kind.strip().lower() != "lognormal" or not colon:
+            raise ValueError
+        v = float(sigma)
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError
+    except ValueError:
+        raise ArgumentError(f"--jitter {text!r}: write lognormal:SIGMA with SIGMA >= 0, "
+                            f"e.g. lognormal:0.2") from None
+    return v
+
+
+def _progress(label: str) -> Any:
+    """A progress bar on stderr when it is a terminal; None (quiet) otherwise."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(i: int, total: int) -> None:
+        frac = i / total if total else 1.0
+        bar = "#" * int(30 * frac)
+        end = "\n" if i >= total else ""
+        sys.stderr.write(f"\r{label:<24} [{bar:<30}] {100 * frac:3.0f}%{end}")
+        sys.stderr.flush()
+
+    return show
+
+
+def trace_events(results: list[tuple[Result, list[Any]]]) -> dict[str, Any]:
+    """A Chrome trace: process per algorithm, thread per rank, an 'X' event per round."""
+    events: list[dict[str, Any]] = []
+    for pid, (res, rounds) in enumerate(results):
+        events.append({"name": "process_name", "ph": "M", "pid": pid,
+                       "args": {"name": f"{res.collective}/{res.algorithm}"}})
+        for r in range(res.nranks):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": r,
+                           "args": {"name": f"rank {r}"}})
+        for i, ranks, start, end in rounds:
+            for r, a, b in zip(ranks.tolist(), (start * 1e6).tolist(), (end * 1e6).tolist(),
+                               strict=True):
+                events.append({"name": f"round {i}", "ph": "X", "pid": pid, "tid": r,
+                               "ts": a, "dur": b - a})
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def main(args: argparse.Namespace) -> int:
+    links = resolve_links(args)
+    n = resolve_ranks(args, links)
+    profile: Profile = links.profile
+    nbytes = parse_size(args.nbytes, "--bytes")
+    if args.rails and not args.nodes_per_leaf:
+        raise ArgumentError("--rails in the simulator is a rail-optimised fat-tree: give "
+                            "--nodes-per-leaf too")
+    topo = Topology.from_profile(
+        profile, nics_per_node=args.nics_per_node, rails=bool(args.rails),
+        nodes_per_leaf=args.nodes_per_leaf, oversubscription=args.oversubscription,
+        overhead=parse_time(args.overhead, "--overhead"), gap=parse_time(args.gap, "--gap"))
+    stragglers: dict[int, float] = {}
+    for text in args.straggler:
+        rank, delay = parse_straggler(text)
+        stragglers[rank] = stragglers.get(rank, 0.0) + delay
+    jitter = parse_jitter(args.jitter)
+    params = _params(args.param)
+    names = [canonical(args.collective, a) for a in args.algorithm] if args.algorithm else \
+        [a for a in registered_algorithms(args.collective) if a != "naive"]
+    out: list[dict[str, Any]] = []
+    traced: list[tuple[Result, list[Any]]] = []
+    for name in names:
+        if name in ALL_PAIRS and args.collective not in ROOTED and n * (n - 1) > ALL_PAIRS_LIMIT:
+            out.append({"algorithm": name, "applicable": False,
+                        "reason": f"{n * (n - 1):,} messages a round: too many to simulate "
+                                  f"(limit {ALL_PAIRS_LIMIT:,})"})
+            continue
+        rec: list[Any] | None = [] if args.trace else None
+        try:
+            res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
+                           root=args.root, params=params, stragglers=stragglers, jitter=jitter,
+                           seed=args.seed, progress=_progress(name), trace=rec)
+        except ArgumentError as exc:
+            if args.algorithm:
+                raise
+            out.append({"algorithm": name, "applicable": False, "reason": str(exc)})
+            continue
+        d = res.to_dict()
+        if args.compare:
+            pieces = res.params.get("pieces")
+            p = predict(args.collective, name, n, nbytes, profile, args.dtype, args.root,
+                        pieces=pieces, params=res.params)
+            d["predicted_seconds"] = p.seconds
+        out.append(d)
+        if rec is not None:
+            traced.append((res, rec))
+    ok = sorted((d for d in out if "seconds" in d), key=lambda d: (d["seconds"], d["algorithm"]))
+    bad = [d for d in out if "seconds" not in d]
+    if args.trace:
+        with open(args.trace, "w") as fh:
+            json.dump(trace_events(traced), fh)
+    if args.json:
+        print(json.dumps([*ok, *bad], indent=1))
+        return 0
+    print(f"simulate {args.collective} of {format_bytes(nbytes)} on {n} ranks: "
+          f"{topo.describe()}")
+    for line in links.description:
+        print(f"  {line}")
+    extra = []
+    if stragglers:
+        extra.append("stragglers " + ", ".join(f"rank {r} +{format_seconds(v)}"
+                                               for r, v in sorted(stragglers.items())))
+    if jitter:
+        extra.append(f"jitter lognormal sigma {jitter:g}, seed {args.seed}")
+    if extra:
+        print("  " + "; ".join(extra))
+    head = f"{'algorithm':<20} {'time':>11} {'rounds':>7} {'messages':>13} {'slowest':>8}"
+    print(head + (f" {'predict':>11} {'sim/predict':>11}" if args.compare else ""))
+    for d in ok:
+        line = (f"{d['algorithm']:<20} {format_seconds(d['seconds']):>11} {d['rounds']:>7} "
+                f"{d['messages']:>13,} {d['slowest_rank']:>8}")
+        if args.compare:
+            ratio = d["seconds"] / d["predicted_seconds"] if d["predicted_seconds"] else \
+                float(np.nan)
+            line += f" {format_seconds(d['predicted_seconds']):>11} {ratio:>11.4f}"
+        print(line)
+    for d in bad:
+        print(f"{d['algorithm']:<20} not simulated: {d['reason']}")
+    if args.trace:
+        print(f"trace: {args.trace} (chrome://tracing or ui.perfetto.dev)")
+    return 0
