@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("ringlet.show", "check algorithms symbolically for a range of world sizes"),
     "bench": ("ringlet.bench", "nccl-tests style benchmark, with gloo and MPI side by side"),
     "predict": ("ringlet.cost.cli", "predict a collective's time with the cost model"),
+    "simulate": ("ringlet.sim.cli", "simulate a collective at scale: topology, stragglers, noise"),
     "plan": ("ringlet.plan.cli", "a training step's communication: bytes, time, overlap, money"),
     "diagnose": ("ringlet.diagnose", "what a failed job's ranks were doing, from their dumps"),
     "config": ("ringlet.configcli", "list every setting, its RINGLET_* variable and value"),
