@@ -166,7 +166,8 @@ def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
                "count": d.elems, "bytes": d.elems * dt.itemsize if dt else 0,
                "dtype": _dtype_name(d.dtype) if d.dtype else None,
                "algorithm": r[ALGO] or None, "path": _PATHS[d.path & 3]}
-        if d.op and d.op in ReduceOp._value2member_map_:
+        if out["kind"] in ("all_reduce", "reduce", "reduce_scatter") and \
+                d.op in ReduceOp._value2member_map_:
             out["op"] = ReduceOp(d.op).name
         if out["kind"] in ("broadcast", "reduce", "scatter", "gather"):
             out["root"] = d.root

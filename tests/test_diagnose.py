@@ -1,0 +1,169 @@
+"""Flight recorder, diagnosis and trace: ``ringlet run`` on jobs that hang or fail
+(tests/scripts/hang.py, short timeouts), ``ringlet diagnose DIR``, ``ringlet run --trace``,
+and the diagnosis on hand-made dumps (pure)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jobs import clean_env
+
+import ringlet
+from ringlet.diagnose import diagnose
+
+SCRIPTS = Path(__file__).parent / "scripts"
+CLI = [sys.executable, str(SCRIPTS / "ringlet_cli.py")]
+
+
+def _run(n: int, case: str, *opts: str, dumps: Path | None = None,
+         timeout: str = "2") -> subprocess.CompletedProcess[str]:
+    env = clean_env(RINGLET_TIMEOUT=timeout, OMP_NUM_THREADS="1")
+    if dumps is not None:
+        env["RINGLET_DUMP_DIR"] = str(dumps)
+    return subprocess.run([*CLI, "run", "--grace", "1", *opts, "-n", str(n), "hang.py", case],
+                          capture_output=True, text=True, cwd=SCRIPTS, timeout=60, env=env)
+
+
+def _diagnosis(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The diagnosis lines ringlet run printed (header first), before its summary."""
+    lines = proc.stderr.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("ringlet diagnosis"))
+    out = [lines[start]]
+    for ln in lines[start + 1:]:
+        if not ln.startswith("  "):
+            assert ln.startswith("ringlet run: "), proc.stderr   # the summary follows
+            break
+        out.append(ln.strip())
+    return out
+
+
+# --- the five cases, end to end ------------------------------------------------------------
+
+def test_p2p_cycle_is_a_deadlock_and_no_rank_is_called_missing(tmp_path: Path) -> None:
+    proc = _run(3, "cycle", dumps=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    d = _diagnosis(proc)
+    assert d[1] == "deadlock: rank 0 waits to receive from 2, 2 from 1, 1 from 0; nobody sends", d
+    # every rank arrived: no timeout says a source did not arrive
+    assert "did not arrive" not in proc.stderr
+    assert "has not sent this rank a message, though it is alive" in proc.stderr
+    # the dumps stay in the user's directory, and ringlet diagnose reads them offline
+    dump = json.loads((tmp_path / "rank-1.json").read_text())
+    last = dump["comms"][0]["ops"][-1]
+    assert (last["kind"], last["peer"], last["state"]) == ("recv", 0, "failed"), last
+    assert dump["comms"][0]["ops"][0]["kind"] == "all_reduce"
+    off = subprocess.run([*CLI, "diagnose", str(tmp_path)], capture_output=True, text=True,
+                         timeout=30)
+    assert off.returncode == 0, off.stderr
+    assert "deadlock: rank 0 waits to receive from 2, 2 from 1, 1 from 0" in off.stdout
+
+
+def test_straggler_that_never_arrives_is_behind(tmp_path: Path) -> None:
+    proc = _run(3, "straggler", dumps=tmp_path)
+    d = _diagnosis(proc)
+    assert d[1] == "rank 2 last completed all_reduce #3; ranks 0, 1 are in all_reduce #4", d
+    # the straggler was asked for its records (SIGUSR1) while it slept in its own code
+    dump = json.loads((tmp_path / "rank-2.json").read_text())
+    assert dump["reason"].startswith("SIGUSR1"), dump["reason"]
+    assert [op["state"] for op in dump["comms"][0]["ops"]] == ["done"] * 3
+
+
+def test_mismatched_collectives() -> None:
+    proc = _run(2, "mismatch")
+    d = _diagnosis(proc)
+    assert d[1] == "rank 0 is in all_reduce #4; rank 1 is in broadcast #4", d
+    assert d[2].startswith("calls disagree: ranks disagree about the collective #4: "
+                           "rank 0: all_reduce; rank 1: broadcast"), d
+
+
+def test_dead_rank() -> None:
+    proc = _run(4, "dead")
+    d = _diagnosis(proc)
+    assert d[0].endswith("ranks 0, 1, 2:"), d
+    assert d[1] == ("rank 3 ended (killed by SIGKILL) and left no flight record while ranks "
+                    "0, 1, 2 waited for it in all_reduce #4"), d
+
+
+def test_missing_rank_that_ended_without_the_call() -> None:
+    proc = _run(5, "missing")
+    d = _diagnosis(proc)
+    assert d[1] == ("rank 4 closed its communicator (its program ended) while ranks 0, 1, "
+                    "2, 3 waited for it in all_reduce #4"), d
+
+
+# --- trace -------------------------------------------------------------------------------------
+
+def test_trace_of_a_3_rank_job(tmp_path: Path) -> None:
+    proc = _run(3, "ok", "--trace", str(tmp_path / "tr"))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "tr" / "trace.json").read_text())
+    events = doc["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    for e in spans:   # what Chrome's trace format asks of a complete event
+        assert isinstance(e["name"], str) and e["ts"] > 0 and e["dur"] >= 0, e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+    got = {(e["tid"], e["args"]["seq"], e["name"]) for e in spans}
+    want = {(r, s, f"{'barrier' if s == 4 else 'all_reduce'} #{s}")
+            for r in range(3) for s in range(1, 5)}
+    assert got == want
+    ar = next(e for e in spans if e["name"] == "all_reduce #1")
+    assert ar["args"]["bytes"] == 32 and ar["args"]["algorithm"] and ar["args"]["path"], ar
+    assert ar["args"]["peers"] == [0, 1, 2]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {"rank 0", "rank 1", "rank 2"}
+    skew = doc["otherData"]["skew"]
+    assert skew["collectives"] == 4 and skew["worst_us"] >= skew["median_us"] >= 0
+    assert set(skew["waiting_us"]) == {"0", "1", "2"}
+    assert "arrival skew over 4 collectives" in proc.stderr
+
+
+# --- in one process ----------------------------------------------------------------------------
+
+def test_the_ring_is_bounded_and_records_state(tmp_path: Path) -> None:
+    s = ringlet.Settings(flight_records=5, dump_dir=str(tmp_path))
+    with ringlet.init(settings=s, rank=0, size=1) as comm:
+        x = np.ones(3, np.float32)
+        for _ in range(7):
+            comm.all_reduce(x)
+        comm.isend(x, 0, tag=3).wait()
+        comm.recv(x, 0, tag=3)
+        ops = comm._fr.records()
+        assert len(ops) == 5
+        assert [(o["kind"], o["seq"]) for o in ops] == [
+            ("all_reduce", 5), ("all_reduce", 6), ("all_reduce", 7), ("send", 1), ("recv", 2)]
+        assert all(o["state"] == "done" and o["t_end_us"] >= o["t_start_us"] for o in ops)
+        assert ops[0]["bytes"] == 12 and ops[0]["dtype"] == "float32" and ops[0]["op"] == "SUM"
+        assert ops[3]["tag"] == 3 and ops[3]["peer"] == 0
+    off = ringlet.Settings(flight_records=0)
+    with ringlet.init(settings=off, rank=0, size=1) as comm:
+        assert comm._fr is None
+        comm.all_reduce(np.ones(2))
+
+
+def _doc(rank: int, ops: list[dict[str, Any]], size: int = 3) -> dict[str, Any]:
+    return {"rank": rank, "reason": "", "job": "j",
+            "comms": [{"ranks": list(range(size)), "rank": rank, "size": size, "ops": ops}]}
+
+
+def _op(kind: str, seq: int, state: str, **kw: Any) -> dict[str, Any]:
+    what = f"{kind} #{seq} (4 x float64)"
+    if kind in ("send", "recv"):
+        what = f"{kind} {'to' if kind == 'send' else 'from'} rank {kw['peer']} (tag 0)"
+    return {"kind": kind, "seq": seq, "state": state, "what": what, **kw}
+
+
+def test_mixed_cycle_and_no_diagnosis_when_all_done() -> None:
+    docs = {0: _doc(0, [_op("send", 1, "started", peer=1)]),
+            1: _doc(1, [_op("all_reduce", 1, "failed")]),
+            2: _doc(2, [_op("all_reduce", 1, "done")])}
+    # 0 waits for 1 to take its send, 1 waits in all_reduce #1 for 0 (which never entered it)
+    lines = diagnose(docs)
+    assert lines[0] == ("deadlock: rank 0 waits for 1 to receive its send, rank 1 waits for 0 "
+                        "in all_reduce #1"), lines
+    done = {q: _doc(q, [_op("all_reduce", 1, "done")]) for q in range(3)}
+    assert diagnose(done) == []
