@@ -153,7 +153,7 @@ class Calls:
             self._inflight += 1
             rec = None
             if self._fr is not None:   # queued now, started when the worker runs it
-                rec = [0, seq, desc, name, now_ns(), 0, 0, None, None, None]
+                rec = [seq, desc, name, 0, 0, now_ns()]
                 self._fr.add(rec)
             self._worker().put((seq, desc, run, work, name, xb, before, rec))
         return work if async_op else work.wait()
@@ -254,7 +254,7 @@ class Calls:
             fr = self._fr
             if fr is not None:   # the flight recorder: one list per call (see ringlet.recorder)
                 if rec is None:
-                    rec = [0, seq, desc, name, 0, now_ns(), 0, None, None, None]
+                    rec = [seq, desc, name, now_ns(), 0]
                     fr.add(rec)
                 else:
                     rec[T_START] = now_ns()

@@ -4,18 +4,18 @@ Each communicator keeps a bounded ring (``RINGLET_FLIGHT_RECORDS``, default
 256) of its last operations, collectives and point-to-point alike.  A record
 is one small list, made when the operation starts and finished in place::
 
-    [kind, seq, info, algorithm, t_queued, t_start, t_end, state, error, waiting_on]
+    [seq, info, algorithm, t_start, t_end]  (+ t_queued, + a failure's dict)
 
-``kind`` is :data:`COLL`, :data:`SEND` or :data:`RECV`; ``seq`` the
-collective's sequence number (a point-to-point operation's own counter);
-``info`` the collective's :class:`~ringlet.agreement.Desc` (collective, op,
-dtype, count, root, algorithm, path) or ``(peer, tag, dtype code, bytes)``;
-the times are ``time.monotonic_ns()`` (0: not yet), which every process of a
-host shares; ``state`` is None while the times say it (queued, started,
-done) and ``"failed"`` after an error (``error`` holds its message,
-``waiting_on`` the ranks a timed-out wait still waited for).  Adding
-a record costs one list and one ``deque.append``; nothing is formatted until
-a dump.
+``seq`` is the collective's sequence number (a point-to-point operation's
+own counter); ``info`` the collective's :class:`~ringlet.agreement.Desc`
+(collective, op, dtype, count, root, algorithm, path) or ``(SEND or RECV,
+peer, tag, dtype code, bytes)``; the times are ``time.monotonic_ns()`` (0:
+not yet), which every process of a host shares.  A call queued behind async
+work has its queueing time appended; a failed operation a dict (``error``,
+``waiting_on``: the ranks a timed-out wait still waited for).  The state is
+read from these: queued, started, done or failed.  Adding a record costs
+one five-item list, one ``deque.append`` and two clock reads (about 0.1 us);
+nothing is formatted until a dump.
 
 A dump (:func:`dump`) writes ``DIR/rank-R.json`` (``RINGLET_DUMP_DIR``) with
 every live communicator of the process: on a timeout, an abort, a mismatch
@@ -49,12 +49,10 @@ from .ops import DTYPE_BY_CODE, ReduceOp
 if TYPE_CHECKING:
     from .comm import Communicator
 
-#: record kinds
-COLL, SEND, RECV = 0, 1, 2
+#: point-to-point kinds (the first item of a send's or receive's info)
+SEND, RECV = 1, 2
 #: record fields
-KIND, SEQ, INFO, ALGO, T_QUEUED, T_START, T_END, STATE, ERROR, WAITING = range(10)
-#: a record's state after an error
-FAILED = "failed"
+SEQ, INFO, ALGO, T_START, T_END = range(5)
 #: finished records a trace keeps in memory before it writes them out
 TRACE_BATCH = 4096
 FORMAT = "ringlet-flight-recorder/1"
@@ -94,8 +92,7 @@ class FlightRecorder:
     def p2p(self, kind: int, peer: int, tag: int, dtype: int, nbytes: int) -> list[Any]:
         """The record of a send or receive (started now)."""
         self.p2p_seq += 1
-        rec = [kind, self.p2p_seq, (peer, tag, dtype, nbytes), "", 0, now_ns(), 0, None, None,
-               None]
+        rec = [self.p2p_seq, (kind, peer, tag, dtype, nbytes), "", now_ns(), 0]
         self.add(rec)
         return rec
 
@@ -112,10 +109,10 @@ class FlightRecorder:
     def flush_trace(self, final: bool = False) -> None:
         """Write the finished records of the trace (all of them if ``final``)."""
         with self._lock:
-            done = [r for r in self._trace if final or r[T_END] or r[STATE] is not None]
+            done = [r for r in self._trace if final or r[T_END] or len(r) > 5]
             if not done:
                 return
-            keep = [] if final else [r for r in self._trace if not (r[T_END] or r[STATE])]
+            keep = [] if final else [r for r in self._trace if not (r[T_END] or len(r) > 5)]
             self._trace = keep
         path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
         with contextlib.suppress(OSError):
@@ -144,9 +141,17 @@ def _dtype_name(code: int) -> str:
     return dt.name if dt is not None else str(code)
 
 
+def _failure(r: list[Any]) -> dict[str, Any] | None:
+    return r[-1] if len(r) > 5 and isinstance(r[-1], dict) else None
+
+
+def _queued(r: list[Any]) -> int:
+    return r[5] if len(r) > 5 and isinstance(r[5], int) else 0
+
+
 def _state(r: list[Any]) -> str:
-    if r[STATE] is not None:
-        return str(r[STATE])
+    if _failure(r) is not None:
+        return "failed"
     if r[T_END]:
         return "done"
     return "started" if r[T_START] else "queued"
@@ -159,7 +164,7 @@ def _us(t: int, offset: int) -> float | None:
 def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
     """One record as a dict: what a dump holds (see the module documentation)."""
     out: dict[str, Any]
-    if r[KIND] == COLL:
+    if type(r[INFO]) is Desc:
         d: Desc = r[INFO]
         dt = DTYPE_BY_CODE.get(d.dtype)
         out = {"kind": coll_name(d.collective), "seq": r[SEQ], "what": describe(r[SEQ], d),
@@ -174,31 +179,28 @@ def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
         if d.rejected:
             out["rejected"] = True
     else:
-        peer, tag, dtype, nbytes = r[INFO]
-        kind = "send" if r[KIND] == SEND else "recv"
+        k, peer, tag, dtype, nbytes = r[INFO]
+        kind = "send" if k == SEND else "recv"
         out = {"kind": kind, "seq": r[SEQ], "peer": peer, "tag": tag, "bytes": nbytes,
                "dtype": _dtype_name(dtype),
                "what": f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} (tag {tag})"}
     out["state"] = _state(r)
-    out["t_queued_us"] = _us(r[T_QUEUED], offset)
+    out["t_queued_us"] = _us(_queued(r), offset)
     out["t_start_us"] = _us(r[T_START], offset)
     out["t_end_us"] = _us(r[T_END], offset)
-    if r[ERROR] is not None:
-        out["error"] = r[ERROR]
-    if r[WAITING] is not None:
-        out["waiting_on"] = r[WAITING]
+    out.update(_failure(r) or {})
     return out
 
 
 def failed(rec: list[Any] | None, exc: BaseException) -> None:
     """Mark ``rec`` failed with ``exc`` (and whom a timed-out wait waited for)."""
-    if rec is None or rec[STATE] is not None:
+    if rec is None or _failure(rec) is not None:
         return
-    rec[STATE] = FAILED
-    rec[ERROR] = f"{type(exc).__name__}: {exc}"
+    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
     on = getattr(exc, "waiting_on", None)
     if on is not None:
-        rec[WAITING] = list(on)
+        info["waiting_on"] = list(on)
+    rec.append(info)
 
 
 def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
@@ -208,7 +210,7 @@ def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
     end = j["t_end_us"] or start
     args: dict[str, Any] = {"seq": j["seq"], "bytes": j["bytes"], "state": j["state"],
                             "comm": ",".join(map(str, fr.world_ranks))}
-    if r[KIND] == COLL:
+    if type(r[INFO]) is Desc:
         args.update(algorithm=j["algorithm"], path=j["path"], count=j["count"],
                     dtype=j["dtype"], peers=fr.world_ranks)
         name = j["what"].split(" (")[0]
