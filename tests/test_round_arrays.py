@@ -27,6 +27,11 @@ def rows(ra: dict[str, np.ndarray]) -> list[tuple[int, int, int, bool]]:
                       ra["reduce"].tolist(), strict=True))
 
 
+def local(ra: dict[str, np.ndarray], n: int) -> list[int]:
+    """Chunks each rank reduces locally in the round (zeros when the key is left out)."""
+    return ra["local"].tolist() if "local" in ra else [0] * n
+
+
 def variants(collective: str, name: str, n: int) -> list[dict[str, int]]:
     """The parameter sets to check at n ranks: defaults, and a few pieces and groups."""
     params = entry(collective, name).params
@@ -42,12 +47,13 @@ def variants(collective: str, name: str, n: int) -> list[dict[str, int]]:
     return out
 
 
-def stepwise(s: Schedule) -> list[list[tuple[int, int, int, bool]]]:
+def stepwise(s: Schedule) -> list[tuple[list[tuple[int, int, int, bool]], list[int]]]:
     """Every round's rows from every rank's steps, in one pass (what
     ``round_arrays_stepwise`` gives round by round: the k-th send from a to b in a
     round is reduced if the k-th receive of b from a in that round is)."""
     sends: list[list[tuple[int, int, int]]] = [[] for _ in range(s.nrounds)]
     kinds: list[dict[tuple[int, int], list[bool]]] = [{} for _ in range(s.nrounds)]
+    locals_ = [[0] * s.nranks for _ in range(s.nrounds)]
     for r in range(s.nranks):
         for i, rnd in enumerate(s.steps(r)):
             for st in rnd:
@@ -55,6 +61,8 @@ def stepwise(s: Schedule) -> list[list[tuple[int, int, int, bool]]]:
                     sends[i].append((r, st.peer, sum(e - b for _, b, e in st.src)))
                 elif st.kind in (Kind.RECV, Kind.RRED):
                     kinds[i].setdefault((st.peer, r), []).append(st.kind is Kind.RRED)
+                elif st.kind is Kind.LRED:
+                    locals_[i][r] += sum(e - b for _, b, e in st.dst)
     out = []
     for i in range(s.nrounds):
         seen: dict[tuple[int, int], int] = {}
@@ -64,7 +72,7 @@ def stepwise(s: Schedule) -> list[list[tuple[int, int, int, bool]]]:
             seen[(a, b)] = k + 1
             ks = kinds[i].get((a, b), [])
             rs.append((a, b, c, ks[k] if k < len(ks) else False))
-        out.append(sorted(rs))
+        out.append((sorted(rs), locals_[i]))
     return out
 
 
@@ -74,13 +82,16 @@ def check(s: Schedule) -> None:
     for i in range(s.nrounds):
         got = s.round_arrays(i)
         assert [got[k].dtype for k in KEYS] == [np.int64, np.int64, np.int64, np.bool_]
-        assert rows(got) == want[i], f"{s.name} {s.params}: round {i} differs"
+        assert (rows(got), local(got, s.nranks)) == want[i], \
+            f"{s.name} {s.params}: round {i} differs"
 
 
 def test_the_one_pass_reference_is_round_arrays_stepwise() -> None:
     for s in (build("all_reduce", "double_binary_tree", 13), build("reduce", "rabenseifner", 7, 3),
+              build("all_reduce", "recursive_doubling", 6), build("reduce", "naive", 5, 2),
               build("all_reduce", "hierarchical", 12, group=3)):
-        assert stepwise(s) == [rows(s.round_arrays_stepwise(i)) for i in range(s.nrounds)]
+        assert stepwise(s) == [(rows(ra), local(ra, s.nranks))
+                               for ra in map(s.round_arrays_stepwise, range(s.nrounds))]
 
 
 @pytest.mark.parametrize(("collective", "name"), CASES)

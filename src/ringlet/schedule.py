@@ -267,7 +267,10 @@ class Schedule:
         ``chunks`` is the number of chunks a message carries (every chunk of a
         schedule holds the same share of the data, ``scale / nchunks`` of a
         buffer's unit count: see :meth:`chunk_elements`); ``reduce`` says whether
-        the receiver reduces it into what it holds.  From the family's closed
+        the receiver reduces it into what it holds.  An optional ``local``
+        vector (one entry per rank) counts the chunks each rank reduces locally
+        (``LRED`` steps) in the round; it is left out when there are none.  From
+        the family's closed
         form (:attr:`round_fn`: no rank's steps are built, so it serves 16,384
         ranks) or, without one, from every rank's steps
         (:meth:`round_arrays_stepwise`).  The order of the messages is unspecified.
@@ -289,10 +292,13 @@ class Schedule:
         forms are tested against; slow at scale)."""
         src, dst, nch, red = [], [], [], []
         recv_kinds: dict[tuple[int, int], list[bool]] = {}
+        local = np.zeros(self.nranks, np.int64)
         for r in range(self.nranks):
             for st in self.steps(r)[i]:
                 if st.kind in (Kind.RECV, Kind.RRED):
                     recv_kinds.setdefault((st.peer, r), []).append(st.kind is Kind.RRED)
+                elif st.kind is Kind.LRED:
+                    local[r] += sum(e - s for _, s, e in st.dst)
         seen: dict[tuple[int, int], int] = {}
         for r in range(self.nranks):
             for st in self.steps(r)[i]:
@@ -304,8 +310,11 @@ class Schedule:
                     dst.append(st.peer)
                     nch.append(sum(e - s for _, s, e in st.src))
                     red.append(kinds[k] if k < len(kinds) else False)
-        return {"src": np.array(src, np.int64), "dst": np.array(dst, np.int64),
-                "chunks": np.array(nch, np.int64), "reduce": np.array(red, bool)}
+        out = {"src": np.array(src, np.int64), "dst": np.array(dst, np.int64),
+               "chunks": np.array(nch, np.int64), "reduce": np.array(red, bool)}
+        if local.any():
+            out["local"] = local
+        return out
 
     def counts(self, m: int, itemsize: int = 1) -> Counts:
         """Count rounds, bytes sent/received/reduced for unit count ``m``.

@@ -197,7 +197,11 @@ def all_reduce_oneshot(n: int, root: int = 0) -> Schedule:
         return [exchange, combine]
 
     def rounds(i: int) -> Messages:
-        return messages(*all_pairs(n)) if i == 0 else no_messages()
+        if i == 0:
+            return messages(*all_pairs(n))
+        m = no_messages()   # round 1: every rank reduces the n - 1 vectors it received
+        m["local"] = np.full(n, n - 1, np.int64)
+        return m
 
     return Schedule("all_reduce", "oneshot", n, R, {OUT: Layout(1), TMP: Layout(n, 1, n)},
                     rank_fn, round_fn=rounds)

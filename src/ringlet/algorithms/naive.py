@@ -27,10 +27,17 @@ from . import register
 from .common import Messages, all_pairs, messages
 
 
-def _everyone(n: int) -> Callable[[int], Messages]:
+def _everyone(n: int, reduced: bool = False) -> Callable[[int], Messages]:
     """The one round of an all-to-all exchange: every rank sends one chunk to every other
-    (received whole, reduced afterwards, if at all, by a local step)."""
-    return lambda i: messages(*all_pairs(n))
+    (received whole; ``reduced``: then every rank reduces the n - 1 it received locally)."""
+
+    def rounds(i: int) -> Messages:
+        m = messages(*all_pairs(n))
+        if reduced and n > 1:
+            m["local"] = np.full(n, n - 1, np.int64)
+        return m
+
+    return rounds
 
 
 def _from_root(n: int, root: int) -> Callable[[int], Messages]:
@@ -38,9 +45,17 @@ def _from_root(n: int, root: int) -> Callable[[int], Messages]:
     return lambda i: messages(root, others)
 
 
-def _to_root(n: int, root: int) -> Callable[[int], Messages]:
+def _to_root(n: int, root: int, reduced: bool = False) -> Callable[[int], Messages]:
     others = np.array([q for q in range(n) if q != root], np.int64)
-    return lambda i: messages(others, root)
+
+    def rounds(i: int) -> Messages:
+        m = messages(others, root)
+        if reduced and n > 1:
+            m["local"] = np.zeros(n, np.int64)
+            m["local"][root] = n - 1
+        return m
+
+    return rounds
 
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
@@ -64,7 +79,7 @@ def all_reduce_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + _reduce_in_rank_order(n, (OUT, 0))]
 
     return Schedule("all_reduce", "naive", n, 1, {OUT: Layout(1), TMP: Layout(n, 1, n)}, rank_fn,
-                    round_fn=_everyone(n))
+                    round_fn=_everyone(n, reduced=True))
 
 
 @register("broadcast", "naive")
@@ -93,7 +108,7 @@ def reduce_naive(n: int, root: int = 0) -> Schedule:
 
     layouts = {IN: Layout(1), OUT: Layout(1), TMP: Layout(n, 1, n)}
     return Schedule("reduce", "naive", n, 1, layouts, rank_fn, root=root,
-                    round_fn=_to_root(n, root))
+                    round_fn=_to_root(n, root, reduced=True))
 
 
 @register("all_gather", "naive")
@@ -120,7 +135,8 @@ def reduce_scatter_naive(n: int, root: int = 0) -> Schedule:
         return [rnd + _reduce_in_rank_order(n, (OUT, 0))]
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
-    return Schedule("reduce_scatter", "naive", n, 1, layouts, rank_fn, round_fn=_everyone(n))
+    return Schedule("reduce_scatter", "naive", n, 1, layouts, rank_fn,
+                    round_fn=_everyone(n, reduced=True))
 
 
 @register("all_to_all", "naive")

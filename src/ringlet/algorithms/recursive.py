@@ -136,7 +136,10 @@ def all_reduce_recursive_doubling(n: int, root: int = 0) -> Schedule:
         if s >= k:                  # the last local copy back to OUT
             return no_messages()
         x = f.survivors   # doubling (received into the other buffer, reduced locally)
-        return messages(f.olds(x), f.olds(x ^ (1 << s)))
+        m = messages(f.olds(x), f.olds(x ^ (1 << s)))
+        m["local"] = np.zeros(n, np.int64)
+        m["local"][m["src"]] = 1
+        return m
 
     return Schedule("all_reduce", "recursive_doubling", n, R, {OUT: Layout(1), TMP: Layout(1)},
                     rank_fn, round_fn=rounds)

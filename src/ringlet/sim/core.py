@@ -6,9 +6,10 @@ far.  A round's messages come from the schedule's closed form
 advances at once (numpy), so a round of 16,384 ranks costs a few vector
 operations.  For every message of round ``i`` from ``s`` to ``d``:
 
-* it leaves at ``t[s] + o + j * max(o, g)``, the ``j``-th message of its sender
-  in the round (LogGP's overhead ``o`` and gap ``g``: ``p - 1`` messages cost
-  ``p - 1`` overheads);
+* it leaves at ``max(t[s], t[d]) + o + j * max(o, g)``: once both ends are
+  done with the rounds before (a rendezvous: the receiver's buffer is free),
+  the ``j``-th message of its sender in the round (LogGP's overhead ``o`` and
+  gap ``g``: ``p - 1`` messages cost ``p - 1`` overheads);
 * it arrives ``latency + bytes / share`` later, where ``share`` is its part of
   the most contended link on its path: the messages of a round that use a link
   (a rank's port, a NIC, a leaf switch's uplinks) share its bandwidth, as if
@@ -16,7 +17,9 @@ operations.  For every message of round ``i`` from ``s`` to ``d``:
 * the sender is done with it when it has arrived (a rendezvous: NCCL reuses a
   step's buffer slot only once the receiver has it, so its tuner charges a
   latency per step), the receiver when it has arrived and, if the receiver
-  reduces it, after ``gamma * bytes`` more (reductions of one round are serial).
+  reduces it, after ``gamma * bytes`` more (reductions of one round are serial),
+  and after the round's local reductions (the ``local`` chunks of
+  ``round_arrays``, e.g. recursive doubling's), ``gamma * bytes`` again.
 
 A rank finishes round ``i`` at the latest of its start, its sends' ends and its
 receives' ends.  So ranks are not in lockstep: a chain or a tree pipelines
@@ -33,8 +36,7 @@ a run faster than without it.  The same seed gives the same answer; there is
 no global state.
 
 What it leaves out: messages of different rounds do not contend (a slow
-round's traffic does not steal bandwidth from the next), reductions a rank
-does without a message (a local ``reduce`` step) cost nothing, and links are
+round's traffic does not steal bandwidth from the next), and links are
 shared max-min fairly only in the sense above (each message gets its share of
 its most loaded link for its whole duration).
 """
@@ -104,6 +106,16 @@ class _Pattern:
     rstarts: np.ndarray | None
     nbytes: float
     reduce_rank: np.ndarray | None = None   # shift patterns: reduction seconds per rank
+    local: np.ndarray | None = None         # per rank: local reduction seconds
+
+    @property
+    def cost(self) -> np.ndarray:
+        """Per message: from both ends ready to arrival, without noise."""
+        if self._cost is None:
+            self._cost = self.leave + self.latency + self.transfer
+        return self._cost
+
+    _cost: np.ndarray | None = None
 
 
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -195,13 +207,14 @@ class Simulator:
         self._patterns: OrderedDict[tuple[int, ...], _Pattern] = OrderedDict()
 
     def pattern(self, ra: Mapping[str, np.ndarray]) -> _Pattern:
-        arrays = (ra["src"], ra["dst"], ra["chunks"], ra["reduce"])
+        arrays = (ra["src"], ra["dst"], ra["chunks"], ra["reduce"], *(
+            [ra["local"]] if "local" in ra else []))
         key = tuple(id(a) for a in arrays)
         got = self._patterns.get(key)
         if got is not None:
             self._patterns.move_to_end(key)
             return got
-        src, dst, chunks, red = arrays
+        src, dst, chunks, red = arrays[:4]
         n, topo = self.schedule.nranks, self.topology
         nb = chunks * self.chunk_bytes
         lat, xfer = self.net.transfer(src, dst, nb)
@@ -232,6 +245,8 @@ class Simulator:
         if shift >= 0 and gamma and red.any():
             p.reduce_rank = np.zeros(n)
             p.reduce_rank[rdst] = p.reduce_dst
+        if gamma and len(arrays) > 4 and arrays[4].any():
+            p.local = arrays[4] * (self.chunk_bytes * gamma)
         self._patterns[key] = p
         if len(self._patterns) > PATTERN_CACHE:
             self._patterns.popitem(last=False)
@@ -263,45 +278,50 @@ class Simulator:
         rounds = messages = 0
         moved = 0.0
         every = max(1, R // 100)
+        arrive, got = np.empty(n), np.empty(n)   # the shift rounds' work vectors
         for i in range(R):
             if progress is not None and i % every == 0:
                 progress(i, R)
             ra = s.round_arrays(i)
             if not len(ra["src"]):
+                if "local" in ra and self.topology.intra.gamma:
+                    t = t + ra["local"] * (self.chunk_bytes * self.topology.intra.gamma)
                 continue
             p = self.pattern(ra)
             rounds += 1
             messages += len(p.src)
             moved += p.nbytes
-            lat, xfer = p.latency, p.transfer
+            cost = p.cost   # leaving, latency and transfer
             if jitter:
                 f = np.exp(jitter * np.abs(rng.standard_normal(len(p.src))))
-                lat, xfer = lat * f, xfer * f
+                cost = p.leave + (p.latency + p.transfer) * f
             before = t.copy() if trace is not None else None
             if p.shift >= 0:
-                # every rank sends to rank + k: shifts instead of gathers
+                # every rank sends to rank + k: shifts instead of gathers, in place
                 k = p.shift
-                sent = t + p.leave
-                arrive = sent + (lat + xfer)
-                got = np.empty(n)
+                arrive[:n - k], arrive[n - k:] = t[k:], t[:k]   # the receiver's clock
+                np.maximum(arrive, t, out=arrive)
+                arrive += cost                                  # in sender order
                 got[k:], got[:k] = arrive[:n - k], arrive[n - k:]
-                got = np.maximum(t, got)
+                np.maximum(got, t, out=got)                     # in receiver order
                 if p.reduce_rank is not None:
                     got += p.reduce_rank
                 t = np.maximum(arrive, got)
             else:
-                ts = t[p.src] + p.leave
-                arrive = done = ts + (lat + xfer)
+                ts = np.maximum(t[p.src], t[p.dst])
+                arrive_m = done = ts + cost
                 new = t.copy()
                 if p.sorder is not None and p.sstarts is not None:
                     done = np.maximum.reduceat(done[p.sorder], p.sstarts)
                 new[p.sdst] = np.maximum(new[p.sdst], done)
-                got = arrive
+                got_r = arrive_m
                 if p.rorder is not None and p.rstarts is not None:
-                    got = np.maximum.reduceat(arrive[p.rorder], p.rstarts)
+                    got_r = np.maximum.reduceat(arrive_m[p.rorder], p.rstarts)
                 new[p.rdst] = np.maximum(new[p.rdst],
-                                         np.maximum(t[p.rdst], got) + p.reduce_dst)
+                                         np.maximum(t[p.rdst], got_r) + p.reduce_dst)
                 t = new
+            if p.local is not None:
+                t = t + p.local
             if trace is not None and before is not None:
                 active = np.union1d(p.sdst, p.rdst)
                 trace.append((i, active, before[active], t[active]))

@@ -1,0 +1,180 @@
+"""The simulator (ringlet.sim) and ``ringlet simulate``: pure tests, milliseconds each.
+
+The acceptance points of issue 11: a 10 ms straggler adds at least 10 ms to a
+ring all-reduce; the same seed gives the same answer; jitter never makes a run
+faster; without contention, jitter or stragglers the simulator agrees with the
+closed-form cost model (``ringlet predict``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringlet.algorithms import algorithms
+from ringlet.cli import main as cli_main
+from ringlet.cost.model import Link, Profile, predict
+from ringlet.cost.topology import NODES
+from ringlet.errors import ArgumentError
+from ringlet.schedule import COLLECTIVES
+from ringlet.sim import Topology, simulate
+
+ONE = Profile(Link.from_bandwidth(25e9, 5e-6, 1 / 20e9))
+TWO = NODES["dgx_h100"].profile()
+
+
+def ring(n: int = 64, nbytes: int = 64 << 20, profile: Profile = ONE, **kw: object) -> float:
+    return simulate("all_reduce", "ring", n, nbytes, Topology.from_profile(profile),
+                    **kw).seconds  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("profile", [ONE, TWO], ids=["one-level", "dgx_h100"])
+def test_a_10ms_straggler_adds_at_least_10ms_to_a_ring(profile: Profile) -> None:
+    base = ring(profile=profile)
+    for rank in (0, 7, 63):
+        assert ring(profile=profile, stragglers={rank: 0.010}) >= base + 0.010 - 1e-12
+
+
+def test_a_straggler_stalls_every_rank_of_the_ring() -> None:
+    r = simulate("all_reduce", "ring", 16, 1 << 20, Topology.from_profile(ONE),
+                 stragglers={5: 0.010})
+    assert (r.finish >= 0.010).all()
+
+
+def test_the_same_seed_gives_the_same_answer_and_another_seed_another() -> None:
+    a = ring(jitter=0.3, seed=7)
+    assert ring(jitter=0.3, seed=7) == a
+    assert ring(jitter=0.3, seed=8) != a
+    state = np.random.get_state()[1].copy()   # no global state touched
+    ring(jitter=0.3, seed=7)
+    assert (np.random.get_state()[1] == state).all()
+
+
+@pytest.mark.parametrize("name", ["ring", "double_binary_tree", "hierarchical", "rabenseifner"])
+def test_jitter_never_makes_a_run_faster(name: str) -> None:
+    topo = Topology.from_profile(TWO)
+    base = simulate("all_reduce", name, 32, 8 << 20, topo)
+    for seed in range(5):
+        noisy = simulate("all_reduce", name, 32, 8 << 20, topo, jitter=0.5, seed=seed)
+        assert (noisy.finish >= base.finish - 1e-15).all()
+        assert noisy.seconds > base.seconds
+
+
+CASES = [(c, a) for c in COLLECTIVES for a in algorithms(c)]
+
+
+@pytest.mark.parametrize(("collective", "name"), CASES)
+def test_without_contention_the_simulator_agrees_with_the_model(collective: str,
+                                                               name: str) -> None:
+    # one level (with a reduction cost) at 13 and 24 ranks, two levels at 4 nodes x 8,
+    # a latency-bound and a bandwidth-bound size: within 2 %, the pipelined chain on two
+    # levels excepted (below)
+    for profile, n in ((ONE, 13), (ONE, 24), (TWO, 32)):
+        if profile is TWO and (collective, name) == ("broadcast", "chain"):
+            continue
+        topo = Topology.from_profile(profile)
+        for nbytes in (1 << 16, 1 << 26):
+            r = simulate(collective, name, n, nbytes, topo, root=1)
+            p = predict(collective, name, n, nbytes, profile, root=1,
+                        pieces=r.params.get("pieces"), params=r.params)
+            assert r.seconds == pytest.approx(p.seconds, rel=0.02), (profile.name, n, nbytes)
+
+
+def test_a_chain_across_nodes_is_faster_than_the_models_per_round_maximum() -> None:
+    # the model charges every round its slowest hop; a pipelined chain pays the slow
+    # (inter-node) hops only where the chain crosses nodes
+    r = simulate("broadcast", "chain", 32, 1 << 26, Topology.from_profile(TWO))
+    p = predict("broadcast", "chain", 32, 1 << 26, TWO, pieces=r.params["pieces"])
+    assert r.seconds < p.seconds
+
+
+def test_ranks_sharing_a_nic_share_its_bandwidth() -> None:
+    # hierarchical: every GPU of a node talks across nodes at once; with one NIC per
+    # node instead of eight, the inter-node phase moves 8x the bytes through each NIC
+    def t(**kw: object) -> float:
+        topo = Topology.from_profile(TWO, **kw)   # type: ignore[arg-type]
+        return simulate("all_reduce", "hierarchical", 64, 1 << 28, topo).seconds
+    eight, one = t(), t(nics_per_node=1)
+    assert one > 3 * eight
+
+
+def test_an_oversubscribed_fat_tree_slows_traffic_between_leaves() -> None:
+    def t(ratio: float) -> float:
+        topo = Topology.from_profile(TWO, nodes_per_leaf=2, oversubscription=ratio)
+        return simulate("all_to_all", "pairwise", 64, 1 << 26, topo).seconds
+    assert t(4.0) > 1.5 * t(1.0)
+
+
+def test_per_message_overhead_is_paid_per_message() -> None:
+    # direct all_reduce: 2 rounds of p - 1 messages per rank; o = 1 us a message
+    base = Topology(Link.from_bandwidth(25e9, 5e-6))
+    slow = Topology(Link.from_bandwidth(25e9, 5e-6), overhead=1e-6)
+    n = 64
+    extra = (simulate("all_reduce", "direct", n, 1 << 16, slow).seconds
+             - simulate("all_reduce", "direct", n, 1 << 16, base).seconds)
+    assert extra == pytest.approx(2 * (n - 1) * 1e-6, rel=0.01)
+
+
+def test_bad_disturbances_are_refused() -> None:
+    topo = Topology.from_profile(ONE)
+    with pytest.raises(ArgumentError, match="out of range"):
+        simulate("all_reduce", "ring", 4, 1024, topo, stragglers={4: 0.1})
+    with pytest.raises(ArgumentError, match=">= 0"):
+        simulate("all_reduce", "ring", 4, 1024, topo, jitter=-1.0)
+    with pytest.raises(ArgumentError, match="oversubscription"):
+        Topology(ONE.intra, oversubscription=0.5)
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert cli_main(["simulate", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_cli_json_gives_algorithm_and_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    out = json.loads(run(capsys, "all_reduce", "--bytes", "64MB", "--ranks", "64",
+                         "--bandwidth", "50GB/s", "--latency", "5us", "--algorithm", "ring",
+                         "--algorithm", "dbtree", "--straggler", "7:10ms", "--json"))
+    assert {d["algorithm"] for d in out} == {"ring", "double_binary_tree"}
+    assert [d["seconds"] for d in out] == sorted(d["seconds"] for d in out)   # fastest first
+    ring_s = next(d["seconds"] for d in out if d["algorithm"] == "ring")
+    assert ring_s >= 0.010 + 2 * 63 * (5e-6 + 1e6 / 50e9)
+
+
+def test_cli_trace_has_a_row_per_rank(capsys: pytest.CaptureFixture[str],
+                                      tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    text = run(capsys, "all_reduce", "--bytes", "1MB", "--link", "dgx_h100", "--nodes", "2",
+               "--algorithm", "ring", "--straggler", "3:1ms", "--trace", str(path))
+    assert "ring" in text and str(path) in text
+    ev = json.loads(path.read_text())["traceEvents"]
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert {e["tid"] for e in xs} == set(range(16))
+    assert len(xs) == 16 * 30   # every rank in every round of a 16-rank ring
+    # rank 4 waits for the straggler's data in round 0
+    first = next(e for e in xs if e["tid"] == 4 and e["name"] == "round 0")
+    assert first["ts"] + first["dur"] >= 1000.0
+
+
+def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None:
+    p = subprocess.run([sys.executable, "-m", "ringlet", "simulate", "all_reduce", "--bytes",
+                        "1MB", "--ranks", "8192", "--bandwidth", "50GB/s",
+                        "--algorithm", "binomial", "--algorithm", "direct"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert "binomial" in p.stdout and "direct" in p.stdout and "too many" in p.stdout
+
+
+def test_cli_errors_name_the_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, msg in ((["--straggler", "7"], "RANK:DELAY"), (["--jitter", "normal:1"],
+                                                             "lognormal:SIGMA")):
+        assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8", *argv]) == 2
+        assert msg in capsys.readouterr().err
