@@ -62,7 +62,8 @@ log = logging.getLogger("ringlet")
 #: the engine's own collectives (an algorithm name)
 NATIVE = "native"
 #: calls made of other collectives: the descriptors of their parts carry this name
-_COMPOUND = frozenset({"split", "group", "broadcast_object", "all_gather_object", "empty"})
+_COMPOUND = frozenset({"split", "group", "broadcast_object", "all_gather_object", "empty",
+                       "all_to_all_v", "all_gather_v", "gather_v", "scatter_v"})
 
 
 def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:

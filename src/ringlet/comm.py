@@ -41,6 +41,7 @@ from .topology import Topology
 from .transport.base import Transport
 from .transport.fused import Fused, fused_path, shared_all_reduce
 from .transport.shm import ShmTransport
+from .uneven import Uneven
 from .work import Work
 
 log = logging.getLogger("ringlet")
@@ -60,7 +61,7 @@ def _close_all() -> None:
             c._t.mark_closed()
 
 
-class Communicator(Groups, Buckets):
+class Communicator(Groups, Buckets, Uneven):
     """A group of ranks that run collectives together.  Create with :func:`ringlet.init`.
 
     Buffers are C-contiguous numpy arrays or torch CPU tensors.  Per-rank

@@ -83,7 +83,13 @@ def _overlap(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
 @lru_cache(maxsize=256)
 def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
     """Element-level plan of ``rank``'s steps for unit count ``m`` (cached)."""
-    bounds = {b: lay.bounds(m) for b, lay in schedule.layouts.items()}
+    return compile_bounds(schedule, rank, {b: lay.bounds(m) for b, lay in
+                                           schedule.layouts.items()})
+
+
+def compile_bounds(schedule: Schedule, rank: int, bounds: dict[Buf, np.ndarray]) -> Program:
+    """Element-level plan of ``rank``'s steps with each buffer's chunk boundaries given
+    (equal blocks: :func:`compile_program`; uneven ones: :mod:`ringlet.uneven`)."""
     rounds: list[list[_Op]] = []
     snap = msgs = 0
     for steps in schedule.steps(rank):

@@ -1,0 +1,214 @@
+"""Uneven collectives (all_to_all_v, all_gather_v, gather_v, scatter_v) against numpy.
+
+Pure part: which algorithms take blocks of different sizes (checked
+symbolically, round by round) and the chunk boundaries.  Multi-process part:
+random, skewed and zero counts with every such algorithm, 1-D and 2-D rows,
+out= and async; then bad arguments and disagreeing counts between good calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ringlet
+from ringlet.algorithms import build
+from ringlet.schedule import Layout
+from ringlet.uneven import PREFERRED, block_bounds, uneven_algorithms, uneven_ok
+
+DTYPES = ("float64", "float32", "int32", "uint8", "complex64", "bool")
+
+
+# --- pure -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("collective", sorted(PREFERRED))
+def test_preferred_algorithms_take_uneven_blocks(collective: str) -> None:
+    for n in range(1, 17):
+        ok = uneven_algorithms(collective, n, n - 1)
+        assert ok, f"{collective} N={n}: no algorithm takes uneven blocks"
+        # the fallback list always has one that works
+        assert any(a in ok for a in PREFERRED[collective])
+
+
+def test_bruck_all_to_all_is_refused_where_it_rotates() -> None:
+    why = uneven_ok(build("all_to_all", "bruck", 5))
+    assert why is not None and "another size" in why
+    assert "bruck" not in uneven_algorithms("all_to_all", 8)
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_block_bounds(pieces: int) -> None:
+    for n, m in ((1, 0), (3, 7), (4, 9), (5, 1)):
+        lay = Layout(n, pieces, n)
+        assert block_bounds((m,) * n, pieces).tolist() == lay.bounds(m).tolist()
+    b = block_bounds((3, 0, 5), 2)
+    assert b.tolist() == [0, 2, 3, 3, 3, 6, 8]
+
+
+# --- multi-process ------------------------------------------------------------------------
+
+def _matrix(n: int, kind: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return rng.integers(0, 5, (n, n))
+    if kind == "skewed":   # MoE: most tokens go to one expert
+        s = rng.integers(0, 2, (n, n))
+        s[:, seed % n] += 9
+        return s
+    return np.zeros((n, n), np.int64) if kind == "zero" else \
+        np.where(np.eye(n, dtype=bool), 0, 2)
+
+
+def _rows(src: int, dst: int, k: int, rest: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Rank src's rows for rank dst: values that name both."""
+    base = np.arange(k * int(np.prod(rest, dtype=np.int64)), dtype=np.int64)
+    v = (src * 1000 + dst * 100 + base) % 251
+    a = v.astype(dtype) if dtype != "bool" else (v % 2).astype(bool)
+    return a.reshape((k, *rest))
+
+
+def _a2av(comm: ringlet.Communicator) -> list[str]:
+    n, r = comm.size, comm.rank
+    bad: list[str] = []
+    for k, kind in enumerate(("random", "skewed", "zero", "offdiag")):
+        S = _matrix(n, kind, 7 + k)
+        for algo in [None, *uneven_algorithms("all_to_all", n)]:
+            for dtype, rest in (("float64", ()), ("int32", (3,)), ("complex64", (2, 2)),
+                                ("bool", ())):
+                x = np.concatenate([_rows(r, j, int(S[r, j]), rest, dtype) for j in range(n)])
+                want = np.concatenate([_rows(j, r, int(S[j, r]), rest, dtype)
+                                       for j in range(n)])
+                recv = S[:, r] if algo is None else None
+                out = np.empty_like(want) if dtype == "int32" else None
+                got = comm.all_to_all_v(x, S[r], recv, out=out, algorithm=algo)
+                if out is not None and got is not out:
+                    bad.append("out= not returned")
+                if got.shape != want.shape or not np.array_equal(got, want):
+                    bad.append(f"{kind} {algo} {dtype}: got {got.ravel()[:6]} want "
+                               f"{want.ravel()[:6]}")
+    # async, and torch-like counts (a list)
+    S = _matrix(n, "random", 3)
+    x = np.concatenate([_rows(r, j, int(S[r, j]), (), "float32") for j in range(n)])
+    w = comm.all_to_all_v(x, S[r].tolist(), async_op=True)
+    got = w.wait()
+    want = np.concatenate([_rows(j, r, int(S[j, r]), (), "float32") for j in range(n)])
+    if not np.array_equal(got, want):
+        bad.append("async")
+    return bad
+
+
+def test_all_to_all_v(world: Any) -> None:
+    for r, bad in enumerate(world.run(_a2av)):
+        assert not bad, f"rank {r}: {bad[:5]}"
+
+
+def _gathers(comm: ringlet.Communicator) -> list[str]:
+    n, r = comm.size, comm.rank
+    bad: list[str] = []
+    for k, counts in enumerate((np.arange(n) % 3, np.zeros(n, np.int64),
+                                np.r_[7, np.zeros(n - 1, np.int64)])):
+        for dtype in DTYPES:
+            rest = (2,) if dtype == "float32" else ()
+            mine = _rows(r, 0, int(counts[r]), rest, dtype)
+            every = [_rows(q, 0, int(counts[q]), rest, dtype) for q in range(n)]
+            want = np.concatenate(every)
+            for algo in [None, *uneven_algorithms("all_gather", n)]:
+                got = comm.all_gather_v(mine, counts if k else None, algorithm=algo)
+                if not np.array_equal(got, want) or got.shape != want.shape:
+                    bad.append(f"all_gather_v {counts} {algo} {dtype}")
+            for root in {0, n - 1}:
+                for algo in [None, *uneven_algorithms("gather", n, root)]:
+                    got = comm.gather_v(mine, root, algorithm=algo)
+                    if r == root and (got is None or not np.array_equal(got, want)):
+                        bad.append(f"gather_v root {root} {algo} {dtype}")
+                    if r != root and got is not None:
+                        bad.append("gather_v: a result off the root")
+                for algo in [None, *uneven_algorithms("scatter", n, root)]:
+                    if r == root:
+                        got = comm.scatter_v(want, counts, root, algorithm=algo)
+                    else:
+                        got = comm.scatter_v(None, None, root, out=np.empty_like(mine),
+                                             algorithm=algo)
+                    if not np.array_equal(got, mine):
+                        bad.append(f"scatter_v root {root} {algo} {dtype}")
+    return bad
+
+
+def test_all_gather_gather_scatter_v(world: Any) -> None:
+    for r, bad in enumerate(world.run(_gathers)):
+        assert not bad, f"rank {r}: {bad[:5]}"
+
+
+def _good(comm: ringlet.Communicator) -> bool:
+    n, r = comm.size, comm.rank
+    S = _matrix(n, "random", 11)
+    x = np.concatenate([_rows(r, j, int(S[r, j]), (), "int32") for j in range(n)])
+    want = np.concatenate([_rows(j, r, int(S[j, r]), (), "int32") for j in range(n)])
+    y = np.full(3, r, np.float64)
+    comm.all_reduce(y)
+    return bool(np.array_equal(comm.all_to_all_v(x, S[r]), want)) and \
+        float(y[0]) == n * (n - 1) / 2
+
+
+def _bad_then_good(comm: ringlet.Communicator, case: str) -> tuple[str, str, bool]:
+    """One bad call (of kind ``case``), then a good one: (error type, message, good ok)."""
+    n, r = comm.size, comm.rank
+    S = np.ones((n, n), np.int64)
+    x = np.zeros(n, np.float32)
+    err = ("", "")
+    try:
+        if case == "length" and r == n - 1:
+            comm.all_to_all_v(x, [1] * (n + 1))
+        elif case == "negative" and r == 0:
+            comm.all_to_all_v(x, [-1] + [1] * (n - 1))
+        elif case == "rows" and r == 0:
+            comm.all_to_all_v(np.zeros(n + 1, np.float32), S[r])
+        elif case == "recv":
+            recv = S[:, r].copy()
+            if r == n - 1:
+                recv[0] += 1
+            comm.all_to_all_v(x, S[r], recv)
+        elif case == "dtype":
+            comm.all_to_all_v(x.astype(np.float64) if r == 0 else x, S[r])
+        elif case == "algorithm":
+            comm.all_to_all_v(x, S[r], algorithm="bruck" if n >= 4 else "no_such")
+        elif case == "out" and r == 0:
+            comm.all_to_all_v(x, S[r], out=np.empty(n + 2, np.float32))
+        elif case == "counts":
+            c = np.ones(n, np.int64)
+            if r == 0:
+                c[-1] = 2
+            comm.all_gather_v(np.zeros(1, np.int16), c)
+        elif case == "scatter_out" and r != 0:
+            comm.scatter_v(None, None, 0, out=np.empty(2, np.int8))
+        elif case == "scatter_out":
+            comm.scatter_v(np.zeros(n, np.int8), np.ones(n, np.int64), 0)
+        else:
+            comm.all_to_all_v(x, S[r])
+    except ringlet.RingletError as exc:
+        err = (type(exc).__name__, str(exc))
+    return err[0], err[1], _good(comm)
+
+
+@pytest.mark.parametrize("case", ["length", "negative", "rows", "recv", "dtype", "algorithm",
+                                  "out", "counts", "scatter_out"])
+def test_errors_between_good_calls(world: Any, case: str) -> None:
+    n = world.size
+    assert all(world.run(_good))
+    res = world.run(_bad_then_good, case)
+    assert all(ok for _, _, ok in res), f"a good call after {case} failed: {res}"
+    kinds = [k for k, _, _ in res]
+    if n == 1 and case in ("recv", "dtype", "counts", "scatter_out"):
+        return   # one rank cannot disagree with itself
+    if case == "algorithm" and n < 4:
+        assert set(kinds) == {"ArgumentError"}, res
+        assert "no_such" in res[0][1]
+        return
+    assert all(kinds), f"{case}: some rank raised nothing: {res}"
+    assert set(kinds) <= {"ArgumentError", "MismatchError"}, res
+    text = {"length": "one count per rank", "negative": "negative", "rows": "add up to",
+            "recv": "recv_counts", "dtype": "dtype", "algorithm": "different sizes",
+            "out": "out has", "counts": "counts", "scatter_out": "rows"}[case]
+    assert all(text in m for _, m, _ in res), res
