@@ -266,18 +266,33 @@ def test_json_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_progress_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tqdm", None)
-    out = io.StringIO()
-    p = report.Progress(2, True, out)
+def test_progress_bar_only_on_a_terminal() -> None:
+    from ringlet.progress import Progress, callback
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    p = Progress(2, "ringlet bench", "sizes", stream=out)
     p.step("ringlet 8 B")
     p.close()
-    assert "ringlet bench: 1/2 sizes (ringlet 8 B)" in out.getvalue()
-    quiet = io.StringIO()
-    p = report.Progress(2, False, quiet)
+    assert "ringlet bench: 1/2 sizes [" in out.getvalue()
+    assert "(ringlet 8 B)" in out.getvalue() and out.getvalue().endswith("\r\033[K")
+    quiet = io.StringIO()   # not a terminal: nothing drawn
+    p = Progress(2, "ringlet bench", "sizes", stream=quiet)
     p.step("x")
     p.close()
-    assert quiet.getvalue() == ""
+    assert quiet.getvalue() == "" and callback("sim", stream=quiet) is None
+    off = Tty()             # -q on a terminal
+    p = Progress(2, "ringlet bench", "sizes", enabled=False, stream=off)
+    p.step("x")
+    p.close()
+    assert off.getvalue() == ""
+    show = callback("simulate ring", "rounds", stream=out)
+    assert show is not None
+    show(5, 10)
+    assert "simulate ring: 5/10 rounds [##############" in out.getvalue()
 
 
 # --- the command -------------------------------------------------------------------------------

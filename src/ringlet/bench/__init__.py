@@ -8,9 +8,9 @@ Modules: :mod:`~ringlet.bench.core` (conventions, data, timing loop),
 :mod:`~ringlet.bench.suite` (ringlet's registered benchmark functions),
 :mod:`~ringlet.bench.gloo` and :mod:`~ringlet.bench.mpi` (the peers' functions
 and worker entry points), :mod:`~ringlet.bench.peers` (running the peers),
-:mod:`~ringlet.bench.report` (table, JSON, plot, progress) and
-:mod:`~ringlet.bench.cli` (the command).  torch, mpi4py, matplotlib and tqdm
-are imported only where they are used.
+:mod:`~ringlet.bench.report` (table, JSON, plot) and :mod:`~ringlet.bench.cli`
+(the command; its progress bar is :mod:`ringlet.progress`).  torch, mpi4py
+and matplotlib are imported only where they are used.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..config import Settings
 from ..errors import ArgumentError, RingletError
 from ..ops import DTYPES, ReduceOp, check_op
+from ..progress import Progress
 from .core import (
     BENCH_DTYPES,
     COLLECTIVES,
@@ -40,7 +41,7 @@ from .core import (
     sweep_sizes,
 )
 from .peers import INSTALL, PeerRun, check_supported, parse_vs, run_peer
-from .report import Progress, Result, environment, human_bytes, table, to_json, write_plot
+from .report import Result, environment, human_bytes, table, to_json, write_plot
 
 DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "iters": 20,
             "warmup": 5, "budget": 0.5, "dtype": "float32", "op": "sum", "root": 0,
@@ -253,19 +254,40 @@ def run_ringlet(job: Job, settings: Settings, timeout: float, progress: Progress
 
 def main(args: argparse.Namespace) -> int:
     """Run ``ringlet bench``; 0 if all is well, 1 if an element was wrong or a peer failed."""
+    if args.plot:
+        _check_plot(args.plot)
+    if args.json:
+        _check_writable(args.json, "--json")
+    res = collect(args)
+    sys.stdout.write(table(res))
+    sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(res, sys.argv), indent=1) + "\n")
+    if args.plot:
+        write_plot(res, args.plot)
+    return 1 if res.failed() else 0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``ringlet bench``'s options from ``argv`` (e.g. ``["all_reduce", "-e", "1M"]``)."""
+    p = argparse.ArgumentParser(prog="ringlet bench")
+    configure(p)
+    return p.parse_args(argv)
+
+
+def collect(args: argparse.Namespace, what: str = "ringlet bench") -> Result:
+    """Validate ``args``, measure ringlet and the peers of ``--vs``, and return the
+    :class:`Result` (nothing printed but the progress bar ``what``, on a terminal
+    unless ``-q``).  ArgumentError before anything runs."""
     job = make_job(args)
     settings = Settings.from_env()
     algos = algorithms(job, settings)  # also rejects an unknown --algo before anything runs
     peers = parse_vs(args.vs) if args.vs else []
     check_supported(peers, job)
-    if args.plot:
-        _check_plot(args.plot)
-    if args.json:
-        _check_writable(args.json, "--json")
     coll = COLLECTIVES[job.collective]
     timeout = args.timeout or default_timeout(job, len(coll.forms))
-    show = not args.quiet and sys.stderr.isatty()
-    progress = Progress(len(job.cases) * (1 + len(peers)), show)
+    progress = Progress(len(job.cases) * (1 + len(peers)), what, "sizes",
+                        False if args.quiet else None)
     runs: list[PeerRun] = []
     try:
         rows = run_ringlet(job, settings, timeout, progress)
@@ -274,14 +296,7 @@ def main(args: argparse.Namespace) -> int:
                                  _stepper(progress, name)))
     finally:
         progress.close()
-    res = Result(job, rows, algos, runs, command_line(args), environment())
-    sys.stdout.write(table(res))
-    sys.stdout.flush()
-    if args.json:
-        Path(args.json).write_text(json.dumps(to_json(res, sys.argv), indent=1) + "\n")
-    if args.plot:
-        write_plot(res, args.plot)
-    return 1 if res.failed() else 0
+    return Result(job, rows, algos, runs, command_line(args), environment())
 
 
 def _stepper(progress: Progress, name: str) -> Callable[[Row], None]:

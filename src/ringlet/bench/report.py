@@ -1,7 +1,7 @@
-"""The output of ``ringlet bench``: the nccl-tests-style table, JSON, the plot, the progress bar.
+"""The output of ``ringlet bench``: the nccl-tests-style table, JSON and the plot.
 
-Everything here is a pure function of a :class:`Result`, except the progress
-bar (which writes to stderr) and :func:`write_plot` (which writes a PNG).
+Everything here is a pure function of a :class:`Result`, except
+:func:`write_plot` (which writes a PNG).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import importlib.metadata
 import math
 import os
 import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 from .core import COLLECTIVES, FORM_NAMES, IN, OUT, Job, Row, Timing, algbw
 from .peers import PeerRun
@@ -338,51 +337,6 @@ def write_plot(res: Result, path: str) -> None:
         fig.savefig(path, dpi=120)
     finally:
         plt.close(fig)
-
-
-# --- progress ----------------------------------------------------------------------------------
-
-
-class Progress:
-    """A progress bar on stderr: tqdm if installed, else one rewritten line.
-
-    Off (every method a no-op) when ``enabled`` is False.
-    """
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.stream = sys.stderr if stream is None else stream
-        self._bar: Any = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self._bar = None
-            else:
-                self._bar = tqdm(total=total, unit="size", file=self.stream, leave=False,
-                                 dynamic_ncols=True)
-
-    def step(self, label: str) -> None:
-        """One more size measured; ``label`` says which (e.g. ``mpi 16 MiB``)."""
-        self.done += 1
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.set_description_str(label, refresh=False)
-            self._bar.update(1)
-        else:
-            self.stream.write(f"\rringlet bench: {self.done}/{self.total} sizes ({label})"
-                              "\033[K")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.close()
-        else:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
 
 
 def human_bytes(n: int) -> str:
