@@ -248,35 +248,45 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
         _cpu([*outputs, *inputs], "all_to_all")
-        sizes = {t.numel() for t in [*outputs, *inputs]}
-        if len(sizes) > 1:
-            raise ArgumentError(
-                f"all_to_all: the ringlet backend sends blocks of one size, got "
-                f"{sorted(sizes)} elements (uneven all-to-all is not supported yet)")
+        n = self.comm.size
+        if len(inputs) != n or len(outputs) != n:
+            raise ArgumentError(f"all_to_all: {len(inputs)} input and {len(outputs)} output "
+                                f"tensors for {n} ranks")
         x = torch.cat([t.reshape(-1) for t in inputs])
+        send = [t.numel() for t in inputs]
+        recv = [t.numel() for t in outputs]
 
         def finish(res: Any) -> Any:
-            for o, r in zip(outputs, res.reshape(len(outputs), -1), strict=True):
+            for o, r in zip(outputs, torch.split(res.reshape(-1), recv), strict=True):
                 o.copy_(r.reshape(o.shape))
             return outputs
 
-        return self._async(lambda a: self.comm.all_to_all(x, async_op=a), finish, opts)
+        if len({*send, *recv}) == 1:   # one block size: the even collective
+            return self._async(lambda a: self.comm.all_to_all(x, async_op=a), finish, opts)
+        return self._async(lambda a: self.comm.all_to_all_v(x, send, recv, async_op=a),
+                           finish, opts)
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: list[int],  # noqa: A002
                       input_split_sizes: list[int], opts: Any = None) -> Any:
         _cpu([output, input], "all_to_all_single")
         n = self.comm.size
-        for name, splits in (("output", output_split_sizes), ("input", input_split_sizes)):
-            if splits and len(set(splits)) > 1:
-                raise ArgumentError(
-                    f"all_to_all_single: the ringlet backend sends blocks of one size, got "
-                    f"{name}_split_sizes={list(splits)} (uneven all-to-all is not supported "
-                    f"yet)")
-            if splits and len(splits) != n:
+        splits = {}
+        for name, t, given in (("output", output, output_split_sizes),
+                               ("input", input, input_split_sizes)):
+            if given and len(given) != n:
                 raise ArgumentError(f"all_to_all_single: {name}_split_sizes has "
-                                    f"{len(splits)} entries for {n} ranks")
-        return self._async(lambda a: self.comm.all_to_all(input, out=output, async_op=a),
-                           lambda _: [output], opts)
+                                    f"{len(given)} entries for {n} ranks")
+            rows = t.shape[0] if t.dim() else t.numel()
+            if not given and rows % n:
+                raise ArgumentError(f"all_to_all_single: {name} has {rows} rows, not a "
+                                    f"multiple of {n} ranks; give {name}_split_sizes")
+            splits[name] = list(given) if given else [rows // n] * n
+        if len({*splits["input"], *splits["output"]}) == 1:   # one block size: even
+            return self._async(lambda a: self.comm.all_to_all(input, out=output, async_op=a),
+                               lambda _: [output], opts)
+        return self._async(lambda a: self.comm.all_to_all_v(
+            input, splits["input"], splits["output"], out=output, async_op=a),
+            lambda _: [output], opts)
 
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         x = _one(inputs, "gather")

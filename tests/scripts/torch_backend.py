@@ -80,6 +80,17 @@ def operations(r: int, n: int, bad: list[str]) -> None:
                                             for _ in range(2)]))
     check(bad, o.tolist() == [10.0 * q + r for q in range(n) for _ in range(2)],
           f"all_to_all_single {o}")
+    # uneven: rank q sends (q + j) % 3 rows of 2 to rank j (MoE token routing)
+    cnt = [[(q + j) % 3 for j in range(n)] for q in range(n)]
+    x = torch.cat([torch.full((cnt[r][j], 2), float(10 * r + j)) for j in range(n)])
+    o = torch.empty(sum(cnt[q][r] for q in range(n)), 2)
+    dist.all_to_all_single(o, x, [cnt[q][r] for q in range(n)], cnt[r])
+    want = torch.cat([torch.full((cnt[q][r], 2), float(10 * q + r)) for q in range(n)])
+    check(bad, torch.equal(o, want), f"uneven all_to_all_single {o.tolist()}")
+    outs = [torch.empty(cnt[q][r]) for q in range(n)]
+    dist.all_to_all(outs, [torch.full((cnt[r][j],), float(10 * r + j)) for j in range(n)])
+    check(bad, all(torch.equal(outs[q], torch.full((cnt[q][r],), float(10 * q + r)))
+                   for q in range(n)), f"uneven all_to_all {outs}")
     g = [torch.empty(2) for _ in range(n)] if r == root else None
     dist.gather(torch.full((2,), float(r)), g, root)
     if g is not None:
@@ -132,7 +143,7 @@ def operations(r: int, n: int, bad: list[str]) -> None:
     # clear errors, and the group still works after them
     for what, fn in (
             ("CUDA-less device", lambda: dist.all_reduce(torch.ones(2, device="meta"))),
-            ("uneven all_to_all_single", lambda: dist.all_to_all_single(
+            ("disagreeing split sizes", lambda: dist.all_to_all_single(
                 torch.empty(n + 1), torch.empty(n + 1),
                 [2] + [1] * (n - 1), [2] + [1] * (n - 1))),
             ("PREMUL_SUM", lambda: dist.all_reduce(
@@ -140,9 +151,10 @@ def operations(r: int, n: int, bad: list[str]) -> None:
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - the check is on the message
-            check(bad, "ringlet" in str(exc), f"{what}: unclear error {exc!r}")
+            check(bad, "ringlet" in str(exc) or "split" in what and "counts" in str(exc),
+                  f"{what}: unclear error {exc!r}")
         else:
-            if n > 1 or what != "uneven all_to_all_single":
+            if n > 1 or what != "disagreeing split sizes":
                 bad.append(f"{what}: no error")
     t = torch.ones(3)
     dist.all_reduce(t)
