@@ -38,7 +38,8 @@ def test_cheatsheet_matches_the_seed_tables() -> None:
 
 @pytest.mark.parametrize("n", [1, 3, 4])
 @pytest.mark.parametrize("script", ["distributed_mean.py", "distributed_argmax.py",
-                                    "distributed_softmax.py", "ring_allreduce_sendrecv.py"])
+                                    "distributed_softmax.py", "ring_allreduce_sendrecv.py",
+                                    "moe_dispatch.py"])
 def test_example_checks_itself(script: str, n: int) -> None:
     proc = run(script, n)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -38,6 +38,13 @@ def test_bruck_all_to_all_is_refused_where_it_rotates() -> None:
     assert "bruck" not in uneven_algorithms("all_to_all", 8)
 
 
+def test_algorithms_lists_the_uneven_forms() -> None:
+    assert ringlet.algorithms("all_to_all_v") == ["direct", "naive", "pairwise"]
+    assert "ring" in ringlet.algorithms("all_gather_v")
+    for v, even in (("gather_v", "gather"), ("scatter_v", "scatter")):
+        assert set(ringlet.algorithms(v)) <= set(ringlet.algorithms(even))
+
+
 @pytest.mark.parametrize("pieces", [1, 3])
 def test_block_bounds(pieces: int) -> None:
     for n, m in ((1, 0), (3, 7), (4, 9), (5, 1)):

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import agreement
 from .agreement import GENERIC
+from .algorithms import UNEVEN as V_OF
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .buffers import Buffer, as_buffer, new_buffer
@@ -38,9 +39,6 @@ from .errors import ArgumentError, MismatchError, VerificationError
 from .executor import Program, compile_bounds, execute
 from .schedule import Buf, Layout, Schedule
 
-#: the uneven form of each collective
-V_OF = {"all_to_all_v": "all_to_all", "all_gather_v": "all_gather", "gather_v": "gather",
-        "scatter_v": "scatter"}
 #: the algorithms tried, in order, when the even collective's choice cannot take uneven blocks
 PREFERRED = {"all_to_all": ("pairwise", "direct", "naive"),
              "all_gather": ("ring", "recursive_doubling", "direct", "naive"),
@@ -125,6 +123,14 @@ def uneven_algorithms(collective: str, nranks: int, root: int = 0) -> list[str]:
     uneven form on ``nranks`` ranks (with this root)."""
     return [a for a in _algorithms(collective)
             if a != "hierarchical" and uneven_ok(_build(collective, a, nranks, root)) is None]
+
+
+@functools.lru_cache(maxsize=8)
+def listed(collective: str) -> list[str]:
+    """The algorithms ``ringlet.algorithms("<collective>_v")`` lists: those whose uneven
+    form is sound at every world size 1..16 (root 0)."""
+    return [a for a in _algorithms(collective)
+            if all(a in uneven_algorithms(collective, n) for n in range(1, 17))]
 
 
 @functools.lru_cache(maxsize=256)
@@ -500,5 +506,6 @@ class Uneven(Calls):
         execute(prog, self._t, arrays, None, lambda: self._current)
 
 
-__all__ = ["PREFERRED", "V_OF", "Uneven", "block_bounds", "uneven_algorithms", "uneven_ok"]
+__all__ = ["PREFERRED", "V_OF", "Uneven", "block_bounds", "listed", "uneven_algorithms",
+           "uneven_ok"]
 

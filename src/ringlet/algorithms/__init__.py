@@ -72,10 +72,23 @@ def _check_collective(collective: str) -> None:
 
 
 def algorithms(collective: str) -> list[str]:
-    """The names of the algorithms that implement ``collective``."""
+    """The names of the algorithms that implement ``collective``.
+
+    An uneven form (``all_to_all_v``, ``all_gather_v``, ``gather_v``, ``scatter_v``)
+    runs the even collective's algorithms that keep every block in places of its
+    size (:mod:`ringlet.uneven`): those that do so at every world size up to 16."""
     _load()
+    if collective in UNEVEN:
+        from ..uneven import listed
+
+        return listed(UNEVEN[collective])
     _check_collective(collective)
     return sorted(_REGISTRY[collective])
+
+
+#: the uneven forms of collectives (see ringlet.uneven)
+UNEVEN = {"all_to_all_v": "all_to_all", "all_gather_v": "all_gather", "gather_v": "gather",
+           "scatter_v": "scatter"}
 
 
 def entry(collective: str, name: str) -> Entry:
