@@ -147,6 +147,9 @@ def test_fit_recovers_a_known_host(nranks: int) -> None:
     assert prof.intra.alpha == pytest.approx(alpha, rel=1e-6)
     assert prof.intra.beta == pytest.approx(beta, rel=1e-6)
     assert prof.intra.gamma == pytest.approx(host.reduce["float"].cache, rel=1e-6)
+    # the link model's per-message overhead is the executor's endpoint term at two ranks
+    assert host.levels[1].nranks == 2 and host.levels[1].endpoint > 0
+    assert prof.intra.overhead == pytest.approx(host.levels[1].endpoint, rel=0.02)
     for name in ("copy", "shared", "channel", "duplex"):
         want, have = getattr(host, name), getattr(got, name)
         assert have.cache == pytest.approx(want.cache, rel=0.02), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -337,9 +338,11 @@ def test_crossovers_are_where_the_fastest_changes() -> None:
             <= predict("all_reduce", "ring", 8, below, prof).seconds)
     assert (predict("all_reduce", "ring", 8, c.nbytes, prof).seconds
             <= predict("all_reduce", "naive", 8, c.nbytes, prof).seconds)
-    # alpha: naive 1 round, ring 14; beta: naive 7n, ring 1.75n -> crossover at 13 alpha/(5.25 beta)
-    a, b = prof.intra.alpha, prof.intra.beta
-    assert c.nbytes == pytest.approx(13 * a / (5.25 * b), rel=1e-3)
+    # alpha: naive 1 round, ring 14; per-message overhead o: naive 7 messages a rank, ring
+    # 14 (one a round); beta: naive 7n, ring 1.75n -> crossover at (13 alpha + 7 o)/(5.25 beta)
+    a, b, o = prof.intra.alpha, prof.intra.beta, prof.intra.overhead
+    assert o > 0
+    assert c.nbytes == pytest.approx((13 * a + 7 * o) / (5.25 * b), rel=1e-3)
 
 
 def test_textbook_and_its_explanation() -> None:
@@ -398,6 +401,11 @@ def test_presets_record_direction_and_sources() -> None:
     for spec in LINKS.values():
         assert spec.source and spec.efficiency_source and spec.latency_source
         assert 0 < spec.efficiency <= 1 and spec.latency > 0
+        assert spec.overhead > 0 and spec.overhead_source    # every preset's o, and why
+        assert spec.link().overhead == spec.overhead
+    assert link_spec("ib_ndr").overhead == 1e-6 and "getNetOverhead" in \
+        link_spec("ib_ndr").overhead_source
+    assert link_spec("nvlink4").overhead == 0.4e-6
     shape = NODES["dgx_h100"]
     assert (shape.gpus_per_node, shape.intra.name, shape.inter.name) == (8, "nvlink4", "ib_ndr")
     with pytest.raises(ArgumentError, match="unknown link 'nvlink9'; presets:"):
@@ -443,3 +451,50 @@ def test_docstring_examples() -> None:
     for mod in (ringlet.cost.units, ringlet.cost.model, ringlet.plan.strategies):
         result = doctest.testmod(mod)
         assert result.attempted and not result.failed, mod.__name__
+
+
+def test_a_rank_pays_the_overhead_per_message() -> None:
+    # LogGP's o: a round costs alpha + o * (most messages a rank sends or receives) + beta *
+    # bytes.  Direct all-reduce: 2 rounds of p - 1 messages; recursive doubling: log2 p
+    # rounds of one.  Without the overhead the two are what they were.
+    o = 2e-6
+    link = Link.from_bandwidth(25e9, 5e-6, overhead=o)
+    bare = Profile(dataclasses.replace(link, overhead=0.0))
+    with_o = Profile(link)
+    for name, messages in (("direct", 2 * 63), ("recursive_doubling", 6), ("ring", 126)):
+        a = predict("all_reduce", name, 64, 1 << 20, with_o)
+        b = predict("all_reduce", name, 64, 1 << 20, bare)
+        assert a.overhead_seconds == pytest.approx(messages * o)
+        assert a.seconds - b.seconds == pytest.approx(messages * o)
+        assert a.alpha_seconds - b.alpha_seconds == pytest.approx(messages * o)
+    # gather: the root receives p - 1 messages in one round
+    g = predict("gather", "linear", 16, 1 << 16, with_o)
+    assert g.overhead_seconds == pytest.approx(15 * o)
+
+
+def test_the_overhead_moves_the_pipelining_optimum() -> None:
+    # a chain broadcast's k* = sqrt(n beta (p-2) / (alpha + o)): the overhead counts as latency
+    link = Link.from_bandwidth(25e9, 4e-6, overhead=4e-6)
+    with_o = predict("broadcast", "chain", 16, 1 << 26, Profile(link))
+    as_alpha = predict("broadcast", "chain", 16, 1 << 26,
+                       Profile(Link.from_bandwidth(25e9, 8e-6)))
+    assert with_o.pieces == as_alpha.pieces
+    assert with_o.seconds == pytest.approx(as_alpha.seconds, rel=1e-9)
+
+
+def test_direct_is_not_picked_for_a_small_all_reduce_on_1024_ranks() -> None:
+    # issue 11: ringlet predict all_reduce --bytes 64KB --link dgx_h100 --nodes 128 picked
+    # direct (1,023 messages a round charged one latency); with 1 us per network message
+    # (NCCL's getNetOverhead) it costs 2 ms and a logarithmic algorithm wins
+    prof = NODES["dgx_h100"].profile()
+    names = ["direct", "recursive_doubling", "rabenseifner", "binomial"]
+    best = fastest("all_reduce", 1024, 64_000, prof, names=names)
+    assert best.algorithm == "recursive_doubling"
+    direct = predict("all_reduce", "direct", 1024, 64_000, prof)
+    # 2 rounds: 1016 of a rank's peers are on other nodes (1 us each), 7 on its own (0.4 us)
+    assert direct.overhead_seconds == pytest.approx(2 * (1016 * 1e-6), rel=0.01)
+    # with the term turned off, the old answer comes back
+    assert prof.inter is not None
+    off = Profile(dataclasses.replace(prof.intra, overhead=0.0),
+                  dataclasses.replace(prof.inter, overhead=0.0), 8)
+    assert fastest("all_reduce", 1024, 64_000, off, names=names).algorithm == "direct"

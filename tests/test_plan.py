@@ -81,12 +81,16 @@ def test_exact_model_explains_the_textbook(capsys: pytest.CaptureFixture[str]) -
     s = 14 * GB
     assert out["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * s)
     # 24.5 GB at 450 GB/s x 0.824 per direction, plus one latency per round of each bucket
-    assert out["comm_seconds"] == pytest.approx(2 * 7 / 8 * s / 370.8e9, rel=0.05)
+    # and the per-message overhead: 535 buckets of 25 MiB, each a direct all-reduce of two
+    # rounds of 7 messages a rank (1.9 us + 7 x 0.4 us a round)
+    assert out["communications"][0]["algorithm"] == "direct"
+    latency = 535 * 2 * (1.9e-6 + 7 * 0.4e-6)
+    assert out["comm_seconds"] == pytest.approx(2 * 7 / 8 * s / 370.8e9 + latency, rel=0.01)
     text = "\n".join(out["explanation"])
     assert ("the textbook divides by nvlink4's 900 GB/s, which counts both directions; "
             "per direction it is 450 GB/s: 2x slower") in text
     assert "(p-1)/p = 7/8: 0.875x" in text
-    assert "of the line rate" in text and "latency:" in text
+    assert "of the line rate" in text and "latency:" in text and "per-message overhead" in text
     assert main(argv) == 0
     human = capsys.readouterr().out
     assert "how this differs from the textbook" in human and "2x slower" in human

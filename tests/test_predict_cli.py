@@ -135,3 +135,21 @@ def test_local_profile_from_a_file(capsys: pytest.CaptureFixture[str], tmp_path:
     assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "2", "--profile",
                  f"{tmp_path}/missing.json"]) == 2
     assert "no profile at" in capsys.readouterr().err
+
+
+def test_overhead_option_sets_every_links_per_message_cost(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["predict", "all_reduce", "--bytes", "64KB", "--link", "dgx_h100", "--nodes", "4",
+            "--algorithm", "direct", "--json"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)[0]
+    assert main([*argv, "--overhead", "0"]) == 0
+    off = json.loads(capsys.readouterr().out)[0]
+    assert main([*argv, "--overhead", "3us"]) == 0
+    three = json.loads(capsys.readouterr().out)[0]
+    assert off["overhead_seconds"] == 0
+    # 2 rounds, 24 of a rank's 31 peers on other nodes: 1 us each by default (NCCL's)
+    assert default["overhead_seconds"] == pytest.approx(2 * 24 * 1e-6)
+    assert three["overhead_seconds"] == pytest.approx(2 * 24 * 3e-6)
+    assert main(argv[:-1] + ["--overhead", "0"]) == 0
+    assert "per-message overhead 0 s on every link (--overhead)" in capsys.readouterr().out

@@ -24,7 +24,7 @@ from ringlet.errors import ArgumentError
 from ringlet.schedule import COLLECTIVES
 from ringlet.sim import Topology, simulate
 
-ONE = Profile(Link.from_bandwidth(25e9, 5e-6, 1 / 20e9))
+ONE = Profile(Link.from_bandwidth(25e9, 5e-6, 1 / 20e9, overhead=1e-6))   # LogGP o: 1 us
 TWO = NODES["dgx_h100"].profile()
 
 
@@ -120,6 +120,28 @@ def test_per_message_overhead_is_paid_per_message() -> None:
     extra = (simulate("all_reduce", "direct", n, 1 << 16, slow).seconds
              - simulate("all_reduce", "direct", n, 1 << 16, base).seconds)
     assert extra == pytest.approx(2 * (n - 1) * 1e-6, rel=0.01)
+    # by default the links' own overhead is charged (ONE's: 1 us), and 0 turns it off
+    own = simulate("all_reduce", "direct", n, 1 << 16, Topology.from_profile(ONE)).seconds
+    off = simulate("all_reduce", "direct", n, 1 << 16,
+                   Topology.from_profile(ONE, overhead=0.0)).seconds
+    assert own - off == pytest.approx(2 * (n - 1) * 1e-6, rel=0.01)
+    # the gap is a floor on the per-message cost
+    gap = simulate("all_reduce", "direct", n, 1 << 16,
+                   Topology.from_profile(ONE, gap=3e-6)).seconds
+    assert gap - off == pytest.approx(2 * (n - 1) * 3e-6, rel=0.01)
+
+
+def test_presets_overhead_separates_direct_from_recursive_doubling_at_scale() -> None:
+    # dgx_h100 at 16 nodes: the simulator charges NCCL's 1 us per network message by default,
+    # as predict does: direct pays ~2 x 120 of them, recursive doubling one a round
+    topo = Topology.from_profile(TWO)
+    n = 128
+    d = simulate("all_reduce", "direct", n, 64_000, topo)
+    r = simulate("all_reduce", "recursive_doubling", n, 64_000, topo)
+    assert r.seconds < d.seconds
+    for res in (d, r):
+        p = predict("all_reduce", res.algorithm, n, 64_000, TWO)
+        assert res.seconds == pytest.approx(p.seconds, rel=0.02)
 
 
 def test_bad_disturbances_are_refused() -> None:

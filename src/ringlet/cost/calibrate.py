@@ -23,7 +23,8 @@ What is measured, and which term of the host model
    the step executor.
 2. **Ping-pong** between ranks 0 and 1 with ``comm.send``/``comm.recv`` over
    sizes: one-way time = alpha + beta * bytes, the profile's
-   :class:`~ringlet.cost.model.Link` (the link model's alpha and beta).
+   :class:`~ringlet.cost.model.Link` (the link model's alpha and beta; its
+   per-message ``overhead`` is the ``endpoint`` term of step 1 at two ranks).
 3. **Copy and reduction throughput**: numpy copies into and out of a
    shared-memory mapping, and the in-place ufunc of each dtype class
    (float32, float16, int32, complex64, bool), on min(n, cores) ranks at once:
@@ -665,8 +666,14 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
                       np.__version__, __version__, asdict(paths), tuple(fits), p.quick)
     src = (f"calibrated on {cal.host} at {cal.date} with {p.nranks} ranks"
            + (" (quick: rough)" if p.quick else ""))
+    # the link model's per-message overhead: the step executor's cost per message sent or
+    # received by a rank in a round, at two ranks (one per core): what a rank of a larger
+    # job pays per extra peer (the levels above two ranks also share the cores)
+    two = [lv for lv in levels if lv.nranks == 2] or levels[-1:]
+    overhead = max(0.0, two[0].endpoint) if two else 0.0
     link = Link(alpha, beta, reduce["float"].cache, f"{src}: send/recv ping-pong; gamma: "
-                f"float32 in-place add in cache")
+                f"float32 in-place add in cache; per-message overhead: the step executor's "
+                f"'endpoint' at {two[0].nranks if two else 1} ranks", overhead)
     return Profile(link, name="this host", source=src, host=done, calibration=cal)
 
 

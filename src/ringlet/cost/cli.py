@@ -14,6 +14,7 @@ with ``ringlet plan``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import textwrap
@@ -102,6 +103,12 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rails", action="store_true",
                    help="two levels: count algorithms as NCCL runs its rings across nodes, "
                         "one channel per GPU, each leaving the node through its own NIC")
+    g.add_argument("--overhead", metavar="TIME",
+                   help="per-message cost of every link (LogGP's o: a rank that sends or "
+                        "receives k messages in a round pays k x TIME on top of one latency), "
+                        "e.g. 1us; 0 turns it off. Default: each preset's (NCCL's figures, "
+                        "see docs/nccl.md), a calibrated profile's, 0 for --bandwidth and "
+                        "BW[,LATENCY] links")
     g.add_argument("--line-rate", action="store_true",
                    help="use the presets' raw line rates, not their achievable efficiency")
     g.add_argument("--profile", metavar="PATH",
@@ -134,11 +141,27 @@ def _describe(spec: LinkSpec, efficiency: bool) -> str:
            else " (line rate)")
     return (f"{spec.name}: {spec.description}; {format_bandwidth(spec.bandwidth)} per "
             f"direction (headline {spec.headline()}){eff}; alpha "
-            f"{format_seconds(spec.latency)} ({spec.latency_source})")
+            f"{format_seconds(spec.latency)} ({spec.latency_source}); "
+            f"{format_seconds(spec.overhead)} per message ({spec.overhead_source})")
 
 
 def resolve_links(args: argparse.Namespace) -> Links:
     """The :class:`Links` the link options describe (ArgumentError if they conflict)."""
+    links = _resolve_links(args)
+    text = getattr(args, "overhead", None)
+    if text is None:
+        return links
+    o = parse_time(text, "--overhead")
+    prof = links.profile
+    prof = dataclasses.replace(
+        prof, intra=dataclasses.replace(prof.intra, overhead=o),
+        inter=None if prof.inter is None else dataclasses.replace(prof.inter, overhead=o))
+    return dataclasses.replace(links, profile=prof, description=[
+        *links.description, f"per-message overhead {format_seconds(o)} on every link "
+                            f"(--overhead)"])
+
+
+def _resolve_links(args: argparse.Namespace) -> Links:
     gamma = parse_bandwidth(args.gamma, "--gamma") if args.gamma else 0.0
     gamma_s = 1.0 / gamma if gamma else 0.0
     eff = not args.line_rate
@@ -436,7 +459,10 @@ def main(args: argparse.Namespace) -> int:
                   f"{format_bandwidth(p.busbw):>11}  {p.pieces:>6}{mark}", file=out)
         best = ok[0]
         print(f"\nfastest: {best.algorithm}, {format_seconds(best.seconds)} "
-              f"(alpha {format_seconds(best.alpha_seconds)}, beta "
+              f"(alpha {format_seconds(best.alpha_seconds)}"
+              + (f" of which per-message {format_seconds(best.overhead_seconds)}"
+                 if best.overhead_seconds else "")
+              + f", beta "
               f"{format_seconds(best.beta_seconds)}, gamma {format_seconds(best.gamma_seconds)};"
               f" counted over {best.counted})", file=out)
         if best.pieces_rule:
@@ -470,7 +496,8 @@ def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
         gamma_seconds=p.gamma_seconds, critical_bytes=p.critical_bytes, rounds=p.rounds,
         nranks=p.nranks, line_rate=links.line_rate, efficiency=links.efficiency,
         efficiency_source=links.efficiency_source, link_name=links.link_name,
-        headline_bidirectional=links.headline_bidirectional)
+        headline_bidirectional=links.headline_bidirectional,
+        overhead_seconds=p.overhead_seconds)
 
 
 __all__ = ["Links", "add_link_options", "calibrate", "configure", "main", "resolve_links",

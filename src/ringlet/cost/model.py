@@ -3,21 +3,28 @@
 A collective's time is the sum, over the rounds of its :class:`~ringlet.schedule.Schedule`
 that carry messages, of the slowest rank's time in that round::
 
-    T = sum over rounds of ( alpha + beta * round_bytes + gamma * round_reduced_bytes )
+    T = sum over rounds of ( alpha + o * round_messages + beta * round_bytes
+                             + gamma * round_reduced_bytes )
 
 where ``round_bytes`` is the most bytes any rank sends or receives in the round
 (links are full duplex, so a rank sending and receiving the same amount is
-busy for one message time, not two) and ``round_reduced_bytes`` the most bytes
-any rank reduces.  Those per-round maxima come from
+busy for one message time, not two), ``round_messages`` the most messages any
+rank sends or receives in it (counted the same way) and ``round_reduced_bytes``
+the most bytes any rank reduces.  Those per-round maxima come from
 :meth:`Schedule.counts` (or, for two-level topologies and very large jobs, from
 the same walk over the same steps, split by link), so the formulas of the
 textbooks are *outputs* of the model, checked by the tests, never a second
 copy of the algorithm that could drift from the code that runs.
 
 Alpha is paid once per round, however many messages a rank sends in it (the
-rank's messages share its link, so their bytes add up in ``round_bytes``): a
-one-round direct algorithm pays one alpha for ``p - 1`` messages.  Real
-networks charge something per message too (LogGP's ``o``); this model does not.
+rank's messages share its link, so their bytes add up in ``round_bytes``); each
+message also costs its ends the link's per-message ``overhead`` ``o`` (LogGP's
+``o``/``g``: posting it, completing it, polling its flag), so a one-round
+direct algorithm pays one alpha and ``p - 1`` overheads.  The simulator
+(:mod:`ringlet.sim`) charges the same per-message cost at every rank's port,
+so without contention, stragglers or noise the two agree.  The presets'
+overheads and their sources are in :mod:`ringlet.cost.topology`; a calibration
+measures this host's (the host model's ``endpoint``).
 
 Two-level topologies
 --------------------
@@ -160,27 +167,33 @@ def dtype_of(dtype: str | DType) -> DType:
 
 @dataclass(frozen=True)
 class Link:
-    """One kind of link: ``alpha`` seconds per message, ``beta`` seconds per byte per
-    direction, ``gamma`` seconds per byte reduced, and where the numbers came from."""
+    """One kind of link: ``alpha`` seconds of latency per round, ``beta`` seconds per byte
+    per direction, ``gamma`` seconds per byte reduced, ``overhead`` seconds per message at
+    each end (LogGP's per-message cost: a rank that sends or receives k messages over the
+    link in a round is busy ``k * overhead`` on top of its bytes), and where the numbers
+    came from."""
 
     alpha: float
     beta: float
     gamma: float = 0.0
     source: str = ""
+    overhead: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "overhead"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ArgumentError(f"Link.{name} must be a finite number >= 0, got {v!r}")
 
     @classmethod
     def from_bandwidth(cls, bandwidth: float, latency: float = 0.0, gamma: float = 0.0,
-                       source: str = "") -> Link:
-        """A link of ``bandwidth`` bytes/s per direction and ``latency`` seconds per message."""
+                       source: str = "", overhead: float = 0.0) -> Link:
+        """A link of ``bandwidth`` bytes/s per direction, ``latency`` seconds per round and
+        ``overhead`` seconds per message."""
         if not bandwidth > 0:
             raise ArgumentError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
-        return cls(float(latency), 1.0 / float(bandwidth), float(gamma), source)
+        return cls(float(latency), 1.0 / float(bandwidth), float(gamma), source,
+                   float(overhead))
 
     @property
     def bandwidth(self) -> float:
@@ -343,6 +356,8 @@ class Tally:
     ``intra[i]``/``inter[i]``: the most bytes any rank sends or receives over that
     link in round ``i``; ``*_msgs[i]``: whether the link carries a message in it;
     ``reduced[i]``: the most bytes any rank reduces.  Multiply by ``m * itemsize``.
+    ``intra_count[i]``/``inter_count[i]``: the most messages any rank sends or
+    receives over that link in round ``i`` (what the per-message overhead multiplies).
     """
 
     intra: np.ndarray
@@ -353,6 +368,13 @@ class Tally:
     sent_max: float        # most bytes any rank sends in total (per element of m)
     rounds: int            # rounds with at least one message
     counted: str           # how: "all 8 ranks" / "12 of 4096 ranks (rank-symmetric sample)"
+    intra_count: np.ndarray
+    inter_count: np.ndarray
+
+    @property
+    def messages(self) -> float:
+        """Per-message overheads on the critical path if both links cost the same."""
+        return float(np.maximum(self.intra_count, self.inter_count).sum())
 
     @property
     def critical(self) -> float:
@@ -420,12 +442,6 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     m = _m_ref(schedule)
     first = sum(len(rnd) for rnd in schedule.steps(0))
     exact = first * n <= EXACT_STEP_BUDGET
-    if exact and not two_level:
-        c = schedule.counts(m, 1)
-        moved = np.maximum(c.round_sent, c.round_received).astype(float) / m
-        zeros = np.zeros_like(moved)
-        return Tally(moved, zeros, moved > 0, zeros > 0, c.round_reduced.astype(float) / m,
-                     float(c.sent.max()) / m if n else 0.0, int(c.rounds), f"all {n} ranks")
     g = gpus_per_node if two_level else 0
     rails = rails and g > 0
     if exact or len(_sample(n, schedule.root, g)) * (g if rails else 1) >= n:
@@ -454,6 +470,8 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
     intra = [0.0] * R
     inter = [0.0] * R
     reduced = [0.0] * R
+    c_intra = [0.0] * R
+    c_inter = [0.0] * R
     sent_max = 0.0
     walked = steps_seen = units = 0
     signature: tuple[tuple[float, ...], ...] | None = None
@@ -462,18 +480,23 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
     # a NIC sends for one channel while it receives for another), otherwise a rank.
     zero = [0] * R
     g_sin, g_rin, g_sout, g_rout, g_red = (list(zero) for _ in range(5))
+    n_sin, n_rin, n_sout, n_rout = (list(zero) for _ in range(4))   # message counts
     group_sent = 0.0
     group_size = 0
 
     def fold() -> None:
         nonlocal intra, inter, reduced, sent_max, signature, symmetric, units
         nonlocal g_sin, g_rin, g_sout, g_rout, g_red, group_sent, group_size
+        nonlocal c_intra, c_inter, n_sin, n_rin, n_sout, n_rout
         d = float(group_size) if rails else 1.0
         mine_in = [max(a, b) / d for a, b in zip(g_sin, g_rin, strict=True)]
         mine_out = [max(a, b) / d for a, b in zip(g_sout, g_rout, strict=True)]
         mine_red = [v / d for v in g_red]
+        cnt_in = [max(a, b) / d for a, b in zip(n_sin, n_rin, strict=True)]
+        cnt_out = [max(a, b) / d for a, b in zip(n_sout, n_rout, strict=True)]
         if not exact:
-            sig = (tuple(mine_in), tuple(mine_out), tuple(mine_red), (group_sent / d,))
+            sig = (tuple(mine_in), tuple(mine_out), tuple(mine_red), (group_sent / d,),
+                   tuple(cnt_in), tuple(cnt_out))
             if signature is None:
                 signature = sig
             elif sig != signature:
@@ -481,9 +504,12 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
         intra = [max(a, b) for a, b in zip(intra, mine_in, strict=True)]
         inter = [max(a, b) for a, b in zip(inter, mine_out, strict=True)]
         reduced = [max(a, b) for a, b in zip(reduced, mine_red, strict=True)]
+        c_intra = [max(a, b) for a, b in zip(c_intra, cnt_in, strict=True)]
+        c_inter = [max(a, b) for a, b in zip(c_inter, cnt_out, strict=True)]
         sent_max = max(sent_max, group_sent / d)
         units += 1
         g_sin, g_rin, g_sout, g_rout, g_red = (list(zero) for _ in range(5))
+        n_sin, n_rin, n_sout, n_rout = (list(zero) for _ in range(4))
         group_sent, group_size = 0.0, 0
 
     current = None
@@ -499,6 +525,7 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
         for i, rnd in enumerate(schedule.steps(r)):
             steps_seen += len(rnd)
             s_in = s_out = r_in = r_out = red = 0
+            k_sin = k_sout = k_rin = k_rout = 0
             for st in rnd:
                 kind = st.kind
                 if kind is Kind.SEND:
@@ -506,14 +533,18 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
                     group_sent += b
                     if g and st.peer // g != node:
                         s_out += b
+                        k_sout += 1
                     else:
                         s_in += b
+                        k_sin += 1
                 elif kind is Kind.RECV or kind is Kind.RRED:
                     b = nbytes(st.dst)
                     if g and st.peer // g != node:
                         r_out += b
+                        k_rout += 1
                     else:
                         r_in += b
+                        k_rin += 1
                     if kind is Kind.RRED:
                         red += b
                 elif kind is Kind.LRED:
@@ -524,6 +555,10 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
                 g_sout[i] += s_out
                 g_rout[i] += r_out
                 g_red[i] += red
+                n_sin[i] += k_sin
+                n_rin[i] += k_rin
+                n_sout[i] += k_sout
+                n_rout[i] += k_rout
         group_size += 1
         walked += 1
     if current is not None:
@@ -540,7 +575,8 @@ def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
         how = f"{units} of {total} {what} (a sample of distinct roles; they differ)"
     if rails:
         how += f", as {g} rail channels (loads averaged within each node)"
-    return Tally(a_in / m, a_out / m, a_in > 0, a_out > 0, a_red / m, sent_max / m, rounds, how)
+    return Tally(a_in / m, a_out / m, a_in > 0, a_out > 0, a_red / m, sent_max / m, rounds, how,
+                 np.array(c_intra, float), np.array(c_inter, float))
 
 
 # --- predictions ------------------------------------------------------------------------------
@@ -568,6 +604,7 @@ class Prediction:
     counted: str
     pieces_rule: str = ""    # how the piece count was chosen
     params: dict[str, int] = field(default_factory=dict)
+    overhead_seconds: float = 0.0   # the per-message part of alpha_seconds
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (an infinite bandwidth becomes None)."""
@@ -609,8 +646,9 @@ def _scaled(collective: str) -> bool:
 
 @dataclass(frozen=True)
 class _Fit:
-    """``rounds = r0 + r1*k``, ``bytes = m*(b0 + b1/k)``, ``reduced = m*(g0 + g1/k)`` for
-    every piece count ``k >= k_from`` (counted at ``k_from``, 2x and 4x that)."""
+    """``rounds = r0 + r1*k``, ``bytes = m*(b0 + b1/k)``, ``reduced = m*(g0 + g1/k)`` and
+    ``messages = c0 + c1*k`` (the per-round most messages of a rank, summed) for every
+    piece count ``k >= k_from`` (counted at ``k_from``, 2x and 4x that)."""
 
     r0: float
     r1: float
@@ -620,9 +658,14 @@ class _Fit:
     g1: float
     sent: float
     k_from: int
+    c0: float = 0.0
+    c1: float = 0.0
 
     def rounds(self, k: int) -> int:
         return int(round(self.r0 + self.r1 * k))
+
+    def messages(self, k: int) -> float:
+        return self.c0 + self.c1 * k
 
     def critical(self, k: int) -> float:
         return self.b0 + self.b1 / k
@@ -630,16 +673,20 @@ class _Fit:
     def reduced(self, k: int) -> float:
         return self.g0 + self.g1 / k
 
-    def seconds(self, k: int, size: float, link: Link) -> tuple[float, float, float, float]:
-        a = link.alpha * (self.r0 + self.r1 * k)
+    def seconds(self, k: int, size: float, link: Link
+                ) -> tuple[float, float, float, float, float]:
+        """(total, alpha, beta, gamma, overhead) seconds; alpha includes the overhead."""
+        o = link.overhead * self.messages(k)
+        a = link.alpha * (self.r0 + self.r1 * k) + o
         b = size * link.beta * self.critical(k)
         g = size * link.gamma * self.reduced(k)
-        return a + b + g, a, b, g
+        return a + b + g, a, b, g, o
 
     def agrees(self, k: int, t: Tally) -> bool:
         tol = 1e-9 * max(1.0, self.b0 + abs(self.b1))
         return (t.rounds == self.rounds(k) and abs(t.critical - self.critical(k)) <= tol
-                and abs(float(t.reduced.sum()) - self.reduced(k)) <= tol)
+                and abs(float(t.reduced.sum()) - self.reduced(k)) <= tol
+                and abs(t.messages - self.messages(k)) <= 1e-6 * max(1.0, t.messages))
 
     @classmethod
     def through(cls, k: int, a: Tally, b: Tally) -> _Fit:
@@ -648,8 +695,9 @@ class _Fit:
         b1 = 2 * k * (a.critical - b.critical)
         ga, gb = float(a.reduced.sum()), float(b.reduced.sum())
         g1 = 2 * k * (ga - gb)
+        c1 = (b.messages - a.messages) / k
         return cls(a.rounds - r1 * k, r1, a.critical - b1 / k, b1, ga - g1 / k, g1,
-                   a.sent_max, k)
+                   a.sent_max, k, a.messages - c1 * k, c1)
 
 
 class Estimator:
@@ -746,17 +794,18 @@ class Estimator:
                 cands[k] = self._counted_seconds(k, size, profile)
                 k *= 2
             num = size * (link.beta * f.b1 + link.gamma * f.g1)
+            per_piece = link.alpha * f.r1 + link.overhead * f.c1
             lo = min(f.k_from, kmax)
             if num <= 0:
                 kstar = float(lo)
                 why = "more pieces add rounds and save no bytes"
-            elif f.r1 <= 0 or link.alpha == 0:
+            elif per_piece <= 0:
                 kstar = float(kmax)
                 why = "more pieces cost no latency here: as many as fit"
             else:
-                kstar = math.sqrt(num / (link.alpha * f.r1))
+                kstar = math.sqrt(num / per_piece)
                 why = (f"closed form k* = sqrt(n*(beta*{f.b1:g} + gamma*{f.g1:g})/"
-                       f"(alpha*{f.r1:g})) = {kstar:.4g}")
+                       f"(alpha*{f.r1:g} + o*{f.c1:g})) = {kstar:.4g}")
             for c in {lo, kmax, min(kmax, max(lo, math.floor(kstar))),
                       min(kmax, max(lo, math.ceil(kstar)))}:
                 cands[c] = f.seconds(c, size, link)[0]
@@ -797,22 +846,26 @@ class Estimator:
         return best_k, f"searched pieces 1, 2, 4, ... {k // 2} (counted)"
 
     def _seconds(self, t: Tally, size: float, profile: Profile
-                 ) -> tuple[float, float, float, float]:
-        """(total, alpha, beta, gamma) seconds of tally ``t`` at ``size`` = m * itemsize."""
+                 ) -> tuple[float, float, float, float, float]:
+        """(total, alpha, beta, gamma, overhead) seconds of tally ``t`` at ``size`` =
+        m * itemsize; alpha includes the per-message overhead."""
         a_in, b_in = profile.intra.alpha, profile.intra.beta
-        lat_in = t.intra_msgs * a_in
+        ovh_in = t.intra_count * profile.intra.overhead
+        lat_in = t.intra_msgs * a_in + ovh_in
         bw_in = t.intra * (size * b_in)
         red = t.reduced * (size * profile.intra.gamma)
         if profile.inter is not None and self.gpus_per_node:
-            lat_out = t.inter_msgs * profile.inter.alpha
+            ovh_out = t.inter_count * profile.inter.overhead
+            lat_out = t.inter_msgs * profile.inter.alpha + ovh_out
             bw_out = t.inter * (size * profile.inter.beta)
             out = (lat_out + bw_out) > (lat_in + bw_in)
             lat = np.where(out, lat_out, lat_in)
             bw = np.where(out, bw_out, bw_in)
+            ovh = np.where(out, ovh_out, ovh_in)
         else:
-            lat, bw = lat_in, bw_in
+            lat, bw, ovh = lat_in, bw_in, ovh_in
         a, b, g = float(lat.sum()), float(bw.sum()), float(red.sum())
-        return a + b + g, a, b, g
+        return a + b + g, a, b, g, float(ovh.sum())
 
     def seconds(self, m: int, itemsize: int, profile: Profile) -> float:
         """Predicted seconds at unit count ``m`` with the best piece count (no new counting
@@ -839,7 +892,7 @@ class Estimator:
         f = self.fit() if profile.levels_for(self.nranks) == 1 else None
         if f is not None and k >= f.k_from and not self.affordable(k):
             # Too many rounds to count: the closed form, fitted to smaller counts, answers.
-            total, a, b, g = f.seconds(k, size, profile.intra)
+            total, a, b, g, o = f.seconds(k, size, profile.intra)
             rounds, sent, crit = f.rounds(k), f.sent * size, f.critical(k) * size
             how = (f"closed form fitted to the counts at {f.k_from}, {2 * f.k_from} and "
                    f"{4 * f.k_from} pieces ({k} pieces not counted)")
@@ -849,7 +902,7 @@ class Estimator:
                 self._fit = None    # the closed form does not hold after all: search instead
                 if pieces is None:
                     return self.predict(m, itemsize, profile, dtype)
-            total, a, b, g = self._seconds(t, size, profile)
+            total, a, b, g, o = self._seconds(t, size, profile)
             rounds, sent, crit, how = t.rounds, t.sent_max * size, t.critical * size, t.counted
         nbytes = m * itemsize * (self.nranks if _scaled(self.collective) else 1)
         algbw = nbytes / total if total > 0 else math.inf
@@ -857,7 +910,7 @@ class Estimator:
         return Prediction(
             self.collective, self.algorithm, self.nranks, int(nbytes), dtype, k, total,
             rounds, int(round(sent)), int(round(crit)), a, b, g, algbw,
-            algbw * bus_factor(self.collective, self.nranks), how, rule, params)
+            algbw * bus_factor(self.collective, self.nranks), how, rule, params, o)
 
 
 @lru_cache(maxsize=256)
@@ -1115,14 +1168,16 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
                      gamma_seconds: float, critical_bytes: float, rounds: int, nranks: int,
                      line_rate: float | None, efficiency: float = 1.0,
                      efficiency_source: str = "", link_name: str = "",
-                     headline_bidirectional: bool = False) -> TextbookComparison:
+                     headline_bidirectional: bool = False,
+                     overhead_seconds: float = 0.0) -> TextbookComparison:
     """Explain ``model_seconds / textbook_seconds`` as a product of named factors.
 
     ``line_rate`` is the per-direction line rate of the (one-level) link, None
     for two-level predictions (then only the total is given).  The factors:
     direction (the textbook's bandwidth over the per-direction rate), efficiency,
     volume (the schedule's critical-path bytes over the textbook's bytes) and
-    latency plus reduction (the whole time over its bandwidth term).
+    latency plus reduction (the whole time over its bandwidth term;
+    ``overhead_seconds`` is the per-message part of ``alpha_seconds``).
     """
     from .units import format_bandwidth, format_bytes, format_seconds
 
@@ -1157,7 +1212,11 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
                         f"{exact}: {volume:.4g}x", volume))
     rest = model_seconds / beta_seconds
     if abs(rest - 1) > 1e-12:
-        parts = [f"latency: {rounds} rounds x alpha = {format_seconds(alpha_seconds)}"]
+        if overhead_seconds > 0:
+            parts = [f"latency: {rounds} rounds x alpha + per-message overhead "
+                     f"{format_seconds(overhead_seconds)} = {format_seconds(alpha_seconds)}"]
+        else:
+            parts = [f"latency: {rounds} rounds x alpha = {format_seconds(alpha_seconds)}"]
         if gamma_seconds > 0:
             parts.append(f"reduction: {format_seconds(gamma_seconds)}")
         factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))

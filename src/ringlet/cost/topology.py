@@ -27,6 +27,25 @@ Where the numbers come from
   message (a typical one-way latency of the kernel stack; not a measurement).
 * GPU reductions are fused into NCCL's copy kernels, so GPU presets have
   ``gamma = 0``.
+* Per-message overhead (LogGP's ``o``; what a rank pays per message it sends
+  or receives in a round, on top of one alpha per round): 1 us per message on
+  network links, NCCL's own figure for posting a network operation from its
+  proxy thread (``src/graph/tuning.cc``, ``getNetOverhead``, the
+  ``NCCL_NET_OVERHEAD`` parameter: 1 us on Intel x86 hosts, 2 us on AMD; the
+  tuner charges it once per step of an inter-node ring).  It is the software
+  cost, far above the NIC's own message rate (ConnectX-7: hundreds of millions
+  of small messages per second, a few ns each), and of the order of the MPI
+  LogGP figures Netgauge measures (o_s 0.3-0.5 us, o_r 0.5-1.5 us, g 0.45 us in
+  its published example, htor.inf.ethz.ch/research/netgauge/loggp).  Inside a
+  node (NVLink, PCIe): 0.4 us per message, NCCL's "arity serialization
+  latency" per intra-node peer in its CollNet Direct latency model
+  (``tuning.cc``: ``(nRanks/nNodes - 1) * 0.4``), the one place NCCL's tuner
+  charges a GPU for talking to more peers at once.  Ethernet over kernel
+  sockets: 2 us (NCCL's figure for AMD hosts; a socket send is a system call;
+  assumed, not measured).  ``local`` without a calibration: 7 us (what
+  calibrations of this transport measure as ``endpoint``,
+  benchmarks/VALIDATION.md: 6.9 us at 2 ranks); a calibrated profile carries
+  its own.
 
 ``local`` is this host's shared memory: the calibrated profile at
 :data:`~ringlet.cost.model.DEFAULT_PROFILE_PATH` if there is one, else a
@@ -47,6 +66,10 @@ _NCCL_TOPO = "NCCL src/graph/topo.h"
 _NCCL_LAT = "NCCL src/graph/tuning.cc hwLat (ring, LL128)"
 _TCP = "TCP goodput at 1500-byte MTU: 1448 payload bytes per 1538 bytes on the wire"
 _TCP_LAT = "assumed: one-way latency of kernel TCP sockets, not a measurement"
+_NET_OVH = "NCCL src/graph/tuning.cc getNetOverhead (NCCL_NET_OVERHEAD): 1 us per network " \
+    "post on an Intel x86 host"
+_GPU_OVH = "NCCL src/graph/tuning.cc: 0.4 us arity serialization latency per intra-node peer"
+_TCP_OVH = "assumed: a socket send is a system call; NCCL getNetOverhead's 2 us (AMD hosts)"
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,8 @@ class LinkSpec:
     efficiency_source: str
     latency_source: str
     gamma: float = 0.0        # seconds per byte reduced
+    overhead: float = 0.0     # seconds per message at each end (LogGP o)
+    overhead_source: str = ""
 
     @property
     def effective_bandwidth(self) -> float:
@@ -77,7 +102,9 @@ class LinkSpec:
         return Link.from_bandwidth(
             bw, self.latency, self.gamma,
             f"{self.name}: {format_bandwidth(self.bandwidth)} per direction ({self.source})"
-            f"{eff}; alpha {format_seconds(self.latency)} ({self.latency_source})")
+            f"{eff}; alpha {format_seconds(self.latency)} ({self.latency_source}); "
+            f"{format_seconds(self.overhead)} per message ({self.overhead_source})",
+            self.overhead)
 
     def headline(self) -> str:
         """The marketing figure and what it counts, e.g. ``900 GB/s bidirectional``."""
@@ -110,7 +137,7 @@ def _nvlink(name: str, gen: str, gpu: str, links: int, per_link: float, nccl_per
         f"NVIDIA {gpu} specifications: {links} NVLink {gen} links, "
         f"{format_bandwidth(2 * per_dir)} bidirectional per GPU",
         f"{_NCCL_TOPO} {nccl_const} = {nccl_per_link:g} GB/s per link of {per_link / 1e9:g}",
-        _NCCL_LAT)
+        _NCCL_LAT, overhead=0.4e-6, overhead_source=_GPU_OVH)
 
 
 def _pcie(name: str, gen: int, gts: float) -> LinkSpec:
@@ -120,7 +147,8 @@ def _pcie(name: str, gen: int, gts: float) -> LinkSpec:
         12.0 / 15.75,
         f"PCI-SIG: {gts:g} GT/s per lane, 16 lanes, 128b/130b encoding; the usual "
         f"headline counts both directions",
-        f"{_NCCL_TOPO} PCI_BW = 12.0 GB/s for Gen3 x16 (15.75 GB/s line rate)", _NCCL_LAT)
+        f"{_NCCL_TOPO} PCI_BW = 12.0 GB/s for Gen3 x16 (15.75 GB/s line rate)", _NCCL_LAT,
+        overhead=0.4e-6, overhead_source=_GPU_OVH)
 
 
 def _net(name: str, description: str, gbits: float, latency: float, source: str,
@@ -129,14 +157,15 @@ def _net(name: str, description: str, gbits: float, latency: float, source: str,
     return LinkSpec(
         name, description, per_dir, per_dir, False, latency, 12.0 / 12.5, source,
         f"{_NCCL_TOPO} NET_BW = 12.0 GB/s for a 100 Gb/s NIC (12.5 GB/s line rate)",
-        latency_source)
+        latency_source, overhead=1e-6, overhead_source=_NET_OVH)
 
 
 def _eth(name: str, gbits: float) -> LinkSpec:
     per_dir = gbits * 1e9 / 8
     return LinkSpec(
         name, f"{gbits:g} Gb Ethernet, TCP sockets", per_dir, per_dir, False, 25e-6,
-        1448 / 1538, f"IEEE 802.3: {gbits:g} Gb/s per direction", _TCP, _TCP_LAT)
+        1448 / 1538, f"IEEE 802.3: {gbits:g} Gb/s per direction", _TCP, _TCP_LAT,
+        overhead=2e-6, overhead_source=_TCP_OVH)
 
 
 LINKS: dict[str, LinkSpec] = {s.name: s for s in [
@@ -171,7 +200,9 @@ LOCAL_DEFAULT = LinkSpec(
     2e9, 2e9, False, 20e-6, 1.0,
     "assumed: a Python shared-memory transport copies at a few GB/s",
     "assumed (efficiency folded into the bandwidth)",
-    "assumed: a few polls of a shared-memory flag", gamma=1 / 2e9)
+    "assumed: a few polls of a shared-memory flag", gamma=1 / 2e9, overhead=7e-6,
+    overhead_source="assumed: calibrations of this transport measure 7-17 us per message "
+                    "(the host model's endpoint, benchmarks/VALIDATION.md)")
 
 NODES: dict[str, NodeShape] = {s.name: s for s in [
     NodeShape("dgx_a100", "DGX A100: 8 x A100 on NVLink 3, 8 x 200 Gb/s HDR InfiniBand",

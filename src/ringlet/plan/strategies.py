@@ -328,6 +328,7 @@ class CommCost:
     rounds: int
     textbook_bytes: float
     textbook_seconds: float
+    overhead_seconds: float = 0.0   # the per-message part of alpha_seconds
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comm
@@ -376,7 +377,7 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
         sizes = [(s, k * comm.calls) for s, k in sizes]
     else:
         sizes = [(comm.nbytes, comm.calls)]
-    sent = secs = crit = a = bt = g = 0.0
+    sent = secs = crit = a = bt = g = o = 0.0
     rounds = buckets = 0
     algo = ""
     for size, k in sizes:
@@ -385,12 +386,14 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
         secs += p.seconds * k
         crit += p.critical_bytes * k
         a += p.alpha_seconds * k
+        o += p.overhead_seconds * k
         bt += p.beta_seconds * k
         g += p.gamma_seconds * k
         rounds += p.rounds * k
         buckets += k
         algo = algo or ("send" if comm.collective == "send" else p.algorithm)
-    return CommCost(comm, sent, secs, buckets, algo, crit, a, bt, g, rounds, tb_bytes, tb_seconds)
+    return CommCost(comm, sent, secs, buckets, algo, crit, a, bt, g, rounds, tb_bytes, tb_seconds,
+                    o)
 
 
 def _predict_one(collective: str, n: int, nbytes: int, profile: Profile, dtype: str,
@@ -572,7 +575,8 @@ def plan(par: Parallelism, model: ModelShape, how: Costing, *,
                 rounds=sum(c.rounds for c in costs), nranks=par.dp if par.dp > 1 else par.ranks,
                 line_rate=line_rate if one_level else None, efficiency=efficiency,
                 efficiency_source=efficiency_source, link_name=link_name,
-                headline_bidirectional=headline_bidirectional)
+                headline_bidirectional=headline_bidirectional,
+                overhead_seconds=sum(c.overhead_seconds for c in costs))
             explanation = cmp.lines()
     return StepPlan(par, model, costs, how.textbook, compute_seconds, backward_fraction,
                     usd_per_gpu_hour, steps_per_second, tuple(explanation))

@@ -82,10 +82,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "non-blocking switch)")
     f.add_argument("--oversubscription", type=float, default=1.0, metavar="RATIO",
                    help="a leaf's downlinks over its uplinks, e.g. 2 for 2:1 (default 1)")
-    f.add_argument("--overhead", metavar="TIME", default="0",
-                   help="LogGP o: a sender's time per message, e.g. 1us (default 0)")
     f.add_argument("--gap", metavar="TIME", default="0",
-                   help="LogGP g: least time between two messages of a rank (default 0)")
+                   help="LogGP g: least time a rank's port spends per message, when more "
+                        "than the links' per-message overhead (--overhead) (default 0)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print a JSON list, one object per "
                                                        "algorithm")
@@ -168,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
     topo = Topology.from_profile(
         profile, nics_per_node=args.nics_per_node, rails=bool(args.rails),
         nodes_per_leaf=args.nodes_per_leaf, oversubscription=args.oversubscription,
-        overhead=parse_time(args.overhead, "--overhead"), gap=parse_time(args.gap, "--gap"))
+        gap=parse_time(args.gap, "--gap"))
     stragglers: dict[int, float] = {}
     for text in args.straggler:
         rank, delay = parse_straggler(text)

@@ -6,14 +6,14 @@ far.  A round's messages come from the schedule's closed form
 advances at once (numpy), so a round of 16,384 ranks costs a few vector
 operations.  For every message of round ``i`` from ``s`` to ``d``:
 
-* it leaves at ``max(t[s], t[d]) + o + j * max(o, g)``: once both ends are
-  done with the rounds before (a rendezvous: the receiver's buffer is free),
-  the ``j``-th message of its sender in the round (LogGP's overhead ``o`` and
-  gap ``g``: ``p - 1`` messages cost ``p - 1`` overheads);
-* it arrives ``latency + bytes / share`` later, where ``share`` is its part of
-  the most contended link on its path: the messages of a round that use a link
-  (a rank's port, a NIC, a leaf switch's uplinks) share its bandwidth, as if
-  they ran at once;
+* it leaves at ``max(t[s], t[d])``: once both ends are done with the rounds
+  before (a rendezvous: the receiver's buffer is free);
+* it arrives ``latency + port`` later, where ``port`` is the time of the most
+  loaded link on its path: the messages of a round that use a link (a rank's
+  port, a NIC, a leaf switch's uplinks) share its bandwidth, as if they ran at
+  once, and every message costs the ports (and NICs) it leaves and enters the
+  link's per-message overhead (LogGP's ``o``, at least ``g``): ``p - 1``
+  messages cost ``p - 1`` overheads, as in the cost model;
 * the sender is done with it when it has arrived (a rendezvous: NCCL reuses a
   step's buffer slot only once the receiver has it, so its tuner charges a
   latency per step), the receiver when it has arrived and, if the receiver
@@ -93,9 +93,8 @@ class _Pattern:
     arrays: tuple[np.ndarray, ...]     # the round's arrays (kept alive: see PATTERN_CACHE)
     src: np.ndarray
     dst: np.ndarray
-    leave: np.ndarray                  # per message: LogGP offset of its departure
     latency: np.ndarray
-    transfer: np.ndarray               # bytes over its share of its most loaded link
+    transfer: np.ndarray               # its most loaded link's time: bytes and messages
     reduce_dst: np.ndarray             # per receiver (in `rdst` order): reduction seconds
     shift: int                         # -1, or k if src = 0..n-1 and dst = src + k
     sdst: np.ndarray                   # unique senders / receivers and how to group them
@@ -112,7 +111,7 @@ class _Pattern:
     def cost(self) -> np.ndarray:
         """Per message: from both ends ready to arrival, without noise."""
         if self._cost is None:
-            self._cost = self.leave + self.latency + self.transfer
+            self._cost = self.latency + self.transfer
         return self._cost
 
     _cost: np.ndarray | None = None
@@ -160,9 +159,13 @@ class _Network:
         """(latency, transfer seconds) of every message of one round."""
         topo, n = self.topo, self.n
         intra_bw = topo.intra.bandwidth
+        o_in = topo.per_message(topo.intra)
         if not self.two:
             out = np.bincount(src, nb, n) / intra_bw
             inn = np.bincount(dst, nb, n) / intra_bw
+            if o_in:
+                out += np.bincount(src, minlength=n) * o_in
+                inn += np.bincount(dst, minlength=n) * o_in
             return (np.full(len(src), topo.intra.alpha),
                     np.maximum(out[src], inn[dst]))
         inter = topo.inter
@@ -171,17 +174,28 @@ class _Network:
         ns, nd = src // g, dst // g
         cross = ns != nd
         lat = np.where(cross, inter.alpha, topo.intra.alpha)
-        # the intra ports
+        # the intra ports: bytes over the bandwidth, and the per-message overhead
         w_in = np.where(cross, 0.0, nb)
-        t_intra = np.maximum((np.bincount(src, w_in, n) / intra_bw)[src],
-                             (np.bincount(dst, w_in, n) / intra_bw)[dst])
+        p_out = np.bincount(src, w_in, n) / intra_bw
+        p_in = np.bincount(dst, w_in, n) / intra_bw
+        if o_in:
+            local = (~cross).astype(float)
+            p_out += np.bincount(src, local, n) * o_in
+            p_in += np.bincount(dst, local, n) * o_in
+        t_intra = np.maximum(p_out[src], p_in[dst])
         # the NICs
         w_x = nb - w_in
         nic_s = ns * self.nics + (src % g) * self.nics // g
         nic_d = nd * self.nics + (dst % g) * self.nics // g
         bw = inter.bandwidth
-        t_nic = np.maximum((np.bincount(nic_s, w_x, self.nic_slots) / bw)[nic_s],
-                           (np.bincount(nic_d, w_x, self.nic_slots) / bw)[nic_d])
+        n_out = np.bincount(nic_s, w_x, self.nic_slots) / bw
+        n_in = np.bincount(nic_d, w_x, self.nic_slots) / bw
+        o_x = topo.per_message(inter)
+        if o_x:
+            remote = cross.astype(float)
+            n_out += np.bincount(nic_s, remote, self.nic_slots) * o_x
+            n_in += np.bincount(nic_d, remote, self.nic_slots) * o_x
+        t_nic = np.maximum(n_out[nic_s], n_in[nic_d])
         # the leaves' uplinks and downlinks
         if self.topo.nodes_per_leaf:
             if self.rails:
@@ -218,17 +232,6 @@ class Simulator:
         n, topo = self.schedule.nranks, self.topology
         nb = chunks * self.chunk_bytes
         lat, xfer = self.net.transfer(src, dst, nb)
-        step = max(topo.overhead, topo.gap)
-        if topo.overhead or step:
-            # j-th message of its sender in the round
-            order = np.argsort(src, kind="stable")
-            s = src[order]
-            first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-            j = np.empty(len(src), np.int64)
-            j[order] = np.arange(len(src)) - np.repeat(first, np.diff(np.r_[first, len(s)]))
-            leave = topo.overhead + j * step
-        else:
-            leave = np.zeros(len(src))
         sdst, sorder, sstarts = _groups(src)
         rdst, rorder, rstarts = _groups(dst)
         gamma = topo.intra.gamma
@@ -240,7 +243,7 @@ class Simulator:
             k = int((dst[0] - src[0]) % n)
             if np.array_equal(dst, (src + k) % n):
                 shift = k
-        p = _Pattern(arrays, src, dst, leave, lat, xfer, red_bytes * gamma, shift, sdst, rdst,
+        p = _Pattern(arrays, src, dst, lat, xfer, red_bytes * gamma, shift, sdst, rdst,
                      sorder, sstarts, rorder, rstarts, float(nb.sum()))
         if shift >= 0 and gamma and red.any():
             p.reduce_rank = np.zeros(n)
@@ -294,7 +297,7 @@ class Simulator:
             cost = p.cost   # leaving, latency and transfer
             if jitter:
                 f = np.exp(jitter * np.abs(rng.standard_normal(len(p.src))))
-                cost = p.leave + (p.latency + p.transfer) * f
+                cost = (p.latency + p.transfer) * f
             before = t.copy() if trace is not None else None
             if p.shift >= 0:
                 # every rank sends to rank + k: shifts instead of gathers, in place

@@ -17,10 +17,14 @@ bandwidth up, ...).  With ``rails`` the fabric is rail-optimised: NIC ``k`` of
 every node plugs into rail ``k``'s leaves, so a message from NIC k to NIC k
 stays on its rail's leaf while one between different NICs crosses the spine.
 
-Costs per message are LogGP's: the sender spends ``overhead`` seconds
-posting each message and consecutive messages of a rank leave at least
-``gap`` seconds apart; the message then takes the link's latency plus its
-bytes over its share of the bandwidth.
+Costs per message are LogGP's, charged where the cost model charges them:
+every message occupies its sender's port and its receiver's port (for a
+message between nodes: their NICs) for the link's per-message ``overhead``
+(:attr:`~ringlet.cost.model.Link.overhead`) on top of its bytes, so a rank
+that sends or receives k messages in a round is busy ``k * overhead`` more;
+``gap`` is LogGP's g, the least time a port spends per message (the larger of
+the two counts).  ``overhead`` given here replaces every link's own.  The
+message then takes the link's latency plus its port's time.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ class Topology:
     rails: bool = False
     nodes_per_leaf: int = 0         # 0: every node on one non-blocking switch
     oversubscription: float = 1.0
-    overhead: float = 0.0           # LogGP o: seconds a sender spends per message
-    gap: float = 0.0                # LogGP g: least seconds between a rank's messages
+    overhead: float | None = None   # LogGP o per message at each port; None: the links' own
+    gap: float = 0.0                # LogGP g: least seconds a port spends per message
 
     def __post_init__(self) -> None:
         if self.inter is not None and self.gpus_per_node < 1:
@@ -59,8 +63,14 @@ class Topology:
             raise ArgumentError(
                 f"oversubscription is a ratio >= 1 (1: full bisection), got "
                 f"{self.oversubscription!r}")
-        if self.overhead < 0 or self.gap < 0:
+        if (self.overhead is not None and not self.overhead >= 0) or not self.gap >= 0:
             raise ArgumentError("overhead and gap must be >= 0 seconds")
+
+    def per_message(self, link: Link) -> float:
+        """Seconds a port spends per message on ``link``: its overhead (or this topology's
+        override), at least the gap."""
+        o = link.overhead if self.overhead is None else self.overhead
+        return max(o, self.gap)
 
     @classmethod
     def from_profile(cls, profile: Profile, **kw: object) -> Topology:
