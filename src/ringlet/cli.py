@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("ringlet.sim.cli", "simulate a collective at scale: topology, stragglers, noise"),
     "plan": ("ringlet.plan.cli", "a training step's communication: bytes, time, overlap, money"),
     "diagnose": ("ringlet.diagnose", "what a failed job's ranks were doing, from their dumps"),
+    "report": ("ringlet.report", "one HTML file: bench, predictions, trace, algorithm diagrams"),
     "config": ("ringlet.configcli", "list every setting, its RINGLET_* variable and value"),
 }
 

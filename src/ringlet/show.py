@@ -637,6 +637,130 @@ def draw_png(tr: Trace, path: str, count: int = DEFAULT_COUNT,
         raise ArgumentError(f"--png {path!r}: cannot write it: {exc.strerror or exc}") from None
 
 
+def _hex(rgb: tuple[float, float, float]) -> str:
+    return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
+
+
+def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEMSIZE) -> str:
+    """Draw ``tr`` as the time-space diagram of :func:`draw_png`, as an SVG element
+    (text, no dependency): ranks are rows, time runs left to right, each rank's
+    chunks after every round are a row of boxes and every message an arrow
+    labelled with its chunks (red: reduced into the receiver's, dashed blue: copied).
+    Each box and arrow has a tooltip (its chunk's content, in the text diagram's notation).
+    """
+    from html import escape
+
+    s = tr.schedule
+    drawable(s.nranks)
+    n, R = s.nranks, len(tr.after)
+    note = Notation(s)
+    shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
+    ncells = sum(s.layouts[b].nchunks for b in shown)
+    gap = 1 if len(shown) > 1 else 0
+    busiest = max([len(m) for m in tr.messages] + [1])
+    col = max(70.0, min(220.0, 40.0 + 9.0 * busiest), 14.0 * (ncells + gap) + 50)
+    box_w = min(12.0, (col - 40.0) / (ncells + gap))
+    strip = box_w * (ncells + gap)
+    box_h, row_h = 16.0, 46.0
+    left = 84.0 + strip / 2
+    title = header(s, count, itemsize, width=max(60, int((left + col * (R + 1)) / 6.5)))
+    if tr.error is not None:
+        title += textwrap.wrap(f"FAILED: {tr.error}", 100)
+    top = 18.0 * len(title) + 16.0
+    width = left + col * (max(R, 1) + 0.5)
+    height = top + row_h * n + 70.0
+
+    def x(t: float) -> float:
+        return left + col * t
+
+    def y(r: float) -> float:
+        return top + row_h * (r + 0.5)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="schedule" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+           f'height="{height:.0f}" font-family="sans-serif" font-size="11">',
+           '<defs>' + "".join(
+               f'<marker id="ah-{k}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+               f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
+               f'fill="{c}"/></marker>' for k, c in (("r", REDUCE_ARROW), ("c", COPY_ARROW)))
+           + '</defs>']
+    for i, line in enumerate(title):
+        ink = "#b00000" if tr.error is not None and line.startswith("FAILED") else "#000"
+        out.append(f'<text x="8" y="{18 + 18 * i}" font-size="{13 if i == 0 else 11}" '
+                   f'fill="{ink}" xml:space="preserve">{escape(line)}</text>')
+    for r in range(n):
+        out.append(f'<line x1="{left - 6}" x2="{width - 4:.0f}" y1="{y(r):.1f}" '
+                   f'y2="{y(r):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - strip / 2 - 8:.1f}" y="{y(r) + 4:.1f}" '
+                   f'text-anchor="end">rank {r} '
+                   f'({letter(r)})</text>')
+    step = max(1, -(-R // 30))
+    for t in range(0, R, step):
+        out.append(f'<text x="{x(t + 0.5):.1f}" y="{top + row_h * n + 14:.1f}" '
+                   f'text-anchor="middle" fill="#555">{t}</text>')
+    out.append(f'<text x="{left}" y="{top + row_h * n + 32:.1f}" fill="#555">round (boxes: '
+               f'what each rank holds before round 0 and after each round)</text>')
+
+    def colour(v: Value, rank: int, buf: Buf, slot: int) -> str:
+        if v is None:
+            return EMPTY
+        if note.complete(v, rank, buf, slot):
+            return DONE
+        if note.reducing and v[0][0] == "x":
+            return _hex(_mix(PARTIAL_LO, PARTIAL_HI, (v[1].bit_count() - 1) / max(1, n - 1)))
+        return TRANSIT
+
+    for t, states in enumerate([tr.start, *tr.after]):
+        for r in range(n):
+            bx = x(t) - strip / 2
+            for b in shown:
+                for i, v in enumerate(states[r][b]):
+                    tip = f"rank {r}, {SLOT[b]}{i}: {note.cell(v, r, b, i)}"
+                    out.append(f'<rect x="{bx:.1f}" y="{y(r) - box_h / 2:.1f}" '
+                               f'width="{box_w:.1f}" height="{box_h}" '
+                               f'fill="{colour(v, r, b, i)}" stroke="#888" stroke-width="0.5">'
+                               f'<title>{escape(tip)}</title></rect>')
+                    bx += box_w
+                bx += box_w * gap
+    for t, msgs in enumerate(tr.messages):
+        for m in msgs:
+            x0, x1 = x(t) + strip / 2, x(t + 1) - strip / 2
+            c, k = (REDUCE_ARROW, "r") if m.reduce else (COPY_ARROW, "c")
+            dash = "" if m.reduce else ' stroke-dasharray="5,3"'
+            label = refs_text(m.refs)
+            tip = (f"round {t}: rank {m.src} sends {label} to rank {m.dst}, "
+                   + ("reduced into what it holds" if m.reduce else "copied"))
+            out.append(f'<line x1="{x0:.1f}" y1="{y(m.src):.1f}" x2="{x1:.1f}" '
+                       f'y2="{y(m.dst):.1f}" stroke="{c}" stroke-width="1.3"{dash} '
+                       f'marker-end="url(#ah-{k})"><title>{escape(tip)}</title></line>')
+            f = min(max(0.35 / abs(m.dst - m.src), 0.12), 0.35) if m.dst != m.src else 0.3
+            lx, ly = x0 + (x1 - x0) * f, y(m.src) + (y(m.dst) - y(m.src)) * f
+            out.append(f'<text x="{lx:.1f}" y="{ly + 3.5:.1f}" text-anchor="middle" '
+                       f'font-size="10" fill="{c}" stroke="#fff" stroke-width="3" '
+                       f'paint-order="stroke">{escape(label)}</text>')
+    # legend
+    items = [(REDUCE_ARROW, "line", "received and reduced"),
+             (COPY_ARROW, "dash", "received (copy)"), (EMPTY, "box", "empty")]
+    if note.reducing:
+        items.append((_hex(_mix(PARTIAL_LO, PARTIAL_HI, 0.5)), "box", "partly reduced"))
+        items.append((DONE, "box", "reduced over every rank"))
+    else:
+        items += [(TRANSIT, "box", "in transit"), (DONE, "box", "in its final place")]
+    lx, ly = left, top + row_h * n + 54
+    for c, kind, text in items:
+        if kind == "box":
+            out.append(f'<rect x="{lx}" y="{ly - 9}" width="12" height="12" fill="{c}" '
+                       f'stroke="#888" stroke-width="0.5"/>')
+        else:
+            dash = ' stroke-dasharray="5,3"' if kind == "dash" else ""
+            out.append(f'<line x1="{lx}" y1="{ly - 3}" x2="{lx + 14}" y2="{ly - 3}" '
+                       f'stroke="{c}" stroke-width="1.5"{dash}/>')
+        out.append(f'<text x="{lx + 18}" y="{ly + 1}">{escape(text)}</text>')
+        lx += 26 + 6.2 * len(text)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 # --- ringlet show --------------------------------------------------------------------
 
 

@@ -48,25 +48,35 @@ def read(directory: str) -> list[dict[str, Any]]:
     return events
 
 
-def skew(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Arrival skew of the collectives that every rank of their communicator traced."""
+def arrivals(events: list[dict[str, Any]]) -> list[tuple[str, dict[int, float]]]:
+    """Each collective that every rank of its communicator traced, as (its name, when
+    each rank arrived, in trace microseconds), in the order of its first arrival."""
     groups: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for e in events:
         if e.get("cat") != "collective":
             continue
         a = e["args"]
         groups.setdefault((a["comm"], int(a["seq"])), {})[int(e["tid"])] = e
-    skews: list[tuple[float, str, int]] = []
-    last: dict[int, int] = {}
-    waited: dict[int, float] = {}
+    out: list[tuple[str, dict[int, float]]] = []
     for (comm, _), by_rank in groups.items():
         members = [int(q) for q in comm.split(",")]
         if len(members) < 2 or len(by_rank) < len(members):
             continue
-        arrive = {q: float(e["ts"]) for q, e in by_rank.items()}
+        name = next(iter(by_rank.values()))["name"]
+        out.append((name, {q: float(e["ts"]) for q, e in by_rank.items()}))
+    out.sort(key=lambda c: min(c[1].values()))
+    return out
+
+
+def skew(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Arrival skew of the collectives that every rank of their communicator traced."""
+    skews: list[tuple[float, str, int]] = []
+    last: dict[int, int] = {}
+    waited: dict[int, float] = {}
+    for name, arrive in arrivals(events):
         latest = max(arrive.values())
         slow = max(arrive, key=lambda q: arrive[q])
-        skews.append((latest - min(arrive.values()), by_rank[slow]["name"], slow))
+        skews.append((latest - min(arrive.values()), name, slow))
         last[slow] = last.get(slow, 0) + 1
         for q, t in arrive.items():
             waited[q] = waited.get(q, 0.0) + latest - t
