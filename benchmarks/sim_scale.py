@@ -102,10 +102,13 @@ def main() -> int:
         "",
         "How: every family gives a round as vectors in closed form "
         "(`Schedule.round_arrays`, no rank's steps built), and the simulator costs a round's "
-        "pattern once (links, contention, LogGP offsets) and then advances all 16,384 clocks "
-        "with a few numpy operations per round; a ring's rounds are one pattern, so each of "
-        "its 32,766 rounds is two shifts and three maxima. Noise draws one normal per "
-        "message, which is what the last row pays for.",
+        "pattern once (links, contention, per-message overheads) and then advances all "
+        "16,384 clocks with a few numpy operations per round; a ring's rounds are one "
+        "pattern, so each of its 32,766 rounds is two shifts and three maxima. Noise draws "
+        "a factor per message, 16 random bits each into a 65,536-level inverse-CDF table of "
+        "the folded normal (four messages per 64-bit draw), which is what the last row pays "
+        "for. The dgx_h100 rows charge the presets' per-message overheads (1 us per network "
+        "message, 0.4 us inside a node; docs/nccl.md), as `ringlet predict` does.",
         "",
     ]
     Path(__file__).with_name("SIM_SCALE.md").write_text("\n".join(lines))

@@ -202,3 +202,17 @@ def test_cli_errors_name_the_bad_value(capsys: pytest.CaptureFixture[str]) -> No
                                                              "lognormal:SIGMA")):
         assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8", *argv]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_noise_is_a_folded_lognormal_from_16_bits_a_message() -> None:
+    from ringlet.sim.core import half_normal_quantiles, noise
+    q = half_normal_quantiles()
+    assert len(q) == 1 << 16 and 0 < q[0] < 1e-4 and 4.4 < q[-1] < 4.5
+    assert (np.diff(q) > 0).all()
+    f = noise(np.random.default_rng(3), np.exp(0.5 * q), 100_001)
+    assert f.min() > 1.0
+    # |Z|'s median is 0.6745 and its mean sqrt(2/pi)
+    assert np.median(np.log(f) / 0.5) == pytest.approx(0.6745, abs=0.01)
+    assert np.mean(np.log(f) / 0.5) == pytest.approx(np.sqrt(2 / np.pi), abs=0.01)
+    again = noise(np.random.default_rng(3), np.exp(0.5 * q), 100_001)
+    assert np.array_equal(f, again)
