@@ -1,7 +1,9 @@
 """Distributed argmax: the global maximum and which rank holds it.
 
 As the seed suggests: all_reduce with MAX, then all_gather to find who has it.
-Ties go to the lowest rank.
+Ties go to the lowest rank.  Then the same in one call, as MPI does it: MAXLOC
+reduces (value, index) pairs, keeping the larger value and, on a tie, the
+lower index.
 
     ringlet run -n 4 examples/distributed_argmax.py
 """
@@ -26,11 +28,18 @@ def main() -> None:
     where = np.array([index])
     comm.broadcast(where, root=owner)
 
+    # one call: (value, global index) pairs reduced with MAXLOC
+    pair = ringlet.pairs([local.max()], [comm.rank * 8 + int(np.argmax(local))])
+    comm.all_reduce(pair, op="maxloc")
+    one_call = (int(pair["value"][0]), int(pair["index"][0]))
+
     everything = np.concatenate([np.random.default_rng(1234 + r).integers(0, 1000, size=8)
                                  for r in range(comm.size)])
-    ok = everything.max() == best[0] and np.argmax(everything) == owner * 8 + where[0]
+    ok = everything.max() == best[0] and np.argmax(everything) == owner * 8 + where[0] \
+        and one_call == (best[0], owner * 8 + where[0])
     print(f"rank {comm.rank}: local max {local.max()}; global max {best[0]} "
-          f"at rank {owner}, index {where[0]}; matches numpy: {ok}")
+          f"at rank {owner}, index {where[0]}; MAXLOC in one call: {one_call}; "
+          f"matches numpy: {ok}")
     comm.close()
     if not ok:
         raise SystemExit(1)

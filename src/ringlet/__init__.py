@@ -22,7 +22,7 @@ from .errors import (
     VerificationError,
 )
 from .launch import spawn
-from .ops import ReduceOp
+from .ops import ReduceOp, pairs
 from .schedule import Schedule
 from .startup import init
 from .verify import verify as _verify_schedule
@@ -44,5 +44,5 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params
 __all__ = [
     "ArgumentError", "Bucketer", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
     "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError",
-    "VerificationError", "Work", "algorithms", "init", "spawn", "verify",
+    "VerificationError", "Work", "algorithms", "init", "pairs", "spawn", "verify",
 ]

@@ -32,6 +32,8 @@ class ReduceOp(enum.IntEnum):
     LAND = 8
     LOR = 9
     LXOR = 10
+    MINLOC = 11
+    MAXLOC = 12
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
@@ -115,6 +117,8 @@ def dtype_of_numpy(dt: np.dtype[Any]) -> DType:
     d = _BY_NUMPY.get(dt)
     if d is not None:
         return d
+    if dt.names is not None:
+        return _pair_dtype(dt)
     d = DTYPES.get(dt.name) if dt.isnative or dt.itemsize == 1 else None
     if d is None:
         raise ArgumentError(
@@ -122,6 +126,65 @@ def dtype_of_numpy(dt: np.dtype[Any]) -> DType:
             f"(native byte order)")
     return d
 
+
+#: (value, index) pairs for MINLOC and MAXLOC: numpy structured types of two fields
+_PAIRS: dict[np.dtype[Any], DType] = {}
+#: the first code of the pair types (after the plain ones)
+_PAIR_BASE = 64
+
+
+def _pair_dtype(dt: np.dtype[Any]) -> DType:
+    """A structured type of two fields, a real value and an integer index (MPI's
+    ``MPI_DOUBLE_INT`` and friends), for MINLOC and MAXLOC."""
+    hit = _PAIRS.get(dt)
+    if hit is not None:
+        return hit
+    names = dt.names or ()
+    fields = [dt.fields[n][0] for n in names] if dt.fields else []
+    if len(fields) != 2 or fields[0].kind not in "iuf" or fields[1].kind not in "iu" \
+            or not all(f.isnative or f.itemsize == 1 for f in fields):
+        raise ArgumentError(
+            f"structured dtype {dt} is not supported: ringlet takes (value, index) pairs "
+            f"only, a real value and an integer index (ringlet.pairs(values, indices) makes "
+            f"them), for MINLOC and MAXLOC")
+    v, i = (DTYPES[f.name] for f in fields)
+    d = DType(f"pair({v.name},{i.name})", _PAIR_BASE + 16 * v.code + i.code, dt)
+    _PAIRS[dt] = d
+    return d
+
+
+def pairs(values: Any, indices: Any) -> np.ndarray:
+    """(value, index) pairs for MINLOC and MAXLOC, as one numpy structured array with
+    fields ``value`` and ``index`` (MPI's ``MPI_DOUBLE_INT`` and friends)::
+
+        best = ringlet.pairs(local.max(keepdims=True), [comm.rank])
+        comm.all_reduce(best, op="maxloc")   # best["value"], best["index"]
+    """
+    v, i = np.asarray(values), np.asarray(indices)
+    if i.dtype.kind not in "iu":
+        raise ArgumentError(f"indices must be integers, got dtype {i.dtype}")
+    v, i = np.broadcast_arrays(v, i)
+    out = np.empty(v.shape, [("value", v.dtype.newbyteorder("=")),
+                             ("index", i.dtype.newbyteorder("="))])
+    out["value"], out["index"] = v, i
+    return out
+
+
+def _loc(greater: bool) -> Reducer:
+    """MAXLOC / MINLOC on pairs: the better value; on a tie, the lower index (as MPI)."""
+
+    def reduce(dst: np.ndarray, src: np.ndarray) -> None:
+        nv, ni = dst.dtype.names or ("", "")
+        v, i, sv, si = dst[nv], dst[ni], src[nv], src[ni]
+        better = np.greater(sv, v) if greater else np.less(sv, v)
+        take = better | (np.equal(sv, v) & np.less(si, i))
+        if take.any():
+            dst[take] = src[take]
+
+    return reduce
+
+
+LOC = frozenset({ReduceOp.MINLOC, ReduceOp.MAXLOC})
 
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
           ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
@@ -136,6 +199,14 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 def check_op(op: ReduceOp, dt: DType) -> None:
     """Raise ArgumentError if ``op`` is not defined on ``dt`` (before any communication)."""
+    pair = dt.code >= _PAIR_BASE
+    if op in LOC and not pair:
+        raise ArgumentError(
+            f"{op.name} reduces (value, index) pairs, not {dt.name}; make them with "
+            f"ringlet.pairs(values, indices)")
+    if pair and op not in LOC:
+        raise ArgumentError(f"{dt.name} pairs reduce with MINLOC or MAXLOC only, not "
+                            f"{op.name}")
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and dt.is_float:
         raise ArgumentError(
             f"bitwise op {op.name} is not defined for {dt.name}; use it on bool or integer "
@@ -156,6 +227,8 @@ def reducer(op: ReduceOp, dt: DType) -> Reducer:
     """The in-place kernel ``dst = dst (op) src`` for this op and element type."""
     if dt.name == "bfloat16":
         return _torch_bf16_reducer(op)
+    if op in LOC:
+        return _loc(op is ReduceOp.MAXLOC)
     if op is ReduceOp.PROD and dt.is_complex:
         return _complex_prod
     ufunc = _UFUNC[op]
@@ -224,4 +297,10 @@ def reference_reduce(stack: np.ndarray, op: ReduceOp) -> np.ndarray:
         return (out / stack.shape[0]).astype(stack.dtype)
     if op in LOGICAL:
         return _UFUNC[op].reduce(stack != 0, axis=0).astype(stack.dtype)
+    if op in LOC:
+        out = stack[0].copy()
+        kernel = _loc(op is ReduceOp.MAXLOC)
+        for row in stack[1:]:
+            kernel(out, row)
+        return out
     return _UFUNC[op].reduce(stack, axis=0, dtype=stack.dtype)

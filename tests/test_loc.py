@@ -1,0 +1,95 @@
+"""MINLOC and MAXLOC on (value, index) pairs (ringlet.pairs): every all_reduce algorithm,
+reduce and reduce_scatter against numpy's argmax/argmin (ties: the lower index), and
+the errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ringlet
+from ringlet.ops import ReduceOp, dtype_of_numpy, reference_reduce
+
+PAIRS = (("float64", "int64"), ("int32", "int32"), ("float32", "int64"), ("uint8", "int16"))
+
+
+def _values(q: int, count: int, vt: str) -> np.ndarray:
+    return (np.arange(count) * (q + 3) % 7).astype(vt)   # many ties across ranks
+
+
+def test_pairs_and_reference() -> None:
+    p = ringlet.pairs([3.0, 1.0], [5, 6])
+    assert p.dtype.names == ("value", "index") and p["index"].tolist() == [5, 6]
+    d = dtype_of_numpy(p.dtype)
+    assert d.name == "pair(float64,int64)"
+    stack = np.stack([ringlet.pairs([1, 4, 2], [0, 0, 0]), ringlet.pairs([1, 2, 3], [1, 1, 1])])
+    got = reference_reduce(stack, ReduceOp.MAXLOC)
+    assert got["value"].tolist() == [1, 4, 3] and got["index"].tolist() == [0, 0, 1]
+    got = reference_reduce(stack, ReduceOp.MINLOC)
+    assert got["value"].tolist() == [1, 2, 2] and got["index"].tolist() == [0, 1, 0]
+    with pytest.raises(ringlet.ArgumentError, match="integers"):
+        ringlet.pairs([1.0], [0.5])
+    with pytest.raises(ringlet.ArgumentError, match="pairs only"):
+        dtype_of_numpy(np.dtype([("a", "f8"), ("b", "f8")]))
+
+
+def _loc(comm: ringlet.Communicator) -> list[str]:
+    n, r = comm.size, comm.rank
+    bad = []
+    for vt, it in PAIRS:
+        count = 2 * n + 3
+        stack = np.stack([ringlet.pairs(_values(q, count, vt), np.full(count, q, it))
+                          for q in range(n)])
+        for op in ("maxloc", "minloc"):
+            want = reference_reduce(stack, ReduceOp.parse(op))
+            for algo in ringlet.algorithms("all_reduce"):
+                if algo == "hierarchical":
+                    continue
+                x = stack[r].copy()
+                comm.all_reduce(x, op=op, algorithm=algo)
+                if not np.array_equal(x, want):
+                    bad.append(f"all_reduce {op} {algo} {vt}/{it}")
+            got = comm.reduce(stack[r].copy(), root=n - 1, op=op)
+            if r == n - 1 and not np.array_equal(got, want):
+                bad.append(f"reduce {op} {vt}")
+            sc = comm.reduce_scatter(np.concatenate([stack[r]] * n), op=op)
+            if not np.array_equal(sc, want):
+                bad.append(f"reduce_scatter {op} {vt}")
+    return bad
+
+
+def test_maxloc_minloc(world: Any) -> None:
+    for r, bad in enumerate(world.run(_loc)):
+        assert not bad, f"rank {r}: {bad[:5]}"
+
+
+def _errors(comm: ringlet.Communicator) -> list[tuple[str, str]]:
+    n, r = comm.size, comm.rank
+    out = []
+    for case in ("plain", "sum", "disagree"):
+        try:
+            if case == "plain":
+                comm.all_reduce(np.ones(3), op="maxloc")
+            elif case == "sum":
+                comm.all_reduce(ringlet.pairs(np.ones(3), [0, 1, 2]), op="sum")
+            else:
+                vt = "float64" if r == 0 or n == 1 else "float32"
+                comm.all_reduce(ringlet.pairs(np.ones(3, vt), [0, 1, 2]), op="maxloc")
+        except ringlet.RingletError as exc:
+            out.append((type(exc).__name__, str(exc)))
+        else:
+            out.append(("", ""))
+        x = np.full(2, float(r))
+        comm.all_reduce(x)
+        assert x[0] == n * (n - 1) / 2
+    return out
+
+
+def test_errors(world: Any) -> None:
+    for res in world.run(_errors):
+        assert res[0][0] == "ArgumentError" and "ringlet.pairs" in res[0][1]
+        assert res[1][0] == "ArgumentError" and "MINLOC or MAXLOC" in res[1][1]
+        if world.size > 1:
+            assert res[2][0] == "MismatchError" and "dtype" in res[2][1], res[2]
