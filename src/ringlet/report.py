@@ -565,13 +565,16 @@ CHECK = """
     link.href = URL.createObjectURL(new Blob([text], {type: "application/json"}));
   }
   // report.html#only=timeline shows that section alone (a screenshot, a link to it)
-  var only = /^#only=([\w-]+)$/.exec(location.hash);
+  var only = /^#only=([A-Za-z0-9_-]+)$/.exec(location.hash);
   if (only && document.getElementById(only[1])) {
     document.querySelectorAll("section, nav").forEach(function (s) {
       if (s.id !== only[1]) { s.hidden = true; }
     });
   }
-  document.body.setAttribute("data-ready", String(window.__reportErrors.length === 0));
+  // after every script and image of the page: true if none of them met an error
+  window.addEventListener("load", function () {
+    document.body.setAttribute("data-ready", String(window.__reportErrors.length === 0));
+  });
 })();
 """
 
@@ -689,6 +692,9 @@ def main(args: argparse.Namespace) -> int:
     parent = out.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise ArgumentError(f"--out {args.out}: directory {parent} is missing or not writable")
+    if args.vs is not None and (args.bench or args.trace):
+        raise ArgumentError("--vs goes with the short bench, which runs only without --bench "
+                            "and --trace; measure peers with ringlet bench --vs")
     inputs = Inputs()
     for path in args.bench or []:
         inputs.benches.append(load_bench(path))
@@ -699,9 +705,6 @@ def main(args: argparse.Namespace) -> int:
     if not args.bench and not args.trace:
         inputs.benches.append(short_bench(args.vs, args.quiet))
         inputs.bench_sources.append("a short bench run by ringlet report")
-    elif args.vs is not None:
-        raise ArgumentError("--vs goes with the short bench, which runs only without --bench "
-                            "and --trace; measure peers with ringlet bench --vs")
     inputs.profile, inputs.profile_note = load_profile(args.profile)
     steps = (2 if inputs.benches else 0) + (inputs.trace is not None) + 1
     with Progress(steps, "ringlet report", "parts", False if args.quiet else None) as bar:
