@@ -36,6 +36,12 @@ class Groups(Calls):
         def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
                        async_op: bool = False) -> Any: ...
         def barrier(self, async_op: bool = False) -> Any: ...
+        def gather_v(self, x: Any, root: int = 0, counts: Any = None, out: Any = None,
+                     algorithm: str | None = None, async_op: bool = False) -> Any: ...
+        def scatter_v(self, x: Any = None, counts: Any = None, root: int = 0, out: Any = None,
+                      algorithm: str | None = None, async_op: bool = False) -> Any: ...
+        def send(self, x: Any, dst: int, tag: int = 0) -> None: ...
+        def recv(self, x: Any, src: int, tag: int = 0) -> Any: ...
 
     # --- objects (pickled; trusted peers only) -----------------------------------------
 
@@ -72,6 +78,71 @@ class Groups(Calls):
                 errors="replace") for q in np.flatnonzero(sizes < 0))
             raise ArgumentError(f"objects that could not be pickled ({why})")
         return [pickle.loads(allb[i, :int(sizes[i])].tobytes()) for i in range(self.size)]
+
+    @_collective
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` at the root, in rank order; None elsewhere (pickled; trusted
+        peers only).  One uneven gather of the pickles (:meth:`gather_v`)."""
+        root = self._root(root)
+        data, ok = _pickled(obj)
+        sizes = self.all_gather(np.array([data.size if ok else -1], np.int64)).reshape(-1)
+        if (sizes < 0).any():   # every rank learns every reason
+            why = self.all_gather_object(None if ok else data.tobytes().decode(errors="replace"))
+            raise ArgumentError("objects that could not be pickled (" + "; ".join(
+                f"rank {q}: {w}" for q, w in enumerate(why) if w is not None) + ")")
+        got = self.gather_v(data, root, counts=sizes)
+        if got is None:
+            return None
+        return [pickle.loads(b.tobytes()) for b in np.split(got, np.cumsum(sizes)[:-1])]
+
+    @_collective
+    def scatter_object(self, objs: Any = None, root: int = 0) -> Any:
+        """Rank q gets ``objs[q]`` of the root's list (pickled; trusted peers only).  One
+        uneven scatter of the pickles (:meth:`scatter_v`)."""
+        root = self._root(root)
+        sizes = np.zeros(self.size, np.int64)
+        blob = np.empty(0, np.uint8)
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                raise ArgumentError(f"the root must pass one object per rank "
+                                    f"({self.size})")
+            parts = [_pickled(o) for o in objs]
+            bad = [q for q, (_, ok) in enumerate(parts) if not ok]
+            sizes = np.array([p.size for p, _ in parts], np.int64)
+            if bad:
+                sizes[:] = -1
+                blob = parts[bad[0]][0]
+                sizes[0] = -1 - blob.size
+            else:
+                blob = np.concatenate([p for p, _ in parts]) if parts else blob
+        self.broadcast(sizes, root)
+        if sizes[0] < 0 and (sizes < 0).all():   # the root could not pickle one
+            why = blob if self.rank == root else np.empty(-1 - int(sizes[0]), np.uint8)
+            self.broadcast(why, root)
+            raise ArgumentError(f"rank {root} could not pickle an object for scatter_object "
+                                f"({why.tobytes().decode(errors='replace')})")
+        out = np.empty(int(sizes[self.rank]), np.uint8)
+        got = self.scatter_v(blob if self.rank == root else None,
+                             sizes if self.rank == root else None, root, out=out)
+        return pickle.loads(got.tobytes())
+
+    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
+        """Send a picklable ``obj`` to ``dst`` (its size, then its pickle; trusted peers
+        only).  The receiver calls :meth:`recv_object` with the same tag."""
+        data, ok = _pickled(obj)
+        if not ok:
+            raise ArgumentError(f"send_object: the object does not pickle "
+                                f"({data.tobytes().decode(errors='replace')})")
+        self.send(np.array([data.size], np.int64), dst, tag)
+        self.send(data, dst, tag)
+
+    def recv_object(self, src: int, tag: int = 0) -> Any:
+        """The object ``src`` sent with :meth:`send_object` and this tag."""
+        n = np.empty(1, np.int64)
+        self.recv(n, src, tag)
+        data = np.empty(int(n[0]), np.uint8)
+        self.recv(data, src, tag)
+        return pickle.loads(data.tobytes())
 
     # --- groups -------------------------------------------------------------------------
 
