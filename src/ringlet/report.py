@@ -403,12 +403,15 @@ def timeline_svg(events: Sequence[dict[str, Any]], width: int = 1000) -> str:
         t = span * i / 5
         out.append(f'<text x="{X(t0 + t):.1f}" y="{base + 12}" text-anchor="middle">'
                    f'+{escape(human_us(t))}</text>')
-    lx = ml
+    lx, ly = ml, base + 26
     for k in kinds:
-        out.append(f'<rect x="{lx}" y="{base + 26}" width="12" height="12" fill="{colour[k]}"/>')
-        out.append(f'<text x="{lx + 16}" y="{base + 36}">{escape(k)}</text>')
+        if lx + 16 + 7 * len(k) > width:
+            lx, ly = ml, ly + 18
+        out.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{colour[k]}"/>')
+        out.append(f'<text x="{lx + 16}" y="{ly + 10}">{escape(k)}</text>')
         lx += 30 + 7 * len(k)
     out.append("</svg>")
+    out[0] = out[0].replace(f'{height}"', f'{ly + 20}"')
     return "\n".join(out)
 
 
