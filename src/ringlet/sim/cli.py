@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import textwrap
 from typing import Any
 
@@ -26,6 +25,7 @@ from ..cost.cli import _params, add_link_options, resolve_links, resolve_ranks
 from ..cost.model import Profile, predict
 from ..cost.units import format_bytes, format_seconds, parse_size, parse_time
 from ..errors import ArgumentError
+from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
 from . import simulate
 from .core import Result
@@ -124,21 +124,6 @@ def parse_jitter(text: str | None) -> float:
     return v
 
 
-def _progress(label: str) -> Any:
-    """A progress bar on stderr when it is a terminal; None (quiet) otherwise."""
-    if not sys.stderr.isatty():
-        return None
-
-    def show(i: int, total: int) -> None:
-        frac = i / total if total else 1.0
-        bar = "#" * int(30 * frac)
-        end = "\n" if i >= total else ""
-        sys.stderr.write(f"\r{label:<24} [{bar:<30}] {100 * frac:3.0f}%{end}")
-        sys.stderr.flush()
-
-    return show
-
-
 def trace_events(results: list[tuple[Result, list[Any]]]) -> dict[str, Any]:
     """A Chrome trace: process per algorithm, thread per rank, an 'X' event per round."""
     events: list[dict[str, Any]] = []
@@ -188,7 +173,8 @@ def main(args: argparse.Namespace) -> int:
         try:
             res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
                            root=args.root, params=params, stragglers=stragglers, jitter=jitter,
-                           seed=args.seed, progress=_progress(name), trace=rec)
+                           seed=args.seed, trace=rec,
+                           progress=callback(f"ringlet simulate {name}", "rounds"))
         except ArgumentError as exc:
             if args.algorithm:
                 raise
