@@ -56,6 +56,7 @@ import os
 import platform
 import socket
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -385,22 +386,30 @@ def _tiny(comm: Any, p: Plan) -> list[tuple[str, str | None, int, float]]:
             for c, (real, b, _, _) in zip(cases, got, strict=True)]
 
 
-def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
+def rank_body(comm: Any, p: Plan, done: Any = None) -> dict[str, Any] | None:
     """What each rank of a calibration job runs; rank 0 returns the raw measurements.
 
     A job of p ranks measures the fixed costs at p (:func:`calibrate` starts one
     job per rank count, so that no idle rank shares the cores with the measured
     ones); the job of ``p.active`` ranks also measures them at one rank, the
-    ping-pong and the throughput.
+    ping-pong and the throughput.  Rank 0 puts the name of each part it finished
+    on the queue ``done``, if given (the progress bar; :func:`steps` counts them).
     """
+
+    def finished(what: str) -> None:
+        if done is not None and comm.rank == 0:
+            done.put(f"{what} ({comm.size} ranks)")
+
     warm_up(comm, p.warmup)
     raw: dict[str, Any] = {"tiny": {comm.size: _tiny(comm, p)}, "cores": cores(),
                            "llc": llc_bytes(), "oversub": {}}
+    finished("fixed costs")
     if comm.size > cores():
         got = time_rank(comm, p.oversub_cases, _reps(comm, p), p.budget)
         raw["oversub"][comm.size] = [
             (c.collective, c.algorithm, real, float(np.median(b)))
             for c, (real, b, _, _) in zip(p.oversub_cases, got, strict=True)]
+        finished("oversubscribed calls")
     if comm.size != p.active:
         return raw if comm.rank == 0 else None
     one = comm.split(0 if comm.rank == 0 else None)
@@ -408,17 +417,27 @@ def rank_body(comm: Any, p: Plan) -> dict[str, Any] | None:
         raw["tiny"][1] = _tiny(one, p)
         one.close()
     comm.barrier()
+    finished("fixed costs at 1 rank")
     pair = comm.split(0 if comm.rank < 2 else None, key=comm.rank)
     if pair is not None:
         raw["pingpong"] = list(zip(p.pingpong, _pingpong(pair, p.pingpong, p.reps, p.budget),
                                    strict=True))
         pair.close()
     comm.barrier()
+    finished("ping-pong")
     raw["throughput"] = _throughput(comm, p.copy_sizes, p.reps, p.budget)
+    finished("copy and reduction throughput")
     got = time_rank(comm, p.size_cases, p.reps, p.budget)
     raw["sized"] = [(c.collective, c.algorithm, real, float(np.median(b)))
                     for c, (real, b, _, _) in zip(p.size_cases, got, strict=True)]
+    finished("data through the transport")
     return raw if comm.rank == 0 else None
+
+
+def steps(p: Plan, ncores: int | None = None) -> int:
+    """The parts :func:`rank_body` reports over a calibration's jobs (2..n ranks)."""
+    c = cores() if ncores is None else ncores
+    return sum(1 + (size > c) + 4 * (size == p.active) for size in range(2, p.nranks + 1))
 
 
 # --- fitting -----------------------------------------------------------------------------------
@@ -678,24 +697,59 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
 
 
 def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,
-              settings: Settings | None = None) -> Profile:
+              settings: Settings | None = None, progress: bool | None = None) -> Profile:
     """Measure this host on ``nranks`` live ranks and return the fitted
-    :class:`~ringlet.cost.model.Profile` (not saved; see ``Profile.save``)."""
-    from ..launch import spawn
+    :class:`~ringlet.cost.model.Profile` (not saved; see ``Profile.save``).
+
+    ``progress``: draw a progress bar on stderr (None: when it is a terminal)."""
+    from multiprocessing import get_context
+
+    from ..launch import start_method
+    from ..progress import Progress
 
     started = time.perf_counter()
     settings = Settings.from_env() if settings is None else settings
     p = plan(nranks, quick=quick, reps=reps)
+    bar = Progress(steps(p), "ringlet predict --calibrate", "parts", progress)
+    done = None
+    if bar.enabled:
+        # one start method for the queue and the ranks (the watcher thread would change
+        # auto's answer)
+        settings = settings.replace(start_method=start_method(settings))
+        done = get_context(settings.start_method).SimpleQueue()
+        watcher = threading.Thread(target=_follow, args=(done, bar), daemon=True,
+                                   name="ringlet-calibrate-progress")
+        watcher.start()
+    try:
+        raw = _jobs(p, settings, done)
+    finally:
+        if done is not None:
+            done.put(None)
+            watcher.join(timeout=5.0)
+            done.close()
+        bar.close()
+    return fit(raw, p, Paths.from_settings(settings), started)
+
+
+def _follow(done: Any, bar: Any) -> None:
+    while (what := done.get()) is not None:
+        bar.step(what)
+
+
+def _jobs(p: Plan, settings: Settings, done: Any) -> dict[str, Any]:
+    """The raw measurements of the jobs of 2..n ranks."""
+    from ..launch import spawn
+
     raw: dict[str, Any] = {}
-    for size in range(2, nranks + 1):   # one job per rank count: no idle rank in the way
-        got = spawn(rank_body, size, p, settings=settings)[0]
+    for size in range(2, p.nranks + 1):   # one job per rank count: no idle rank in the way
+        got = spawn(rank_body, size, p, done, settings=settings)[0]
         if got is None:  # pragma: no cover - rank 0 always reports
             raise ArgumentError("calibration: rank 0 reported nothing")
         tiny, over = raw.get("tiny", {}), raw.get("oversub", {})
         raw.update(got)
         raw["tiny"] = {**tiny, **got["tiny"]}
         raw["oversub"] = {**over, **got["oversub"]}
-    return fit(raw, p, Paths.from_settings(settings), started)
+    return raw
 
 
 def report(profile: Profile) -> list[str]:
@@ -721,4 +775,4 @@ def report(profile: Profile) -> list[str]:
 
 
 __all__ = ["CALL_CASES", "Calibration", "Fit", "Plan", "calibrate", "cores", "fit",
-           "fit_line", "fit_origin", "llc_bytes", "plan", "rank_body", "report"]
+           "fit_line", "fit_origin", "llc_bytes", "plan", "rank_body", "report", "steps"]
