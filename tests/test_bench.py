@@ -328,6 +328,32 @@ def test_real_run(coll: str, extra: list[str], capsys: pytest.CaptureFixture[str
                 assert r[form]["wrong"] == 0 and r[form]["iters"] >= 1
 
 
+@pytest.mark.parametrize("coll, extra", [
+    ("all_to_all", ["-w", "2", "-c", "1", "-d", "bfloat16"]),
+    ("all_reduce", ["-o", "avg", "-d", "bfloat16"]),
+    ("reduce", ["-o", "max", "-r", "1", "-d", "float16", "-c", "1"])])
+def test_nccl_tests_flags_and_half_types(coll: str, extra: list[str],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """nccl-tests' short flags (-w -c -d -o -r) and the 16-bit floats, checked."""
+    if extra[-1] == "bfloat16":
+        pytest.importorskip("torch")
+    assert main(["bench", coll, *TINY, *extra]) == 0
+    out = capsys.readouterr().out
+    assert "# #wrong in total: 0  OK" in out
+    assert all(r[2] == extra[extra.index("-d") + 1] for r in _rows(out))
+
+
+def test_c_takes_0_or_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "all_reduce", "-c", "2"])
+    assert "-c takes 0 or 1, got '2'" in capsys.readouterr().err
+
+
+def test_c_0_turns_the_check_off(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "all_gather", *TINY, "-e", "64", "-c", "0"]) == 0
+    assert all(r[8] == "n/a" for r in _rows(capsys.readouterr().out))
+
+
 def test_shared_buffers(capsys: pytest.CaptureFixture[str]) -> None:
     """--buffers shared: ringlet's buffers from comm.empty, one pool reused by every row."""
     assert main(["bench", "all_reduce", *TINY, "-e", "64K", "--buffers", "shared"]) == 0
@@ -354,7 +380,8 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     (["all_reduce", "-b", "1X"], "-b/--minbytes '1X' is not a byte count"),
     (["all_reduce", "-n", "0"], "-n/--nranks must be at least 1"),
     (["sendrecv", "-n", "1"], "sendrecv is a ping-pong between rank pairs"),
-    (["all_reduce", "--dtype", "bfloat16"], "--dtype 'bfloat16' is not one of bool"),
+    (["all_reduce", "--dtype", "bfloat16x"], "--dtype 'bfloat16x' is not one of bool"),
+    (["all_reduce", "-d", "bfloat16", "--vs", "gloo"], "bfloat16 is measured for ringlet only"),
     (["all_reduce", "--op", "avg", "--dtype", "int32"], "AVG is defined for floating"),
     (["all_reduce", "--op", "nope"], "unknown reduction op 'nope'"),
     (["broadcast", "--root", "2"], "--root 2 is not a rank of 2"),

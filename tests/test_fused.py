@@ -274,3 +274,25 @@ def _empty_torch(comm: ringlet.Communicator) -> bool:
 def test_empty_as_a_torch_tensor(small: World) -> None:
     pytest.importorskip("torch")
     assert all(small.run(_empty_torch))
+
+
+def _empty_torch_dtypes(comm: ringlet.Communicator) -> list[str]:
+    import torch
+
+    bad = []
+    for dt in (torch.bfloat16, torch.float16, torch.int32):
+        t = comm.empty((50, 100), dt)   # a tensor of that type, in shared memory
+        if not isinstance(t, torch.Tensor) or t.dtype != dt or t.shape != (50, 100):
+            bad.append(f"{dt}: {type(t).__name__}")
+            continue
+        t.fill_(comm.rank + 1)
+        comm.all_reduce(t, algorithm="direct")
+        if not bool((t == sum(range(1, comm.size + 1))).all()):
+            bad.append(f"{dt}: sum {t.flatten()[:3]}")
+    return bad
+
+
+def test_empty_with_a_torch_dtype(small: World) -> None:
+    pytest.importorskip("torch")
+    for bad in small.run(_empty_torch_dtypes):
+        assert not bad, bad

@@ -215,7 +215,7 @@ class Groups(Calls):
     # --- shared buffers -------------------------------------------------------------------
 
     @_collective
-    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
         """A numpy array in shared memory, for zero-copy collectives.  Collective.
 
         Every rank calls it with the same shape and dtype and gets its own
@@ -230,7 +230,27 @@ class Groups(Calls):
             g = comm.empty(1 << 24)      # every rank
             g[...] = local_gradients
             comm.all_reduce(g)           # zero-copy
+
+        A torch dtype (``torch.bfloat16``, ``torch.float16``...) gives a torch
+        tensor on the same shared memory.
         """
+        torch_dt = None
+        if type(dtype).__module__.split(".")[0] == "torch":
+            import torch
+
+            if not isinstance(dtype, torch.dtype):
+                raise ArgumentError(f"empty: bad dtype {dtype!r}")
+            torch_dt = dtype
+            dtype = np.int16 if dtype == torch.bfloat16 else \
+                torch.empty(0, dtype=dtype).numpy().dtype
+        arr = self._empty(shape, dtype)
+        if torch_dt is None:
+            return arr
+        import torch
+
+        return torch.from_numpy(arr).view(torch_dt)
+
+    def _empty(self, shape: Any, dtype: Any) -> np.ndarray:
         try:
             dt = np.dtype(dtype)
         except TypeError as exc:

@@ -15,6 +15,7 @@ cores), and prints one table.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -80,15 +81,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", default=DEFAULTS["algo"], metavar="NAME",
                    help="ringlet's algorithm (see ringlet.algorithms(collective)), or auto "
                         "(default: ringlet's choice per size)")
-    p.add_argument("--op", default=DEFAULTS["op"],
+    p.add_argument("-o", "--op", default=DEFAULTS["op"],
                    help="reduction: sum prod min max avg band bor bxor (default %(default)s)")
-    p.add_argument("--dtype", default=DEFAULTS["dtype"],
+    p.add_argument("-d", "--dtype", default=DEFAULTS["dtype"],
                    help=f"element type: {', '.join(BENCH_DTYPES)} (default %(default)s)")
-    p.add_argument("--root", type=int, default=DEFAULTS["root"],
+    p.add_argument("-r", "--root", type=int, default=DEFAULTS["root"],
                    help="root of broadcast, reduce, scatter, gather (default %(default)s)")
     p.add_argument("--iters", type=int, default=DEFAULTS["iters"], metavar="N",
                    help="timed calls per size and form, at most (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], metavar="N",
+    p.add_argument("-w", "--warmup", type=int, default=DEFAULTS["warmup"], metavar="N",
                    help="warm-up calls per size and form, at most (default %(default)s); 0 "
                         "times exactly --iters calls, unbounded by --budget")
     p.add_argument("--budget", type=float, default=DEFAULTS["budget"], metavar="SECONDS",
@@ -103,6 +104,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also measure these peers at the same sizes: gloo, mpi or gloo,mpi")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="check every size against numpy (default: on)")
+    p.add_argument("-c", dest="check", type=lambda v: _flag(v, "-c"), metavar="0|1",
+                   help="nccl-tests' spelling of --check / --no-check")
     p.add_argument("--json", metavar="FILE", help="write every row and the environment here")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size here")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
@@ -110,6 +113,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "2 * budget + 10 s per size and form)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar (it is also off when stderr is not a terminal)")
+
+
+def _flag(value: str, option: str) -> bool:
+    """nccl-tests' 0/1 switches (``-c 1``)."""
+    if value not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"{option} takes 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def make_job(args: argparse.Namespace) -> Job:
@@ -122,6 +132,16 @@ def make_job(args: argparse.Namespace) -> Job:
         raise ArgumentError("sendrecv is a ping-pong between rank pairs: give -n 2 or more")
     if args.dtype not in BENCH_DTYPES:
         raise ArgumentError(f"--dtype {args.dtype!r} is not one of {', '.join(BENCH_DTYPES)}")
+    if args.dtype == "bfloat16":
+        if importlib.util.find_spec("torch") is None:
+            raise ArgumentError("--dtype bfloat16 runs on torch tensors: pip install "
+                                "torch==2.13.0")
+        if args.vs:
+            raise ArgumentError("--dtype bfloat16 is measured for ringlet only (the peers' "
+                                "benchmarks fill numpy arrays); drop --vs")
+        if args.buffers == "shared":
+            raise ArgumentError("--dtype bfloat16 runs on torch tensors: drop --buffers "
+                                "shared")
     op = "none"
     if coll.reduces:
         rop = ReduceOp.parse(args.op)

@@ -96,8 +96,29 @@ def collective(name: str) -> Collective:
     return c
 
 
-#: element types the benchmark can fill and check (numpy's; bfloat16 needs torch tensors)
-BENCH_DTYPES = tuple(name for name in DTYPES if name != "bfloat16")
+#: element types the benchmark can fill and check (bfloat16: ringlet only, as torch tensors)
+BENCH_DTYPES = tuple(DTYPES)
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns (int16), rounded to nearest even."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    r = (u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+    return r.astype(np.uint16).view(np.int16)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (int16) as float32 values."""
+    return (np.ascontiguousarray(bits).view(np.uint16).astype(np.uint32) << 16).view(
+        np.float32)
+
+
+def as_torch_bf16(arrays: dict[str, np.ndarray | None]) -> dict[str, Any]:
+    """The bit-pattern arrays of a bfloat16 job as torch bfloat16 tensors (same memory)."""
+    import torch
+
+    return {k: None if a is None else torch.from_numpy(a).view(torch.bfloat16)
+            for k, a in arrays.items()}
 
 
 # --- sizes -------------------------------------------------------------------------------------
@@ -246,12 +267,20 @@ class Data:
     """
 
     def __init__(self, dtype: str, op: str, nranks: int) -> None:
-        self.dtype = np.dtype(dtype)
+        #: bfloat16 is generated and reduced as float32 (small integers: exact), stored as
+        #: its bit patterns in int16 arrays, and handed to ringlet as torch tensors
+        self.bf16 = dtype == "bfloat16"
+        self.dtype = np.dtype("float32" if self.bf16 else dtype)
         self.op = None if op == "none" else ReduceOp.parse(op)
         self.nranks = nranks
         self.tables = np.stack([self._table(r) for r in range(nranks)])
         self._reduced = (None if self.op is None
                          else reference_reduce(self.tables, self.op))
+        if self.bf16:
+            self.tables = bf16_bits(self.tables)
+            if self._reduced is not None:
+                self._reduced = bf16_bits(self._reduced)
+            self.dtype = np.dtype("int16")
 
     def _table(self, rank: int) -> np.ndarray:
         rng = np.random.default_rng((0x52494E47, rank))
@@ -297,7 +326,7 @@ class Data:
         """
         op, dt = self.op, self.dtype
         if op is ReduceOp.PROD:
-            return np.ones((), dt)
+            return bf16_bits(np.ones(1))[0] if self.bf16 else np.ones((), dt)
         if op is ReduceOp.BAND:
             return np.full((), True if dt.kind == "b" else -1).astype(dt)
         return np.zeros((), dt)
@@ -311,6 +340,9 @@ class Data:
     def wrong(self, got: np.ndarray, expected: np.ndarray) -> int:
         """How many elements of ``got`` differ from ``expected``."""
         got, expected = got.reshape(-1), expected.reshape(-1)
+        if self.bf16:   # sums past 256 round in bfloat16; an AVG rounds once more
+            g, e = bf16_values(got), bf16_values(expected)
+            return int(np.count_nonzero(~np.isclose(g, e, rtol=2.0 ** -7, atol=0)))
         if self.op is ReduceOp.AVG and self.dtype.kind in "fc":
             eps = float(np.finfo(self.dtype).eps)
             return int(np.count_nonzero(~np.isclose(got, expected, rtol=eps, atol=0)))
@@ -489,7 +521,7 @@ def sweep(fn: BenchFn[Ctx], ctx: Ctx, job: Job, rank: int, forms: Sequence[str],
             lay = layout(job, data, rank, count, form)
             if place is not None:
                 place(lay)
-            call = fn(ctx, lay.arrays, form)
+            call = fn(ctx, as_torch_bf16(lay.arrays) if data.bf16 else lay.arrays, form)
             seconds, iters = measure(call, sync, job)
             wrong: int | None = None
             if job.check:
