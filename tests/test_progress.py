@@ -5,7 +5,11 @@ report``'s on a pseudo-terminal in test_report.py."""
 from __future__ import annotations
 
 import io
+import os
+import pty
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -37,3 +41,44 @@ def test_progress_is_quiet_in_a_log() -> None:
         for _ in range(3):
             bar.step()
     assert log.getvalue() == ""
+
+
+def on_a_terminal(*argv: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``ringlet ARGV`` with stderr on a pseudo-terminal: (the run, what stderr showed)."""
+    main, sub = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "ringlet", *argv], stdout=subprocess.PIPE,
+                           stderr=sub, text=True, timeout=120)
+        os.close(sub)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        os.close(main)
+    return p, err.decode(errors="replace")
+
+
+def test_verify_shows_a_bar_on_a_terminal_only() -> None:
+    p, err = on_a_terminal("verify", "broadcast", "--ranks", "1-5")
+    assert p.returncode == 0, err
+    n = p.stdout.count(" ok")   # algorithms, 5 sizes each
+    assert n >= 3 and f"ringlet verify: {5 * n}/{5 * n} checks [" in err, err
+    assert "(broadcast binomial N=3)" in err
+    quiet = subprocess.run([sys.executable, "-m", "ringlet", "verify", "broadcast", "--ranks",
+                            "1-5"], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr   # no terminal: no bar
+    assert _same_table(quiet.stdout, p.stdout)
+
+
+def _same_table(a: str, b: str) -> bool:
+    """The tables without their timings."""
+    def strip(t: str) -> list[str]:
+        return [re.sub(r"\d+\.\d+ s", "", ln) for ln in t.splitlines()]
+
+    return strip(a) == strip(b)

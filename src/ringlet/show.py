@@ -27,12 +27,13 @@ import shutil
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .algorithms import algorithms, build, entry
 from .errors import ArgumentError, VerificationError
+from .progress import Progress
 from .schedule import COLLECTIVES, REDUCING, ROOTED, UNIT, Buf, Kind, Ref, Schedule, Step
 from .verify import State, Value, expected_final, initial_state, verify
 
@@ -892,13 +893,16 @@ class Outcome:
 
 
 def check(collective: str, algorithm: str, sizes: Sequence[int], root: int | None,
-          params: dict[str, int]) -> Outcome:
+          params: dict[str, int], progress: Callable[[int], None] | None = None) -> Outcome:
     """Verify ``algorithm`` at every size (every root if ``root`` is None), stopping at the
     first failure; sizes where it does not apply (a root out of range, a parameter
-    that does not fit) are skipped with the reason."""
+    that does not fit) are skipped with the reason.  ``progress(n)`` is called before
+    each size ``n``."""
     out = Outcome(collective, algorithm, params)
     t0 = time.perf_counter()
     for n in sizes:
+        if progress is not None:
+            progress(n)
         if collective in ROOTED:
             roots = list(range(n)) if root is None else [root]
         else:
@@ -915,6 +919,10 @@ def check(collective: str, algorithm: str, sizes: Sequence[int], root: int | Non
         out.checked.append(n)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _stepper(bar: Progress, what: str) -> Callable[[int], None]:
+    return lambda n: bar.step(f"{what} N={n}")
 
 
 def _sizes_text(sizes: Sequence[int]) -> str:
@@ -987,8 +995,11 @@ def main_verify(args: argparse.Namespace) -> int:
     print(row.format("collective", "algorithm", "params", "N", "checks", "time", "result"))
     outcomes: list[Outcome] = []
     t0 = time.perf_counter()
-    for c, name, p in cases:
-        o = check(c, name, sizes, root, p)
+    bar = Progress(len(cases) * len(sizes), "ringlet verify", "checks")
+    for i, (c, name, p) in enumerate(cases):
+        o = check(c, name, sizes, root, p, _stepper(bar, f"{c} {name}"))
+        bar.done = (i + 1) * len(sizes)    # with the sizes skipped after a failure
+        bar.close()                        # the row takes the bar's line
         outcomes.append(o)
         if o.failed is not None:
             result = f"FAIL at N={o.failed_at}"
