@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from jobs import clean_env
 
 import ringlet
@@ -122,6 +123,31 @@ def test_trace_of_a_3_rank_job(tmp_path: Path) -> None:
     assert "arrival skew over 4 collectives" in proc.stderr
 
 
+def test_trace_across_nodes_aligns_the_clocks_to_rank_0(tmp_path: Path) -> None:
+    """ringlet run --nodes 2 -n 4 (two emulated nodes, torch's gloo between them): the
+    ranks of node 1 measure their offset to rank 0's clock at start-up; on one host the
+    true offset is 0, so each measured one is within half its round trip."""
+    pytest.importorskip("torch", reason="torch is not installed (the engine between nodes)")
+    env = clean_env(OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
+                           "--trace", str(tmp_path / "tr"), "hang.py", "ok"], cwd=SCRIPTS,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "tr" / "trace.json").read_text())
+    clocks = doc["otherData"]["clocks"]
+    assert set(clocks) == {"0", "1", "2", "3"}
+    for q in ("0", "1"):   # rank 0's node: its clock
+        assert clocks[q] == {"offset_us": 0.0, "round_trip_us": 0.0}
+    for q in ("2", "3"):
+        c = clocks[q]
+        assert 0 < c["round_trip_us"] < 1e6 and abs(c["offset_us"]) <= c["round_trip_us"] / 2
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    # the alignment's messages are not in the trace: every rank has its 4 collectives only
+    assert sorted((e["tid"], e["args"]["seq"]) for e in spans) == \
+        [(r, s) for r in range(4) for s in range(1, 5)]
+    assert all(e["ph"] != "M" or e["name"] != "ringlet_clock" for e in doc["traceEvents"])
+
+
 # --- in one process ----------------------------------------------------------------------------
 
 def test_the_ring_is_bounded_and_records_state(tmp_path: Path) -> None:
@@ -132,6 +158,7 @@ def test_the_ring_is_bounded_and_records_state(tmp_path: Path) -> None:
             comm.all_reduce(x)
         comm.isend(x, 0, tag=3).wait()
         comm.recv(x, 0, tag=3)
+        assert comm._fr is not None
         ops = comm._fr.records()
         assert len(ops) == 5
         assert [(o["kind"], o["seq"]) for o in ops] == [

@@ -72,7 +72,7 @@ class FlightRecorder:
         self.rank = rank
         self.p2p_seq = 0
         #: nanoseconds to add to this process's clock to get the job's clock (rank 0's);
-        #: 0 on one host (measured at init across nodes when tracing)
+        #: 0 on rank 0's node (measured at init on the other nodes when tracing: align)
         self.offset_ns = 0
         self.trace_dir = trace_dir
         self._trace: list[list[Any]] = []
@@ -105,6 +105,26 @@ class FlightRecorder:
     def records(self) -> list[dict[str, Any]]:
         """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
         return [record_json(r, self.offset_ns) for r in list(self.ring)]
+
+    def align(self, offset_ns: int, rtt_ns: int) -> None:
+        """Take ``offset_ns`` to rank 0's clock (:func:`ringlet.tracing.clock_offset`); a
+        trace's file starts with a line saying so (``ringlet run`` puts it in the merged
+        trace's ``otherData.clocks``)."""
+        self.offset_ns = offset_ns
+        if not self.trace_dir:
+            return
+        from .tracing import CLOCK_EVENT
+
+        path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
+        with contextlib.suppress(OSError):
+            os.makedirs(self.trace_dir, exist_ok=True)
+            mode = "a" if path in _OPENED else "w"
+            _OPENED.add(path)
+            with open(path, mode) as f:
+                f.write(json.dumps({"name": CLOCK_EVENT, "ph": "M", "pid": 0,
+                                    "tid": self.world_rank,
+                                    "args": {"offset_us": round(offset_ns / 1000, 3),
+                                             "round_trip_us": round(rtt_ns / 1000, 3)}}) + "\n")
 
     def flush_trace(self, final: bool = False) -> None:
         """Write the finished records of the trace (all of them if ``final``)."""

@@ -97,7 +97,7 @@ def load_trace(path: str) -> dict[str, Any]:
         if (p / "trace.json").is_file():
             p = p / "trace.json"
         else:
-            events = tracing.read(str(p))
+            events = [e for e in tracing.read(str(p)) if e.get("name") != tracing.CLOCK_EVENT]
             if not events:
                 raise ArgumentError(f"--trace {path}: no trace.json and no rank-R.trace.jsonl "
                                     f"in it (ringlet run --trace {path} writes them)")

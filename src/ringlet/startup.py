@@ -149,7 +149,24 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     _log(f"rank {rank} of {size}: {topo.describe()}; this rank: node {topo.node}, local rank "
          f"{topo.local_ranks.index(rank)} of {len(topo.local_ranks)}")
     __import__("ringlet.launch").launch.report_uncaught()  # for `ringlet run`'s summary
-    return Communicator(rank, size, t, settings, job_id, topo)
+    return _aligned(Communicator(rank, size, t, settings, job_id, topo))
+
+
+def _aligned(comm: Communicator) -> Communicator:
+    """``comm`` with its trace's clock aligned to rank 0's when tracing across nodes
+    (:func:`ringlet.tracing.clock_offset`; on one host every rank shares the clock)."""
+    if comm.settings.trace and comm._fr is not None and len(comm.topology.nodes) > 1:
+        from .tracing import clock_offset
+
+        try:
+            offset, rtt = clock_offset(comm)
+        except BaseException:
+            comm.close()
+            raise
+        comm._fr.align(offset, rtt)
+        _log(f"rank {comm.rank}: clock offset to rank 0 {offset / 1000:.1f} us "
+             f"(round trip {rtt / 1000:.1f} us)")
+    return comm
 
 
 def init_on_store(store: Any, rank: int, size: int, *,
@@ -172,7 +189,7 @@ def init_on_store(store: Any, rank: int, size: int, *,
                             lambda lr, ls, j: _start(lr, ls, settings, j, None, lambda: None),
                             store=store, keep_engine=settings.engine == "torch")
     _log(f"rank {rank} of {size} (on a torch store): {topo.describe()}")
-    return Communicator(rank, size, t, settings, job_id, topo)
+    return _aligned(Communicator(rank, size, t, settings, job_id, topo))
 
 
 def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,

@@ -6,8 +6,9 @@ writes its operations to ``DIR/rank-R.trace.jsonl`` (:mod:`ringlet.recorder`).
 format (``{"traceEvents": [...]}``: one ``ph: "X"`` event per operation, one
 row (``tid``) per rank, named by metadata events), which Perfetto and
 ``chrome://tracing`` open.  Times are microseconds of ``CLOCK_MONOTONIC``,
-which the processes of one host share; a rank on another node adds the
-offset to rank 0's clock measured when its communicator started.
+which the processes of one host share; a rank on another node than rank 0's
+adds the offset to rank 0's clock that :func:`clock_offset` measured when the
+world communicator started (when tracing).
 
 A collective's events of every rank start when that rank arrived (entered
 the call, before the agreement step); the spread of those starts is the
@@ -22,7 +23,64 @@ import glob
 import json
 import os
 import statistics
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+#: round trips per rank when the clocks are aligned (the one with the shortest is kept)
+CLOCK_ROUNDS = 8
+#: the tag of the alignment's messages: above every user tag (those are < 2**62)
+CLOCK_TAG = 2 ** 62
+#: the name of the metadata line a rank's trace file starts with when its clock was aligned
+CLOCK_EVENT = "ringlet_clock"
+
+
+def clock_offset(comm: Communicator, rounds: int = CLOCK_ROUNDS) -> tuple[int, int]:
+    """Align this rank's clock to rank 0's, NTP-style; collective over ``comm``.
+
+    Every rank on another node than rank 0's sends rank 0 ``rounds`` pings, one
+    at a time; rank 0 answers each with its clock ``t0``, read when the ping
+    arrived.  The ping left at ``a`` and the answer came back at ``b`` (this
+    rank's clock): rank 0's clock read ``t0`` at about ``(a + b) / 2`` here, so
+    the offset is ``t0 - (a + b) / 2``, within half the round trip; the round trip
+    that was shortest gives it.  Returns (offset, round trip) in nanoseconds:
+    (0, 0) on rank 0's node, whose ranks share its clock.  The messages go by the
+    communicator's point-to-point path with a tag no user can give, and the
+    flight recorder does not record them.
+    """
+    import numpy as np
+
+    from .buffers import as_buffer
+
+    of = comm.topology.node_of()
+    remote = [q for q in range(comm.size) if of[q] != of[0]]
+    if comm.rank != 0 and comm.rank not in remote:
+        return 0, 0
+    buf = np.zeros(1, np.int64)
+    xb = as_buffer(buf, "clock", writable=True)
+    p2p, fr = comm._p2p, comm._fr
+    comm._fr = None
+    try:
+        if comm.rank == 0:
+            for q in remote:
+                for _ in range(rounds):
+                    p2p.irecv(xb, q, CLOCK_TAG).wait()
+                    buf[0] = time.monotonic_ns()
+                    p2p.isend(xb, q, CLOCK_TAG).wait()
+            return 0, 0
+        best = (2 ** 63, 0)
+        for _ in range(rounds):
+            a = time.monotonic_ns()
+            buf[0] = a
+            p2p.isend(xb, 0, CLOCK_TAG).wait()
+            p2p.irecv(xb, 0, CLOCK_TAG).wait()
+            b = time.monotonic_ns()
+            best = min(best, (b - a, int(buf[0]) - (a + b) // 2))
+        return best[1], best[0]
+    finally:
+        comm._fr = fr
 
 
 def _fmt_us(us: float) -> str:
@@ -105,8 +163,13 @@ def skew_text(s: dict[str, Any]) -> str:
 
 
 def merge(directory: str) -> tuple[str, dict[str, Any], int]:
-    """Write ``directory/trace.json`` from the ranks' files; (its path, the skew, events)."""
+    """Write ``directory/trace.json`` from the ranks' files; (its path, the skew, events).
+
+    The clock offsets the ranks measured (:func:`clock_offset`) go to
+    ``otherData.clocks`` (rank: offset and round trip, microseconds)."""
     events = read(directory)
+    clocks = {str(e["tid"]): e["args"] for e in events if e.get("name") == CLOCK_EVENT}
+    events = [e for e in events if e.get("name") != CLOCK_EVENT]
     ranks = sorted({int(e["tid"]) for e in events})
     meta: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
                                    "args": {"name": "ringlet job"}}]
@@ -119,7 +182,8 @@ def merge(directory: str) -> tuple[str, dict[str, Any], int]:
     path = os.path.join(directory, "trace.json")
     with open(path, "w") as f:
         json.dump({"traceEvents": meta + sorted(events, key=lambda e: (e["tid"], e["ts"])),
-                   "displayTimeUnit": "ms", "otherData": {"skew": s}}, f)
+                   "displayTimeUnit": "ms",
+                   "otherData": {"skew": s, **({"clocks": clocks} if clocks else {})}}, f)
     return path, s, len(events)
 
 
