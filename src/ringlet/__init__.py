@@ -23,6 +23,7 @@ from .errors import (
 )
 from .launch import spawn
 from .ops import ReduceOp, pairs
+from .p2p import ANY_SOURCE, ANY_TAG, Status
 from .schedule import Schedule
 from .startup import init
 from .verify import verify as _verify_schedule
@@ -42,7 +43,8 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, **params
 
 
 __all__ = [
-    "ArgumentError", "Bucketer", "CommTimeoutError", "Communicator", "ConfigError", "MismatchError",
-    "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError",
+    "ANY_SOURCE", "ANY_TAG", "ArgumentError", "Bucketer", "CommTimeoutError", "Communicator",
+    "ConfigError", "MismatchError",
+    "PeerError", "ReduceOp", "RingletError", "Schedule", "Settings", "SpawnError", "Status",
     "VerificationError", "Work", "algorithms", "init", "pairs", "spawn", "verify",
 ]

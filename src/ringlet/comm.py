@@ -34,7 +34,7 @@ from .errors import (
 from .executor import compile_program, execute
 from .groups import Groups
 from .ops import ReduceOp, check_op, finish, reducer
-from .p2p import P2PEngine
+from .p2p import P2PEngine, PointToPoint
 from .recorder import FlightRecorder, install_signal
 from .schedule import Buf
 from .topology import Topology
@@ -61,7 +61,7 @@ def _close_all() -> None:
             c._t.mark_closed()
 
 
-class Communicator(Groups, Buckets, Uneven):
+class Communicator(Groups, Buckets, Uneven, PointToPoint):
     """A group of ranks that run collectives together.  Create with :func:`ringlet.init`.
 
     Buffers are C-contiguous numpy arrays or torch CPU tensors.  Per-rank
@@ -359,30 +359,6 @@ class Communicator(Groups, Buckets, Uneven):
         """Wait until every rank has entered the barrier."""
         return self._submit(self._desc("barrier"), lambda seq: None, async_op, "", None)
 
-    # --- point to point -------------------------------------------------------------------
-
-    def send(self, x: Any, dst: int, tag: int = 0) -> None:
-        """Send ``x`` to rank ``dst``; returns once ``x`` may be reused.
-
-        Small messages are buffered (eager); a message larger than the channel
-        waits for the receiver, as MPI's rendezvous does.
-        """
-        self.isend(x, dst, tag).wait()
-
-    def recv(self, x: Any, src: int, tag: int = 0) -> Any:
-        """Receive a message from ``src`` with ``tag`` into ``x``; returns ``x``."""
-        return self.irecv(x, src, tag).wait()
-
-    def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
-        """Start sending ``x``; ``wait()`` the returned :class:`Work` before reusing ``x``."""
-        xb = as_buffer(x, "x", writable=False)
-        return self._p2p.isend(xb, self._peer(dst, "dst"), self._tag(tag))
-
-    def irecv(self, x: Any, src: int, tag: int = 0) -> Work:
-        """Start receiving into ``x``; ``wait()`` returns ``x`` once it arrived."""
-        xb = as_buffer(x, "x", writable=True)
-        return self._p2p.irecv(xb, self._peer(src, "src"), self._tag(tag))
-
     # --- life cycle ---------------------------------------------------------------------
 
     def close(self) -> None:
@@ -425,18 +401,6 @@ class Communicator(Groups, Buckets, Uneven):
                 f"root {root} is out of range for a communicator of size {self.size} "
                 f"(valid: 0..{self.size - 1})")
         return int(root)
-
-    def _peer(self, peer: Any, what: str) -> int:
-        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or \
-                not 0 <= peer < self.size:
-            raise ArgumentError(
-                f"{what} {peer!r} is not a rank of this communicator (0..{self.size - 1})")
-        return int(peer)
-
-    def _tag(self, tag: Any) -> int:
-        if not isinstance(tag, (int, np.integer)) or not 0 <= tag < 2 ** 62:
-            raise ArgumentError(f"tag must be an int >= 0, got {tag!r}")
-        return int(tag)
 
     def _blocks(self, xb: Buffer, what: str) -> tuple[int, ...]:
         if not xb.shape or xb.shape[0] % self.size:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import recorder
-from .buffers import Buffer
+from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE
 from .recorder import RECV, SEND
@@ -23,6 +25,27 @@ if TYPE_CHECKING:
     from .comm import Communicator
 
 _P2P_MAGIC = 0x50325031
+#: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
+ANY_SOURCE = -1
+#: ``tag`` of a receive (or probe) that takes a message with any tag, as MPI_ANY_TAG
+ANY_TAG = -1
+
+
+@dataclass(frozen=True)
+class Status:
+    """What :meth:`Communicator.probe` found (and a receive got): who sent, with which
+    tag, how many bytes of which element type."""
+
+    source: int
+    tag: int
+    nbytes: int
+    dtype: str
+
+    @property
+    def count(self) -> int:
+        """Elements of the message (in its own element type)."""
+        d = next((x for x in DTYPE_BY_CODE.values() if x.name == self.dtype), None)
+        return self.nbytes // d.itemsize if d is not None else self.nbytes
 
 
 class P2PEngine:
@@ -34,6 +57,9 @@ class P2PEngine:
     has been taken in (an engine matches receives in the order they were
     posted).  Receives match messages from a source in order by tag; a message
     that arrives before its receive is posted is kept aside (unexpected queue).
+    A receive from ANY_SOURCE waits in a queue of its own; a message that can
+    go to several receives goes to the one posted first, and an ANY_SOURCE
+    receive takes the message that arrived first (numbered as they arrive).
     """
 
     def __init__(self, comm: Communicator) -> None:
@@ -41,8 +67,13 @@ class P2PEngine:
         n = comm.size
         self.lock = threading.RLock()
         self.sends: list[deque[tuple[Request, Request, Work]]] = [deque() for _ in range(n)]
-        self.posted: list[deque[tuple[Buffer, int, Work]]] = [deque() for _ in range(n)]
-        self.unexpected: list[deque[tuple[int, int, np.ndarray]]] = [deque() for _ in range(n)]
+        #: posted receives per source, and from any source: (buffer, tag, work, post number)
+        self.posted: list[deque[tuple[Buffer, int, Work, int]]] = [deque() for _ in range(n)]
+        self.posted_any: deque[tuple[Buffer, int, Work, int]] = deque()
+        #: messages nobody received yet: (tag, dtype code, data, arrival number)
+        self.unexpected: list[deque[tuple[int, int, np.ndarray, int]]] = \
+            [deque() for _ in range(n)]
+        self._numbers = itertools.count()
         self.active: list[tuple[Request, Callable[[], None]] | None] = [None] * n
         #: the posted header receive per source, and the buffer it fills
         self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
@@ -64,24 +95,89 @@ class P2PEngine:
         return w
 
     def irecv(self, xb: Buffer, src: int, tag: int) -> Work:
-        w = Work(f"recv from rank {src} (tag {tag})", src)
+        who = "any rank" if src == ANY_SOURCE else f"rank {src}"
+        what = "any tag" if tag == ANY_TAG else f"tag {tag}"
+        w = Work(f"recv from {who} ({what})", None if src == ANY_SOURCE else src)
         fr = self.c._fr
         if fr is not None:
             w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
         with self.lock:
             self.c._usable()
-            for i, (utag, code, data) in enumerate(self.unexpected[src]):
-                if utag == tag:
-                    del self.unexpected[src][i]
-                    self._deliver(xb, src, tag, code, data.size, w, data)
-                    return w
-            self.posted[src].append((xb, tag, w))
+            hit = self._unexpected(src, tag)
+            if hit is not None:
+                q, i = hit
+                utag, code, data, _ = self.unexpected[q][i]
+                del self.unexpected[q][i]
+                self._deliver(xb, q, utag, code, data.size, w, data)
+                return w
+            entry = (xb, tag, w, next(self._numbers))
+            (self.posted_any if src == ANY_SOURCE else self.posted[src]).append(entry)
             w._driver = self._drive
             self._progress()
         return w
 
+    def _unexpected(self, src: int, tag: int) -> tuple[int, int] | None:
+        """(source, index) of the first-arrived kept message that a receive of (src, tag)
+        takes, if any."""
+        best: tuple[int, int, int] | None = None
+        for q in (range(self.c.size) if src == ANY_SOURCE else (src,)):
+            for i, (utag, _, _, number) in enumerate(self.unexpected[q]):
+                if tag in (ANY_TAG, utag):
+                    if best is None or number < best[0]:
+                        best = (number, q, i)
+                    break
+        return None if best is None else (best[1], best[2])
+
+    def _posted(self, src: int, tag: int) -> tuple[Buffer, int, Work] | None:
+        """The receive posted first that takes a message from src with tag (removed)."""
+        cands = []
+        for dq in (self.posted[src], self.posted_any):
+            i = next((i for i, e in enumerate(dq) if e[1] in (ANY_TAG, tag)), None)
+            if i is not None:
+                cands.append((dq[i][3], dq, i))
+        if not cands:
+            return None
+        _, dq, i = min(cands, key=lambda c: c[0])
+        xb, ptag, w, _ = dq[i]
+        del dq[i]
+        return xb, ptag, w
+
+    def iprobe(self, src: int, tag: int) -> Status | None:
+        """The message a receive of (src, tag) would take now, without taking it."""
+        with self.lock:
+            self.c._usable()
+            self._progress()
+            hit = self._unexpected(src, tag)
+            if hit is None:
+                return None
+            q, i = hit
+            utag, code, data, _ = self.unexpected[q][i]
+            d = DTYPE_BY_CODE.get(code)
+            return Status(q, utag, int(data.size), d.name if d else str(code))
+
+    def probe(self, src: int, tag: int) -> Status:
+        """Wait (under the deadline) for a message a receive of (src, tag) would take."""
+        who = "any rank" if src == ANY_SOURCE else f"rank {src}"
+        what = f"probe for a message from {who} (" + \
+            ("any tag" if tag == ANY_TAG else f"tag {tag}") + ")"
+        got = self.iprobe(src, tag)
+        if got is not None:
+            return got
+        t = self.c._t
+        watch = [] if src == ANY_SOURCE else [src]
+        with self.lock:
+            waiter = Waiter(t.settings, lambda: what, lambda: watch,
+                            lambda: t.check(watch, what))
+            while True:
+                got = self.iprobe(src, tag)
+                if got is not None:
+                    return got
+                if not self._progress():
+                    waiter.pause()
+
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
                  data: np.ndarray | None) -> Request | None:
+        w.source, w.tag = src, tag
         if code != xb.dt.code or nbytes != xb.nbytes:
             d = DTYPE_BY_CODE.get(code)
             n = nbytes // d.itemsize if d else nbytes
@@ -138,11 +234,9 @@ class P2PEngine:
                 raise RingletError(f"corrupt point-to-point stream from rank {src}")
             moved = True
             tag, nbytes, code = int(hdr[1]), int(hdr[2]), int(hdr[3])
-            match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
-                         None)
+            match = self._posted(src, tag)
             if match is not None:
-                xb, _, w = self.posted[src][match]
-                del self.posted[src][match]
+                xb, _, w = match
                 into = self._deliver(xb, src, tag, code, nbytes, w, None)
                 if into is None:  # size mismatch: drain the payload aside
                     drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, P2P)
@@ -157,13 +251,11 @@ class P2PEngine:
     def _arrived(self, src: int, tag: int, code: int, data: np.ndarray) -> None:
         """A message that had no receive when its header came is complete: give it to a
         receive posted since, or keep it for the next one."""
-        match = next((i for i, (_, ptag, _) in enumerate(self.posted[src]) if ptag == tag),
-                     None)
+        match = self._posted(src, tag)
         if match is None:
-            self.unexpected[src].append((tag, code, data))
+            self.unexpected[src].append((tag, code, data, next(self._numbers)))
             return
-        xb, _, w = self.posted[src][match]
-        del self.posted[src][match]
+        xb, _, w = match
         self._deliver(xb, src, tag, code, data.size, w, data)
 
     def _drive(self, w: Work, timeout: float | None) -> None:
@@ -214,7 +306,7 @@ class P2PEngine:
         if w._what.startswith("send"):
             return (f"rank {q} has not received the message (is a matching recv posted on "
                     f"rank {q}, with the same tag?)")
-        pending = [f"tag {tag} ({data.size} B)" for tag, _, data in self.unexpected[q]]
+        pending = [f"tag {tag} ({data.size} B)" for tag, _, data, _ in self.unexpected[q]]
         act = self.active[q]
         if act is not None and act[1] is not _nothing:
             pending.append("a message still arriving")
@@ -227,6 +319,89 @@ class P2PEngine:
                 f"waiting itself (if every rank receives before it sends, they wait for each "
                 f"other in a cycle; `ringlet run` prints the wait-for graph, `ringlet "
                 f"diagnose DIR` reads it from the dumps in RINGLET_DUMP_DIR)")
+
+
+class PointToPoint:
+    """send, recv, isend, irecv, probe, iprobe and batch_isend_irecv (a mixin of
+    :class:`~ringlet.comm.Communicator`)."""
+
+    size: int
+    _p2p: P2PEngine
+
+    def send(self, x: Any, dst: int, tag: int = 0) -> None:
+        """Send ``x`` to rank ``dst``; returns once ``x`` may be reused.
+
+        Small messages are buffered (eager); a message larger than the channel
+        waits for the receiver, as MPI's rendezvous does.
+        """
+        self.isend(x, dst, tag).wait()
+
+    def recv(self, x: Any, src: int = ANY_SOURCE, tag: int = 0) -> Any:
+        """Receive a message from ``src`` with ``tag`` into ``x``; returns ``x``.
+
+        ``src=ringlet.ANY_SOURCE`` takes a message from any rank (the first to
+        arrive), ``tag=ringlet.ANY_TAG`` one with any tag; :meth:`irecv`'s Work
+        says who sent it (``work.source``, ``work.tag``), or :meth:`probe` first."""
+        return self.irecv(x, src, tag).wait()
+
+    def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
+        """Start sending ``x``; ``wait()`` the returned :class:`Work` before reusing ``x``."""
+        xb = as_buffer(x, "x", writable=False)
+        return self._p2p.isend(xb, self._peer(dst, "dst"), self._tag(tag))
+
+    def irecv(self, x: Any, src: int = ANY_SOURCE, tag: int = 0) -> Work:
+        """Start receiving into ``x``; ``wait()`` returns ``x`` once it arrived, and then
+        ``work.source`` and ``work.tag`` say who sent it with which tag."""
+        xb = as_buffer(x, "x", writable=True)
+        return self._p2p.irecv(xb, self._peer(src, "src", True), self._tag(tag, True))
+
+    def probe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
+        """Wait for a message a receive of (src, tag) would take, and say what it is
+        (:class:`Status`: source, tag, nbytes, dtype, count) without receiving it."""
+        return self._p2p.probe(self._peer(src, "src", True), self._tag(tag, True))
+
+    def iprobe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
+        """:meth:`probe` that does not wait: None if no such message is here yet."""
+        return self._p2p.iprobe(self._peer(src, "src", True), self._tag(tag, True))
+
+    def batch_isend_irecv(self, ops: Sequence[tuple[str, Any, int] | tuple[str, Any, int, int]]
+                          ) -> list[Work]:
+        """Start several sends and receives at once, as torch's ``batch_isend_irecv``:
+        ``ops`` are ``("send", x, dst[, tag])`` and ``("recv", x, src[, tag])``; returns
+        their Works in the same order.  Every op is checked before any starts."""
+        checked = []
+        for i, op in enumerate(ops):
+            if not isinstance(op, tuple) or len(op) not in (3, 4) or op[0] not in ("send",
+                                                                                   "recv"):
+                raise ArgumentError(f"batch_isend_irecv: op {i} must be (\"send\"|\"recv\", "
+                                    f"x, peer[, tag]), got {op!r}")
+            kind, x, peer = op[0], op[1], op[2]
+            tag = op[3] if len(op) == 4 else 0
+            send = kind == "send"
+            xb = as_buffer(x, f"op {i}'s x", writable=not send)
+            checked.append((send, xb, self._peer(peer, "dst" if send else "src", not send),
+                            self._tag(tag, not send)))
+        return [self._p2p.isend(xb, q, t) if send else self._p2p.irecv(xb, q, t)
+                for send, xb, q, t in checked]
+
+    def _peer(self, peer: Any, what: str, any_ok: bool = False) -> int:
+        if any_ok and isinstance(peer, (int, np.integer)) and peer == ANY_SOURCE:
+            return ANY_SOURCE
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or \
+                not 0 <= peer < self.size:
+            raise ArgumentError(
+                f"{what} {peer!r} is not a rank of this communicator (0..{self.size - 1})"
+                + (" or ringlet.ANY_SOURCE" if any_ok else ""))
+        return int(peer)
+
+    def _tag(self, tag: Any, any_ok: bool = False) -> int:
+        if any_ok and isinstance(tag, (int, np.integer)) and tag == ANY_TAG:
+            return ANY_TAG
+        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or \
+                not 0 <= tag < 2 ** 62:
+            raise ArgumentError("tag must be an int >= 0" +
+                                (" or ringlet.ANY_TAG" if any_ok else "") + f", got {tag!r}")
+        return int(tag)
 
 
 def _nothing() -> None:

@@ -45,6 +45,7 @@ from .comm import Communicator
 from .config import Settings
 from .errors import ArgumentError
 from .ops import ReduceOp
+from .p2p import ANY_SOURCE
 from .work import Work
 
 BACKEND = "ringlet"
@@ -137,6 +138,12 @@ class _Work(dist._Work):
 
     def get_future(self) -> Future[Any]:
         return self._fut
+
+    def _source_rank(self) -> int:
+        """The sender of a receive (torch's ``recv(src=None)`` asks)."""
+        if self._work.source is None:
+            raise ArgumentError("_source_rank: this work is not a completed receive")
+        return self._work.source
 
 
 class _Done(dist._Work):
@@ -330,8 +337,8 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return _Work(self.comm.irecv(t, src, tag), lambda _: tensors)
 
     def recv_anysource(self, tensors: list[Any], tag: int) -> Any:
-        raise ArgumentError("recv: the ringlet backend needs the source rank (receiving from "
-                            "any source is not supported yet)")
+        t = _one(tensors, "recv")
+        return _Work(self.comm.irecv(t, ANY_SOURCE, tag), lambda _: tensors)
 
     # --- life --------------------------------------------------------------------------
 

@@ -14,6 +14,9 @@ class Work:
 
     #: a point-to-point operation's flight record (see ringlet.recorder), finished here
     _rec: list[Any] | None = None
+    #: a receive's sender and tag, once its message matched (useful with ANY_SOURCE/ANY_TAG)
+    source: int | None = None
+    tag: int | None = None
 
     def __init__(self, what: str, peer: int | None = None) -> None:
         self._what = what

@@ -127,6 +127,20 @@ def operations(r: int, n: int, bad: list[str]) -> None:
         s3.wait()
         check(bad, got3[0].item() == 10.0 * left + 3 and got5[0].item() == 10.0 * left + 5,
               f"p2p tags {got3} {got5}")
+        # from any source: dist.recv(src=None) says who sent
+        s9 = dist.isend(torch.full((2,), float(r)), right, tag=9)
+        anyt = torch.empty(2)
+        sender = dist.recv(anyt, tag=9)
+        s9.wait()
+        check(bad, sender == left and anyt[0].item() == float(left),
+              f"recv from any source: {sender} {anyt}")
+        # batch_isend_irecv
+        back = torch.empty(2)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, back, right, tag=4),
+                                         dist.P2POp(dist.isend, torch.full((2,), float(r)),
+                                                    left, tag=4)]):
+            w.wait()
+        check(bad, back[0].item() == float(right), f"batch_isend_irecv {back}")
     objs: list[object] = [None] * n
     dist.all_gather_object(objs, {"r": r})
     check(bad, objs == [{"r": q} for q in range(n)], f"all_gather_object {objs}")
