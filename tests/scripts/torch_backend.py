@@ -10,6 +10,7 @@ Flags: ``--ddp-only``, ``--no-ddp``.
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 import time
 import warnings
@@ -280,6 +281,9 @@ def main() -> int:
         bad.append(f"raised {type(exc).__name__}: {exc}")
     print(f"[rank {r}] " + ("ok" if not bad else "FAILED: " + "; ".join(bad[:10])),
           flush=True)
+    # a rank that is still here 4 s later, or aborts, says where each thread is
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(4.0)
     dist.destroy_process_group()
     return 1 if bad else 0
 

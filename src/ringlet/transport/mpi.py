@@ -107,7 +107,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
-from ..ops import DTYPES, DType, ReduceOp, check_op, dtype_of_numpy, reducer
+from ..ops import DTYPES, LOC, DType, ReduceOp, check_op, dtype_of_numpy, reducer
 from ..wait import Waiter
 from . import base
 from .base import (
@@ -396,7 +396,7 @@ def _builtin(MPI: Any, op: ReduceOp, dt: DType) -> Any:
     bfloat16: none (MPI has no such type).
     """
     kind = dt.np_dtype.kind
-    if dt.name == "bfloat16":
+    if dt.name == "bfloat16" or op in LOC or kind == "V":   # pairs: ringlet's MINLOC/MAXLOC
         return None
     if kind == "b":
         return getattr(MPI, _BOOL_OPS[op])
