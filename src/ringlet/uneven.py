@@ -285,21 +285,13 @@ class Uneven(Calls):
         say it), concatenated in rank order on every rank: shape
         ``(sum(counts), *x.shape[1:])``."""
         n = self.size
-        xb = as_buffer(x, "x", writable=False)
-        rows, rest = _rows(xb, "x")
-        given = None if counts is None else _counts(counts, n, "counts")
-        if given is not None and int(given[self.rank]) != rows:
-            raise ArgumentError(f"counts[{self.rank}] is {int(given[self.rank])} but x has "
-                                f"{rows} rows (shape {xb.shape})")
+        xb, rows, rest, given = self._own_rows(x, counts)
         ob = None if out is None else as_buffer(out, "out", writable=True)
         self._same_kind(ob, xb)
         name = self._v_algorithm("all_gather", algorithm)
         t = self._exchange(_words(n, rows, xb.dt.code, rest, -1 if ob is None else ob.count,
                                   given, None))
-        rest = self._agree_rows(t, range(n))
-        c = np.array([t.rows(q) for q in range(n)], np.int64)
-        self._agree_counts(t, range(n), c)
-        row = int(np.prod(rest, dtype=np.int64))
+        rest, c, row = self._gathered(t)
         for q in range(n):
             self._check_out(t, q, int(c.sum()) * row)
         ob = ob or new_buffer(xb, (int(c.sum()), *rest))
@@ -315,12 +307,7 @@ class Uneven(Calls):
         concatenated in rank order: shape ``(sum(counts), *x.shape[1:])``; None elsewhere."""
         n = self.size
         root = self._root(root)
-        xb = as_buffer(x, "x", writable=False)
-        rows, rest = _rows(xb, "x")
-        given = None if counts is None else _counts(counts, n, "counts")
-        if given is not None and int(given[self.rank]) != rows:
-            raise ArgumentError(f"counts[{self.rank}] is {int(given[self.rank])} but x has "
-                                f"{rows} rows (shape {xb.shape})")
+        xb, rows, rest, given = self._own_rows(x, counts)
         ob = None
         if out is not None and self.rank == root:
             ob = as_buffer(out, "out", writable=True)
@@ -328,10 +315,7 @@ class Uneven(Calls):
         name = self._v_algorithm("gather", algorithm, root)
         t = self._exchange(_words(n, rows, xb.dt.code, rest, -1 if ob is None else ob.count,
                                   given, None))
-        rest = self._agree_rows(t, range(n))
-        c = np.array([t.rows(q) for q in range(n)], np.int64)
-        self._agree_counts(t, range(n), c)
-        row = int(np.prod(rest, dtype=np.int64))
+        rest, c, row = self._gathered(t)
         self._check_out(t, root, int(c.sum()) * row)
         if self.rank == root:
             ob = ob or new_buffer(xb, (int(c.sum()), *rest))
@@ -394,6 +378,27 @@ class Uneven(Calls):
         return self._v_run("scatter", name, root, sum(el), ob, ob, sizes, bufs, async_op)
 
     # --- the parts ------------------------------------------------------------------------
+
+    def _own_rows(self, x: Any, counts: Any) -> tuple[Buffer, int, tuple[int, ...],
+                                                      np.ndarray | None]:
+        """x as a buffer, its rows and row shape, and the counts given (which must say
+        this rank's rows)."""
+        xb = as_buffer(x, "x", writable=False)
+        rows, rest = _rows(xb, "x")
+        given = None if counts is None else _counts(counts, self.size, "counts")
+        if given is not None and int(given[self.rank]) != rows:
+            raise ArgumentError(f"counts[{self.rank}] is {int(given[self.rank])} but x has "
+                                f"{rows} rows (shape {xb.shape})")
+        return xb, rows, rest, given
+
+    def _gathered(self, t: _Table) -> tuple[tuple[int, ...], np.ndarray, int]:
+        """After a gather's exchange: the row shape, every rank's rows (checked against
+        the counts any rank gave) and a row's elements."""
+        ranks = range(self.size)
+        rest = self._agree_rows(t, ranks)
+        c = np.array([t.rows(q) for q in ranks], np.int64)
+        self._agree_counts(t, ranks, c)
+        return rest, c, int(np.prod(rest, dtype=np.int64))
 
     def _same_kind(self, ob: Buffer | None, xb: Buffer) -> None:
         if ob is not None:
