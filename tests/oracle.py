@@ -87,6 +87,10 @@ def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
         ref = full[r * count:(r + 1) * count]
         got = comm.scatter(full if r == root else None, root=root,
                            out=np.empty(count, dtype), algorithm=name)
+    elif coll in ("scan", "exscan"):
+        upto = r + 1 if coll == "scan" else r
+        ref = reference_reduce(np.stack(ins[:upto]), op) if upto else ins[0]
+        got = getattr(comm, coll)(x, op=op, algorithm=name)
     else:
         raise AssertionError(coll)
     return None if close(np.asarray(got), ref) else f"{np.asarray(got).ravel()[:4]} != " \

@@ -107,7 +107,8 @@ def _algorithms(comm: ringlet.Communicator, collective: str) -> list[str]:
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
-                                        "reduce_scatter", "all_to_all", "scatter", "gather"])
+                                        "reduce_scatter", "all_to_all", "scatter", "gather",
+                                        "scan", "exscan"])
 def test_every_algorithm(world: Any, collective: str) -> None:
     res = world.run(_algorithms, collective)
     for r, bad in enumerate(res):

@@ -311,6 +311,11 @@ def test_values(collective: str, name: str) -> None:
         elif collective == "scatter":
             for r in range(n):
                 assert np.array_equal(out[r], xs[root][r * m:(r + 1) * m])
+        elif collective in ("scan", "exscan"):
+            for r in range(n):
+                upto = r + 1 if collective == "scan" else r
+                want = np.sum(np.array(xs[:upto], np.float64), axis=0) if upto else xs[0]
+                np.testing.assert_allclose(out[r], want, rtol=1e-5, atol=1e-3)
         else:
             for r in range(n):
                 want = np.concatenate([xs[q][r * m:(r + 1) * m] for q in range(n)])

@@ -84,6 +84,12 @@ def test_without_contention_the_simulator_agrees_with_the_model(collective: str,
             r = simulate(collective, name, n, nbytes, topo, root=1)
             p = predict(collective, name, n, nbytes, profile, root=1,
                         pieces=r.params.get("pieces"), params=r.params)
+            if name == "recursive_doubling" and collective in ("scan", "exscan"):
+                # in a round some ranks reduce two vectors, some one, some (no partner on
+                # a size that is not a power of two) none: the model charges every round
+                # the most any rank does, the simulator each rank its own path
+                assert 0.85 * p.seconds <= r.seconds <= 1.02 * p.seconds, (n, nbytes)
+                continue
             assert r.seconds == pytest.approx(p.seconds, rel=0.02), (profile.name, n, nbytes)
 
 

@@ -27,7 +27,7 @@ from .ops import DTYPE_BY_CODE, ReduceOp
 COLLECTIVES = ("none", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
                "all_to_all", "scatter", "gather", "barrier", "split", "broadcast_object",
                "all_gather_object", "empty", "group", "all_to_all_v", "all_gather_v",
-               "gather_v", "scatter_v", "gather_object", "scatter_object")
+               "gather_v", "scatter_v", "gather_object", "scatter_object", "scan", "exscan")
 COLL_CODE = {name: i for i, name in enumerate(COLLECTIVES)}
 
 #: how the call runs (the ``path`` word's low two bits)

@@ -35,6 +35,7 @@ from .executor import compile_program, execute
 from .groups import Groups
 from .ops import ReduceOp, check_op, finish, reducer
 from .p2p import P2PEngine, PointToPoint
+from .prefix import Prefix
 from .recorder import FlightRecorder, install_signal
 from .schedule import Buf
 from .topology import Topology
@@ -61,7 +62,7 @@ def _close_all() -> None:
             c._t.mark_closed()
 
 
-class Communicator(Groups, Buckets, Uneven, PointToPoint):
+class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
     """A group of ranks that run collectives together.  Create with :func:`ringlet.init`.
 
     Buffers are C-contiguous numpy arrays or torch CPU tensors.  Per-rank

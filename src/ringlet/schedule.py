@@ -150,6 +150,9 @@ COLLECTIVES: dict[str, dict[Buf, int | str]] = {
     "all_to_all": {Buf.IN: "N", Buf.OUT: "N"},
     "scatter": {Buf.IN: "N", Buf.OUT: 1},
     "gather": {Buf.IN: 1, Buf.OUT: "N"},
+    # prefix reductions work in OUT (the communicator copies IN to OUT first)
+    "scan": {Buf.OUT: 1},
+    "exscan": {Buf.OUT: 1},
 }
 
 #: The unit count m, in words, for docs and diagrams.
@@ -158,10 +161,11 @@ UNIT = {
     "reduce": "elements of the vector", "all_gather": "elements each rank contributes",
     "reduce_scatter": "elements each rank ends with", "all_to_all": "elements per block",
     "scatter": "elements each rank receives", "gather": "elements each rank sends",
+    "scan": "elements of the vector", "exscan": "elements of the vector",
 }
 
 ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})
-REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "scan", "exscan"})
 
 
 @dataclass(frozen=True)

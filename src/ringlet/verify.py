@@ -28,7 +28,7 @@ def initial_state(s: Schedule, rank: int) -> State:
     c, n, root = s.collective, s.nranks, s.root
     st: State = {b: [None] * lay.nchunks for b, lay in s.layouts.items()}
     me = 1 << rank
-    if c == "all_reduce":
+    if c in ("all_reduce", "scan", "exscan"):
         st[Buf.OUT] = [(("x", i), me) for i in range(s.layouts[Buf.OUT].nchunks)]
     elif c == "broadcast":
         if rank == root:
@@ -55,6 +55,10 @@ def expected_final(s: Schedule, rank: int) -> dict[Buf, list[Value]]:
     out = s.layouts[Buf.OUT]
     if c == "all_reduce":
         return {Buf.OUT: [(("x", i), full) for i in range(out.nchunks)]}
+    if c in ("scan", "exscan"):   # exscan: rank 0 keeps its own vector
+        upto = rank + 1 if c == "scan" or rank == 0 else rank
+        mask = (1 << upto) - 1 if c == "scan" or rank else 1
+        return {Buf.OUT: [(("x", i), mask) for i in range(out.nchunks)]}
     if c == "broadcast":
         return {Buf.OUT: [(("x", i), 1 << root) for i in range(out.nchunks)]}
     if c == "reduce":

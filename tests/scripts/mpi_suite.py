@@ -26,7 +26,9 @@ from ringlet.transport.base import COLL, P2P
 
 ROOTED = ("broadcast", "reduce", "scatter", "gather")
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "scatter", "gather")
+               "all_to_all", "scatter", "gather", "scan", "exscan")
+#: collectives the engines have no native form of here
+NO_NATIVE = ("scan", "exscan")
 COUNTS = [0, 1, 7, 1000]
 BIG = 70_001   # float32: 280 KB, many pieces with --pieces
 
@@ -36,7 +38,7 @@ def every_algorithm(comm: Communicator, rep: Report) -> None:
     n = comm.size
     roots = sorted({0, n - 1})
     for coll in COLLECTIVES:
-        for name in [*ringlet.algorithms(coll), "native"]:
+        for name in [*ringlet.algorithms(coll), *(["native"] if coll not in NO_NATIVE else [])]:
             for dtype in ("float32", "int64"):
                 op = ReduceOp.SUM if dtype == "float32" else ReduceOp.MAX
                 counts = COUNTS + ([BIG] if dtype == "float32" and name in (

@@ -31,7 +31,7 @@ from ringlet.transport.torch import TorchTransport
 ROOTED = ("broadcast", "reduce", "scatter", "gather")
 BLOCKED = ("reduce_scatter", "all_to_all", "scatter")
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "scatter", "gather")
+               "all_to_all", "scatter", "gather", "scan", "exscan")
 COUNTS = [0, 7, 1001]          # elements per rank (not divisible by any N > 1)
 BLOCKS = [0, 1, 333]           # elements per block for the blocked collectives
 #: (dtype, op) of the reductions: exact in float32 (small integers), wrapping in int64
@@ -73,13 +73,17 @@ def call(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp, cou
     elif coll == "all_to_all":
         ref = np.concatenate([ins[q][r * count:(r + 1) * count] for q in range(n)])
         got = comm.all_to_all(x, algorithm=name)
+    elif coll in ("scan", "exscan"):
+        upto = r + 1 if coll == "scan" else r
+        ref = reference_reduce(np.stack(ins[:upto]), op) if upto else ins[0]
+        got = getattr(comm, coll)(x, op=op, algorithm=name)
     else:  # scatter
         ref = ins[root][r * count:(r + 1) * count]
         if r == root:
             got = comm.scatter(x, root=root, algorithm=name)
         else:
             got = comm.scatter(None, root=root, out=np.empty(count, dtype), algorithm=name)
-    changes = ("all_reduce", "broadcast") + (("reduce",) if r == root else ())
+    changes = ("all_reduce", "broadcast", "scan", "exscan") + (("reduce",) if r == root else ())
     if coll not in changes and not np.array_equal(x, keep):
         return "the input changed"
     got = np.asarray(got)
@@ -329,7 +333,8 @@ def main() -> None:
     rep = Report(comm.rank)
     rep.check(isinstance(t, TorchTransport) and t.caps.native and t.caps.engine == "torch",
               "caps")
-    names = {c: algorithms(c) + ["native"] for c in COLLECTIVES}
+    names = {c: algorithms(c) + (["native"] if c not in ("scan", "exscan") else [])
+             for c in COLLECTIVES}
     rep.run("messages", lambda: messages(comm, t, rep))
     comm.barrier()
     rep.run("collectives", lambda: collectives(comm, rep, names))

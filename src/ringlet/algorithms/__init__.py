@@ -30,7 +30,7 @@ class Entry:
 
 
 #: The family modules, one per classic family of algorithms.
-FAMILIES = ("naive", "ring", "tree", "recursive", "bruck", "direct", "hierarchical")
+FAMILIES = ("naive", "ring", "tree", "recursive", "bruck", "direct", "hierarchical", "scan")
 
 _REGISTRY: dict[str, dict[str, Entry]] = {c: {} for c in COLLECTIVES}
 _ALIASES: dict[str, dict[str, str]] = {c: {} for c in COLLECTIVES}

@@ -191,6 +191,9 @@ def heuristic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
             prefs = ["direct", "pairwise", "bruck"]
     elif collective in ("scatter", "gather"):
         prefs = ["binomial", "linear"]
+    elif collective in ("scan", "exscan"):
+        # lg p rounds of the whole vector against p - 1: the chain only sends less in all
+        prefs = ["recursive_doubling", "linear"]
     else:
         raise ArgumentError(
             f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")

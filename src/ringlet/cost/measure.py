@@ -140,6 +140,10 @@ def _call(comm: Any, collective: str, count: int, algorithm: str | None
     if collective == "gather":
         x, y = z(count, DTYPE), (z((n, count), DTYPE) if r == 0 else None)
         return lambda: comm.gather(x, 0, out=y, algorithm=a)
+    if collective in ("scan", "exscan"):
+        x, y = z(count, DTYPE), z(count, DTYPE)
+        fn = getattr(comm, collective)
+        return lambda: fn(x, out=y, algorithm=a)
     raise ArgumentError(f"no buffers for collective {collective!r}")
 
 

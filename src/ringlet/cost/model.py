@@ -107,14 +107,15 @@ DEFAULT_PROFILE_PATH = Path(DEFAULT_PROFILE)
 BUS_FACTORS: dict[str, str] = {
     "all_reduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "all_gather": "(n-1)/n",
     "all_to_all": "(n-1)/n", "gather": "(n-1)/n", "scatter": "(n-1)/n",
-    "broadcast": "1", "reduce": "1",
+    "broadcast": "1", "reduce": "1", "scan": "1", "exscan": "1",
 }
 
 #: The seeds' textbook volume per rank, in units of the collective's size S: an all-reduce
 #: sends "about 2S", each of its phases (reduce-scatter, all-gather) "about S".
 TEXTBOOK_VOLUME: dict[str, float] = {
     "all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0,
-    "broadcast": 1.0, "reduce": 1.0, "scatter": 1.0, "gather": 1.0,
+    "broadcast": 1.0, "reduce": 1.0, "scatter": 1.0, "gather": 1.0, "scan": 1.0,
+    "exscan": 1.0,
 }
 
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
