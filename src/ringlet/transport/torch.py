@@ -138,6 +138,10 @@ _FLUSH_S = 1.0
 _GLOO_MARGIN_S = 30.0
 #: how long a failed gloo collective waits for the lanes to say which peer died
 _GRACE_S = 1.0
+#: how long close() waits for the lanes to end (gloo fails their waits at once once its
+#: connections are closed), and how long the exit hook waits for any still running
+_CLOSE_LANES_S = 2.0
+_EXIT_LANES_S = 5.0
 #: the timeout of the heartbeat thread's store calls (bounds the join at close)
 _STORE_CALL_S = 3.0
 
@@ -386,6 +390,10 @@ class _Lane:
                 self.t._failed(msg)
             self.t._event()
 
+    def alive(self) -> bool:
+        th = self.thread
+        return th is not None and th.is_alive()
+
     def join(self, seconds: float) -> None:
         """Wait for the thread to end (after close: the queue drains as gloo fails it)."""
         with self.cv:
@@ -505,18 +513,30 @@ _LIVE: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
 
 
 def _close_all() -> None:
-    """At exit, say CLOSED and close the groups while gloo's threads still run, and stop
-    every heartbeat.  Runs when the main thread ends, before the interpreter joins the
-    threads that are not daemons (the heartbeats), and again as an atexit (a no-op then)."""
+    """At exit, say CLOSED and close the groups while gloo's threads still run, make sure
+    no lane is still inside a gloo wait (of any group, closed earlier too), and stop every
+    heartbeat.  Runs when the main thread ends, before the interpreter joins the threads
+    that are not daemons (the heartbeats), and again as an atexit (a no-op then).
+
+    A lane (a daemon thread) that comes back from a gloo wait after the interpreter
+    finalized is ended by ``pthread_exit``, whose unwind through pybind11's GIL guard (a
+    destructor: ``noexcept``) aborts the process ("terminate called without an active
+    exception", SIGABRT, after every rank succeeded)."""
     for t in list(_LIVE):
         with contextlib.suppress(Exception):
             t.mark_closed()
+        with contextlib.suppress(Exception):
             t.close()
+    for t in list(_ALL):
+        with contextlib.suppress(Exception):
+            t._end_lanes(_EXIT_LANES_S)
     for hb in list(_BEATS):
         hb._stop.set()
 
 
 _BEATS: weakref.WeakSet[_Heartbeat] = weakref.WeakSet()
+#: every transport, closed or not, whose lanes may still run (see _close_all)
+_ALL: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
 atexit.register(_close_all)
 with contextlib.suppress(AttributeError, RuntimeError):
     threading._register_atexit(_close_all)  # type: ignore[attr-defined]
@@ -589,6 +609,7 @@ class TorchTransport(Transport):
         self._agree = MessageAgreement(self, self.remote)
         self._status = StatusBoard(self, self.remote)
         _LIVE.add(self)
+        _ALL.add(self)
 
     def _start_error(self, exc: BaseException) -> RingletError:
         """Why the group could not be built, naming the ranks that never came."""
@@ -812,17 +833,31 @@ class TorchTransport(Transport):
         """Close gloo's connections (ending every pending request and lane); idempotent."""
         if self._closed:
             return
-        self._status.tell(CLOSED, "closed")    # unless an abort or CLOSED was said already
-        self._flush()
-        self._closed = True
-        _LIVE.discard(self)
-        self._kill()
-        deadline = time.monotonic() + 2.0
-        for lane in list(self._lanes.values()):
-            lane.join(max(0.0, deadline - time.monotonic()))
-        self._coll = []
-        self._hb.release()
-        self._pg = None
+        try:
+            self._status.tell(CLOSED, "closed")    # unless an abort or CLOSED was said
+            self._flush()
+        finally:
+            self._closed = True
+            _LIVE.discard(self)
+            self._end_lanes(_CLOSE_LANES_S)
+            self._coll = []
+            self._hb.release()
+
+    def _end_lanes(self, seconds: float) -> bool:
+        """Close gloo's connections until every lane thread has ended (True), for up to
+        ``seconds``; the group is dropped once they have."""
+        deadline = time.monotonic() + seconds
+        while self._pg is not None:
+            alive = [lane for lane in self._lanes.values() if lane.alive()]
+            if not alive:
+                self._pg = None
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._kill()
+            for lane in alive:
+                lane.join(max(0.0, min(0.5, deadline - time.monotonic())))
+        return True
 
     def _flush(self) -> None:
         """Give the notices in flight up to _FLUSH_S to leave (a notice to a peer that is
@@ -835,21 +870,25 @@ class TorchTransport(Transport):
             with self._cv:
                 self._cv.wait(0.005)
 
-    def _kill(self) -> None:
+    def _kill(self) -> bool:
         """End every pending gloo operation of the group: let a receive that nobody will
         match time out, which makes gloo close every connection of the group (the only
-        way torch 2.13 offers; see the module documentation)."""
+        way torch 2.13 offers: ``ProcessGroupGloo.abort`` leaves waits blocked; see the
+        module documentation).  A receive on a connection a peer already closed fails
+        without a timeout and closes only that one: then the next peer is tried.  True
+        if a timeout closed them."""
         torch = _torch()
         for q in range(self.size):
             if q == self.rank:
                 continue
             try:
                 w = self._pg.recv([torch.empty(1, dtype=torch.uint8)], q, _KILL_TAG)
-            except RuntimeError:
-                continue  # that connection is closed already: try another
-            with contextlib.suppress(RuntimeError):
                 w.wait(timedelta(milliseconds=1))
-            return
+            except RuntimeError as exc:
+                if "timed out" in str(exc).lower():
+                    return True
+                continue  # that connection is closed already: try another
+        return False
 
     # --- groups -------------------------------------------------------------------------
 
