@@ -83,6 +83,21 @@ def test_two_emulated_nodes() -> None:
     _all_ok(codes, out, 4)
 
 
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "two-nodes"])
+def test_a_dead_peer_is_a_peer_error_through_torch(nodes: int) -> None:
+    """A rank that dies: the others' dist.all_reduce raises ringlet's PeerError naming
+    it, within seconds; on one node (shared memory) and across emulated nodes (gloo).
+    The ranks are started here with torch's env:// variables, not by torchrun (which
+    would stop the survivors as soon as one rank fails)."""
+    port = str(_port())
+    envs = [_env(RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 RINGLET_NODE=f"host{r * nodes // 4}") for r in range(4)]
+    codes, out = _run([[sys.executable, str(SCRIPT), "--dead-peer"]] * 4, envs)
+    oks = sorted(r for r in range(4) if f"[rank {r}] ok" in out)
+    assert oks == [0, 1, 2] and codes == [0, 0, 0, 3], \
+        f"exit codes {codes}, ranks ok {oks}:\n{out[-5000:]}"
+
+
 def test_registered_on_import() -> None:
     import torch.distributed as dist
 

@@ -11,9 +11,11 @@ Flags: ``--ddp-only``, ``--no-ddp``.
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -264,10 +266,34 @@ def ddp(r: int, n: int, bad: list[str]) -> None:
     check(bad, all(torch.equal(e, grads[0]) for e in grads), "fp16 hook: grads differ")
 
 
+def dead_peer(r: int, n: int, bad: list[str]) -> None:
+    """The last rank dies (os._exit) between two calls: the others' torch call raises
+    ringlet's PeerError naming it, within seconds (not at the deadline)."""
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if r == n - 1:
+        os._exit(3)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as exc:  # noqa: BLE001 - the check is on its type and message
+        took = time.monotonic() - t0
+        check(bad, isinstance(exc, ringlet.PeerError) and f"rank {n - 1}" in str(exc)
+              and took < 20, f"dead peer: {type(exc).__name__} after {took:.1f} s: {exc}")
+    else:
+        bad.append("a call with a dead peer returned")
+
+
 def main() -> int:
-    dist.init_process_group("ringlet")
+    dist.init_process_group("ringlet", timeout=timedelta(seconds=60))
     r, n = dist.get_rank(), dist.get_world_size()
     bad: list[str] = []
+    if "--dead-peer" in sys.argv:
+        dead_peer(r, n, bad)
+        print(f"[rank {r}] " + ("ok" if not bad else "FAILED: " + "; ".join(bad[:10])),
+              flush=True)
+        os._exit(1 if bad else 0)   # the group's peer is gone: no orderly teardown
     check(bad, dist.get_backend() == "ringlet", f"backend {dist.get_backend()}")
     check(bad, ringlet.torch.communicator().size == n, "ringlet.torch.communicator()")
     try:
