@@ -219,3 +219,13 @@ def test_errors_between_good_calls(world: Any, case: str) -> None:
             "recv": "recv_counts", "dtype": "dtype", "algorithm": "different sizes",
             "out": "out has", "counts": "counts", "scatter_out": "rows"}[case]
     assert all(text in m for _, m, _ in res), res
+
+
+def test_show_draws_the_schedule_an_uneven_form_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from ringlet.cli import main
+
+    assert main(["show", "all_to_all_v", "--algo", "pairwise", "--ranks", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "all_to_all / pairwise on N=3" in out and "all_to_all_v runs this schedule" in out
+    assert main(["show", "all_to_all_v", "--algo", "bruck", "--ranks", "5"]) == 2
+    assert "bruck cannot run all_to_all_v" in capsys.readouterr().err

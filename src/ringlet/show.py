@@ -828,8 +828,17 @@ def configure_show(p: argparse.ArgumentParser) -> None:
 
 
 def main_show(args: argparse.Namespace) -> int:
-    """Run ``ringlet show``: 0 if the schedule verifies, 1 (after drawing it) if not."""
-    collective = _collective(args.collective)
+    """Run ``ringlet show``: 0 if the schedule verifies, 1 (after drawing it) if not.
+
+    An uneven form (``all_to_all_v``...) draws the even collective's schedule it runs,
+    after checking that the algorithm keeps every block in places of its own size."""
+    from .algorithms import UNEVEN
+
+    uneven = args.collective if args.collective in UNEVEN else None
+    collective = UNEVEN[uneven] if uneven else _collective(args.collective)
+    if not args.algo and uneven:
+        raise ArgumentError(f"choose an algorithm with --algo; {uneven} has: "
+                            f"{', '.join(algorithms(uneven))}")
     if not args.algo:
         raise ArgumentError(
             f"choose an algorithm with --algo; {collective} has: "
@@ -847,11 +856,22 @@ def main_show(args: argparse.Namespace) -> int:
     if width < 40:
         raise ArgumentError(f"--width {width}: give at least 40 columns")
     s = build(collective, args.algo, n, args.root, **parse_params(args.param, args.pieces))
+    if uneven:
+        from .uneven import uneven_ok
+
+        why = uneven_ok(s)
+        if why is not None:
+            raise ArgumentError(f"{args.algo} cannot run {uneven} (blocks of different "
+                                f"sizes): {why}")
     tr = trace(s)
     text = render(tr, width, args.count, args.itemsize)
     if args.png:   # before printing, so that a missing matplotlib is all the output
         draw_png(tr, args.png, args.count, args.itemsize)
     print(text)
+    if uneven:
+        print(f"\n{uneven} runs this schedule with each block cut at the call's own sizes "
+              f"(rank q's rows where block q is); every block stays in places of its owner's "
+              f"size, round by round (checked)")
     if args.png:
         print(f"wrote {args.png}")
     return 1 if tr.error is not None else 0
