@@ -229,3 +229,49 @@ def test_show_draws_the_schedule_an_uneven_form_runs(capsys: pytest.CaptureFixtu
     assert "all_to_all / pairwise on N=3" in out and "all_to_all_v runs this schedule" in out
     assert main(["show", "all_to_all_v", "--algo", "bruck", "--ranks", "5"]) == 2
     assert "bruck cannot run all_to_all_v" in capsys.readouterr().err
+
+
+def _every_dtype(comm: ringlet.Communicator) -> list[str]:
+    """Every element type ringlet moves, numpy's and torch's bfloat16, through the uneven
+    forms and the prefix reductions (sums of small integers: exact in every type)."""
+    from ringlet.ops import DTYPES
+
+    n, r = comm.size, comm.rank
+    bad = []
+    S = _matrix(n, "random", 5)
+    for name in DTYPES:
+        if name == "bfloat16":
+            try:
+                import torch
+            except ImportError:
+                continue
+            def make(v: np.ndarray) -> Any:
+                return torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16)
+            def back(t: Any) -> np.ndarray:
+                return t.float().numpy()
+        else:
+            def make(v: np.ndarray, name: str = name) -> Any:
+                return v.astype(name) if name != "bool" else (v % 2).astype(bool)
+            def back(t: Any) -> np.ndarray:
+                return np.asarray(t)
+        rows = [np.full(int(S[r, j]), 10 * r + j) for j in range(n)]
+        x = make(np.concatenate(rows) if rows else np.zeros(0))
+        want = make(np.concatenate([np.full(int(S[j, r]), 10 * j + r) for j in range(n)]))
+        got = comm.all_to_all_v(x, S[r])
+        if not np.array_equal(back(got), back(want)):
+            bad.append(f"all_to_all_v {name}")
+        g = comm.all_gather_v(make(np.full(r % 3, r + 1)))
+        if not np.array_equal(back(g), back(make(np.concatenate(
+                [np.full(q % 3, q + 1) for q in range(n)])))):
+            bad.append(f"all_gather_v {name}")
+        if name not in ("bool",) and not name.startswith("complex"):
+            s = make(np.full(3, r + 1))
+            comm.scan(s)
+            if not np.array_equal(back(s), back(make(np.full(3, (r + 1) * (r + 2) // 2)))):
+                bad.append(f"scan {name}: {back(s)}")
+    return bad
+
+
+def test_every_dtype(world: Any) -> None:
+    for r, bad in enumerate(world.run(_every_dtype)):
+        assert not bad, f"rank {r}: {bad}"
