@@ -153,3 +153,14 @@ def test_overhead_option_sets_every_links_per_message_cost(
     assert three["overhead_seconds"] == pytest.approx(2 * 24 * 3e-6)
     assert main(argv[:-1] + ["--overhead", "0"]) == 0
     assert "per-message overhead 0 s on every link (--overhead)" in capsys.readouterr().out
+
+
+def test_an_uneven_form_is_its_even_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_to_all_v", "--bytes", "1MB", "--ranks", "8",
+                 "--link", "nvlink4"]) == 0
+    out = capsys.readouterr().out
+    assert "pairwise" in out and "bruck" not in out
+    assert "all_to_all_v: the all_to_all schedule with equal blocks" in out
+    assert main(["predict", "all_to_all_v", "--bytes", "1MB", "--ranks", "8",
+                 "--link", "nvlink4", "--algorithm", "bruck"]) == 2
+    assert "bruck: not an algorithm of all_to_all_v" in capsys.readouterr().err

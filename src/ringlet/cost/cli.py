@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..algorithms import UNEVEN
 from ..config import Settings
 from ..errors import ArgumentError
 from ..schedule import COLLECTIVES, UNIT
@@ -289,8 +290,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "sizes: --bytes is nccl-tests' size: the vector for all_reduce, broadcast and reduce; "
         "the whole output of all_gather and gather; the whole input of reduce_scatter and "
         "scatter; a rank's whole buffer for all_to_all.")
-    p.add_argument("collective", nargs="?", choices=list(COLLECTIVES),
-                   help="the collective (not with --calibrate)")
+    p.add_argument("collective", nargs="?", choices=[*COLLECTIVES, *UNEVEN],
+                   help="the collective (not with --calibrate); an uneven form "
+                        "(all_to_all_v...) is predicted as its even schedule with equal "
+                        "blocks of the same total")
     p.add_argument("--bytes", metavar="SIZE", dest="nbytes",
                    help="size in bytes: 14GB (10^9), 1.5GiB (2^30), 25MiB, 4096 "
                         "(required unless --calibrate)")
@@ -398,6 +401,17 @@ def main(args: argparse.Namespace) -> int:
     if args.collective is None or args.nbytes is None:
         raise ArgumentError("give a collective and --bytes (e.g. ringlet predict all_reduce "
                             "--bytes 1MiB --ranks 4), or --calibrate")
+    uneven = args.collective if args.collective in UNEVEN else None
+    if uneven:   # the even schedule it runs, among the algorithms that take uneven blocks
+        from ..uneven import listed
+
+        args.collective = UNEVEN[uneven]
+        args.algorithm = args.algorithm or listed(args.collective)
+        bad_algos = sorted(set(args.algorithm) - set(listed(args.collective)))
+        if bad_algos:
+            raise ArgumentError(f"{', '.join(bad_algos)}: not an algorithm of {uneven} "
+                                f"(ringlet.algorithms({uneven!r}): "
+                                f"{', '.join(listed(args.collective))})")
     started = time.perf_counter()
     links = resolve_links(args)
     n = resolve_ranks(args, links)
@@ -484,6 +498,10 @@ def main(args: argparse.Namespace) -> int:
     for b in bad:
         print(f"  not applicable: {b.algorithm}: {b.reason}", file=out)
     elapsed = time.perf_counter() - started
+    if uneven:
+        print(f"\n{uneven}: the {args.collective} schedule with equal blocks of the same "
+              f"total; uneven counts move the same rounds with other bytes per message "
+              f"(the largest block bounds each round)", file=out)
     print(f"\n(answered in {elapsed:.2f} s)", file=out)
     return 0
 
