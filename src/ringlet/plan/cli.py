@@ -6,8 +6,11 @@
         --compute-ms 200 --usd-per-gpu-hour 30 --steps-per-second 1
     ringlet plan --params 70e9 --ranks 128 --strategy tp=8,pp=4,zero1 --link dgx_h100 \\
         --layers 80 --hidden 8192 --seq-len 4096 --micro-batch 1 --microbatches 16
+    ringlet plan --params 7e9 --ranks 64 --strategy zero3 --link dgx_h100 --compute-ms 300 \\
+        --simulate --straggler 5:2ms --jitter lognormal:0.2 --seed 1
 
-See :mod:`ringlet.plan.strategies` for the volumes and the overlap model.
+See :mod:`ringlet.plan.strategies` for the volumes and the overlap model, and
+:mod:`ringlet.plan.step` for ``--simulate``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from ..cost.units import (
     parse_size,
 )
 from ..errors import ArgumentError
+from ..progress import callback
+from ..sim.cli import parse_jitter, parse_straggler
+from .step import StepSimulation, simulate_step
 from .strategies import (
     DEFAULT_BUCKET_BYTES,
     STRATEGY_HELP,
@@ -97,9 +103,23 @@ def configure(p: argparse.ArgumentParser) -> None:
     t.add_argument("--steps-per-second", type=float, metavar="RATE",
                    help="training steps per second for the per-day cost (default: 1 / step "
                         "time when --compute-ms is given)")
+    s = p.add_argument_group(
+        "simulation", "--simulate runs the step through ringlet's simulator: buckets issued "
+                      "as the passes produce or need them, one stream, every rank its own clock")
+    s.add_argument("--simulate", action="store_true",
+                   help="also simulate the step: total and exposed communication time "
+                        "(JSON: 'simulated')")
+    s.add_argument("--straggler", action="append", metavar="RANK:DELAY", default=[],
+                   help="with --simulate: rank RANK starts the step DELAY late, e.g. 5:2ms "
+                        "(repeatable)")
+    s.add_argument("--jitter", metavar="lognormal:SIGMA",
+                   help="with --simulate: per-message noise, as in ringlet simulate")
+    s.add_argument("--seed", type=int, default=0, help="with --simulate: seed of the noise "
+                                                       "(default 0)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (bytes_per_rank, comm_seconds, overhead, "
-                        "usd_per_step_comm, usd_per_day_comm, ...)")
+                        "usd_per_step_comm, usd_per_day_comm, ..., and with --simulate "
+                        "'simulated': total_seconds, exposed_seconds, step_seconds, ...)")
     add_link_options(p)
 
 
@@ -128,14 +148,58 @@ def main(args: argparse.Namespace) -> int:
                 steps_per_second=args.steps_per_second, line_rate=links.line_rate,
                 efficiency=links.efficiency, efficiency_source=links.efficiency_source,
                 link_name=links.link_name, headline_bidirectional=links.headline_bidirectional)
+    simulated: StepSimulation | None = None
+    if not args.simulate and (args.straggler or args.jitter):
+        raise ArgumentError("--straggler and --jitter need --simulate")
+    if args.simulate:
+        stragglers: dict[int, float] = {}
+        for text in args.straggler:
+            rank, delay = parse_straggler(text)
+            stragglers[rank] = stragglers.get(rank, 0.0) + delay
+        simulated = simulate_step(
+            par, model, how,
+            compute_seconds=None if args.compute_ms is None else args.compute_ms / 1e3,
+            backward_fraction=args.backward_fraction, stragglers=stragglers,
+            jitter=parse_jitter(args.jitter), seed=args.seed,
+            progress=callback("ringlet plan --simulate", "buckets"))
     if args.json:
         out = step.to_dict()
         out["link"] = links.description
         out["notes"] = list(links.hints)
+        if simulated is not None:
+            out["simulated"] = simulated.to_dict()
         print(json.dumps(out, indent=2, default=_json_default))
         return 0
     _print(step, links.description, list(links.hints), links.textbook_bandwidth, args.textbook)
+    if simulated is not None:
+        _print_simulated(simulated)
     return 0
+
+
+def _print_simulated(sim: StepSimulation) -> None:
+    out = sys.stdout
+    extra = [f"seed {sim.seed}"]
+    if sim.stragglers:
+        extra.append("stragglers " + ", ".join(f"rank {r} +{format_seconds(v)}"
+                                               for r, v in sorted(sim.stragglers.items())))
+    if sim.jitter:
+        extra.append(f"jitter lognormal sigma {sim.jitter:g}")
+    print(f"\nsimulated step (a data-parallel group of {sim.group_size}, one communication "
+          f"stream; {'; '.join(extra)}):", file=out)
+    for c in sim.comms:
+        unit = "bucket" if c.window != "exposed" else "call"
+        print(f"  {c.what}: {c.calls} {unit}{'s' if c.calls != 1 else ''} ({c.algorithm}), "
+              f"{format_seconds(c.seconds)} in all, the last {format_seconds(c.last_seconds)}",
+              file=out)
+    if not sim.comms:
+        print("  none (one rank per group)", file=out)
+    print(f"communication {format_seconds(sim.total_seconds)} in all (waits for late ranks "
+          f"included), exposed {format_seconds(sim.exposed_seconds)} (the step beyond its "
+          f"{format_seconds(sim.compute_seconds)} of compute)", file=out)
+    print(f"step {format_seconds(sim.step_seconds)}"
+          + (f" (pipeline bubble {format_seconds(sim.bubble_seconds)} included)"
+             if sim.bubble_seconds else "")
+          + f"; the last rank to finish is member {sim.slowest_member} of the group", file=out)
 
 
 def _json_default(x: object) -> object:

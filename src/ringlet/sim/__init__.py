@@ -25,7 +25,7 @@ from ..schedule import ROOTED
 from .core import Result, Simulator
 from .topology import Topology
 
-__all__ = ["Result", "Simulator", "Topology", "simulate"]
+__all__ = ["Result", "Simulator", "Topology", "simulate", "simulator"]
 
 
 def simulate(collective: str, algorithm: str, nranks: int, nbytes: int, topology: Topology,
@@ -43,6 +43,16 @@ def simulate(collective: str, algorithm: str, nranks: int, nbytes: int, topology
     ``stragglers`` maps a rank to the seconds it starts late; ``jitter`` is the
     sigma of the per-message noise, drawn from ``seed``.
     """
+    sim = simulator(collective, algorithm, nranks, nbytes, topology, dtype=dtype, root=root,
+                    params=params)
+    return sim.run(stragglers, jitter, seed, progress, trace, float(nbytes))
+
+
+def simulator(collective: str, algorithm: str, nranks: int, nbytes: int, topology: Topology,
+              *, dtype: str | DType = "float32", root: int = 0,
+              params: Mapping[str, int] | None = None) -> Simulator:
+    """The :class:`Simulator` :func:`simulate` runs: build it once to run one call many
+    times (other stragglers, other seeds), as ``ringlet plan --simulate`` does per bucket."""
     d = dtype_of(dtype)
     e = entry(collective, algorithm)
     fixed = {k: int(v) for k, v in (params or {}).items() if k in e.params}
@@ -51,5 +61,4 @@ def simulate(collective: str, algorithm: str, nranks: int, nbytes: int, topology
         fixed["group"] = topology.gpus_per_node
     s = build(collective, e.name, nranks, root if collective in ROOTED else 0, **fixed)
     m = unit_count(collective, nbytes, nranks, d.itemsize)
-    sim = Simulator(s, m * d.itemsize, topology)
-    return sim.run(stragglers, jitter, seed, progress, trace, float(nbytes))
+    return Simulator(s, m * d.itemsize, topology)
