@@ -115,16 +115,10 @@ class FlightRecorder:
             return
         from .tracing import CLOCK_EVENT
 
-        path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
-        with contextlib.suppress(OSError):
-            os.makedirs(self.trace_dir, exist_ok=True)
-            mode = "a" if path in _OPENED else "w"
-            _OPENED.add(path)
-            with open(path, mode) as f:
-                f.write(json.dumps({"name": CLOCK_EVENT, "ph": "M", "pid": 0,
-                                    "tid": self.world_rank,
-                                    "args": {"offset_us": round(offset_ns / 1000, 3),
-                                             "round_trip_us": round(rtt_ns / 1000, 3)}}) + "\n")
+        self._append_trace([{"name": CLOCK_EVENT, "ph": "M", "pid": 0,
+                             "tid": self.world_rank,
+                             "args": {"offset_us": round(offset_ns / 1000, 3),
+                                      "round_trip_us": round(rtt_ns / 1000, 3)}}])
 
     def flush_trace(self, final: bool = False) -> None:
         """Write the finished records of the trace (all of them if ``final``)."""
@@ -134,14 +128,19 @@ class FlightRecorder:
                 return
             keep = [] if final else [r for r in self._trace if not (r[T_END] or len(r) > 5)]
             self._trace = keep
+        self._append_trace([trace_event(r, self) for r in done])
+
+    def _append_trace(self, events: list[dict[str, Any]]) -> None:
+        """Write events to this rank's trace file (created afresh by the first write of
+        this process, appended to after)."""
         path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
         with contextlib.suppress(OSError):
             os.makedirs(self.trace_dir, exist_ok=True)
             mode = "a" if path in _OPENED else "w"
             _OPENED.add(path)
             with open(path, mode) as f:
-                for r in done:
-                    f.write(json.dumps(trace_event(r, self)) + "\n")
+                for e in events:
+                    f.write(json.dumps(e) + "\n")
 
 
 #: recorders that trace (written out at exit); trace files this process has started
