@@ -517,6 +517,16 @@ def _mix(lo: str, hi: str, f: float) -> tuple[float, float, float]:
     return (a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f)
 
 
+def _drawing(tr: Trace) -> tuple[Schedule, int, int, Notation, list[Buf], int, int]:
+    """What both drawings lay out: the schedule, ranks, rounds, notation, the buffers
+    shown (OUT, TMP), their chunks, and the gap between the buffers (0 or 1 box)."""
+    s = tr.schedule
+    drawable(s.nranks)
+    shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
+    return (s, s.nranks, len(tr.after), Notation(s), shown,
+            sum(s.layouts[b].nchunks for b in shown), 1 if len(shown) > 1 else 0)
+
+
 def draw_png(tr: Trace, path: str, count: int = DEFAULT_COUNT,
              itemsize: int = DEFAULT_ITEMSIZE) -> None:
     """Draw ``tr`` as a time-space diagram and write it to ``path`` as a PNG.
@@ -538,13 +548,7 @@ def draw_png(tr: Trace, path: str, count: int = DEFAULT_COUNT,
         raise ArgumentError(
             "--png needs matplotlib, which is not installed: pip install 'ringlet[plot]'"
         ) from None
-    s = tr.schedule
-    drawable(s.nranks)
-    n, R = s.nranks, len(tr.after)
-    note = Notation(s)
-    shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
-    ncells = sum(s.layouts[b].nchunks for b in shown)
-    gap = 1 if len(shown) > 1 else 0
+    s, n, R, note, shown, ncells, gap = _drawing(tr)
     box_w = min(0.5 / (ncells + gap), 0.12)
     strip = box_w * (ncells + gap)
     box_h = 0.36
@@ -651,13 +655,7 @@ def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEM
     """
     from html import escape
 
-    s = tr.schedule
-    drawable(s.nranks)
-    n, R = s.nranks, len(tr.after)
-    note = Notation(s)
-    shown: list[Buf] = [b for b in (Buf.OUT, Buf.TMP) if b in s.layouts]
-    ncells = sum(s.layouts[b].nchunks for b in shown)
-    gap = 1 if len(shown) > 1 else 0
+    s, n, R, note, shown, ncells, gap = _drawing(tr)
     busiest = max([len(m) for m in tr.messages] + [1])
     col = max(70.0, min(220.0, 40.0 + 9.0 * busiest), 14.0 * (ncells + gap) + 50)
     box_w = min(12.0, (col - 40.0) / (ncells + gap))
