@@ -42,7 +42,8 @@ IDS = [f"{c}/{a}" for c, a in ALGOS]
 
 EXPECTED = {
     "all_reduce": {"ring", "recursive_doubling", "rabenseifner", "binomial",
-                   "double_binary_tree", "hierarchical", "direct", "oneshot", "naive"},
+                   "double_binary_tree", "hierarchical", "hierarchical_pipelined", "direct",
+                   "oneshot", "naive"},
     "broadcast": {"binomial", "chain", "scatter_allgather", "hierarchical", "direct", "naive"},
     "reduce": {"binomial", "rabenseifner", "hierarchical", "naive"},
     "all_gather": {"ring", "recursive_doubling", "bruck", "hierarchical", "direct", "naive"},
@@ -153,6 +154,29 @@ def test_hierarchical_verifies_for_every_group(collective: str) -> None:
                 for root in sorted({0, n - 1, (n // 2 + 1) % n}) if collective in ROOTED \
                         else [0]:
                     verify(build(collective, "hierarchical", n, root, group=g, pieces=pieces))
+
+
+def test_hierarchical_pipelined_verifies_for_every_group_and_depth() -> None:
+    for n in [*range(1, 17), 18, 20, 24]:
+        for g in divisors(n):
+            for pieces in (1, 2, 3, 7) if n <= 12 else (1, 3):
+                verify(build("all_reduce", "hierarchical_pipelined", n, group=g, pieces=pieces))
+
+
+def test_hierarchical_pipelined_moves_what_hierarchical_moves_in_fewer_rounds() -> None:
+    # the same messages, piece by piece; P + L - 1 rounds instead of P L
+    for n, g, pieces in ((8, 4, 1), (12, 4, 3), (16, 4, 5), (24, 8, 4)):
+        flat = build("all_reduce", "hierarchical", n, group=g, pieces=pieces)
+        pipe = build("all_reduce", "hierarchical_pipelined", n, group=g, pieces=pieces)
+        L = 2 * (g - 1) + 2 * (n // g - 1)
+        assert flat.nrounds == pieces * L and pipe.nrounds == pieces + L - 1
+        a, b = flat.counts(10 * n * pieces), pipe.counts(10 * n * pieces)
+        for k in ("sent", "received", "reduced", "messages"):
+            assert np.array_equal(getattr(a, k), getattr(b, k)), k
+        # mid-pipeline, one round carries traffic inside the group and across groups at once
+        mid = pipe.round_arrays(g - 1)   # piece 0 starts across groups, piece 1 is inside
+        same = mid["src"] // g == mid["dst"] // g
+        assert (pieces == 1 or n == g) or (same.any() and (~same).any())
 
 
 @pytest.mark.parametrize("collective", HIERARCHICAL)

@@ -45,7 +45,8 @@ def test_parse_returns_a_fresh_dict() -> None:
     ("allreduce:ring", r"unknown collective 'allreduce'; valid: all_reduce, broadcast, reduce, "
                        r"all_gather, reduce_scatter, all_to_all, scatter, gather"),
     ("all_reduce:rng", r"all_reduce has no algorithm 'rng'; valid: binomial, direct, "
-                       r"double_binary_tree, hierarchical, naive, oneshot, rabenseifner, "
+                       r"double_binary_tree, hierarchical, hierarchical_pipelined, naive, oneshot, "
+                       r"rabenseifner, "
                        r"recursive_doubling, ring"),
     ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, direct, "
                         r"hierarchical, naive, scatter_allgather"),

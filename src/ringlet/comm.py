@@ -23,6 +23,7 @@ from . import agreement
 from .agreement import GENERIC, POST, SHARED, STAGE, Desc
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
+from .algorithms import entry as _entry
 from .bucket import Buckets
 from .buffers import Buffer, as_buffer, check_out, new_buffer
 from .calls import NATIVE, _collective, _configure_logging
@@ -483,7 +484,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             return
         g = self.topology.ranks_per_node   # the groups of a two-level schedule: the nodes
         sched = _build(collective, name, self.size, root, **(
-            {"group": g} if name == "hierarchical" and g is not None
+            {"group": g} if "group" in _entry(collective, name).params and g is not None
             and len(self.topology.nodes) > 1 else {}))
         prog = compile_program(sched, self.rank, m)
         flat = {int(b): a for b, a in bufs.items()}

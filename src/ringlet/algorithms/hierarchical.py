@@ -147,6 +147,88 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
                     round_fn=rounds)
 
 
+@register("all_reduce", "hierarchical_pipelined", params={"group": 0, "pieces": 1})
+def all_reduce_hierarchical_pipelined(n: int, root: int = 0, group: int = 0,
+                                      pieces: int = 1) -> Schedule:
+    """``hierarchical`` with its pieces in flight at once: piece p runs the three phases
+    (reduce-scatter in the group, all-reduce across groups, all-gather in the group) one
+    round after piece p-1, so while one piece crosses the network the next is reduced
+    and an earlier one gathered inside the group.
+
+    Every piece moves what ``hierarchical`` moves for it, over the same rings and in the
+    same order (so the same operands meet in the same order on every rank); only the
+    rounds change: L = 2 (g-1) + 2 (G-1) rounds per piece, staggered by one, P + L - 1
+    rounds in all against ``hierarchical``'s P L.  In the middle of the pipeline a round
+    carries up to 2 (g-1) messages inside the group and 2 (G-1) across, on different
+    links, so its time is the slower link's: both levels are busy together, as NCCL's
+    rings keep NVLink and the NICs busy (``hierarchical`` runs its levels one after the
+    other).  A stagger of one round is the least: any larger one adds rounds (latency)
+    and moves the same bytes per link.  ``group`` as for ``hierarchical``.
+    """
+    g, G = _groups("all_reduce", n, group)
+    P = check_pieces("all_reduce/hierarchical_pipelined", pieces)
+    a, b = g - 1, G - 1
+    L = 2 * a + 2 * b
+    R = P + L - 1 if L else 0
+
+    def piece(s: int, p: int) -> tuple[Buf, int, int]:
+        return (OUT, (s * P + p) * G, (s * P + p + 1) * G)
+
+    def chunk(s: int, p: int, t: int) -> tuple[Buf, int]:
+        return (OUT, (s * P + p) * G + t)
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        i, j, right, left, up, down = _neighbours(r, g, G)
+        s = (i + 1) % g
+        for p in range(P):
+            for u in range(L):
+                rnd = rounds[p + u]
+                if u < a:                     # reduce-scatter in the group
+                    k = u
+                    rnd += [send(right, piece((i - k) % g, p)),
+                            recv_reduce(left, piece((i - k - 1) % g, p))]
+                elif u < a + b:               # across groups: ring reduce-scatter of shard s
+                    k = u - a
+                    rnd += [send(up, chunk(s, p, (j - k) % G)),
+                            recv_reduce(down, chunk(s, p, (j - k - 1) % G))]
+                elif u < a + 2 * b:           # across groups: ring all-gather of shard s
+                    k = u - a - b
+                    rnd += [send(up, chunk(s, p, (j + 1 - k) % G)),
+                            recv(down, chunk(s, p, (j - k) % G))]
+                else:                         # all-gather in the group
+                    k = u - a - 2 * b
+                    rnd += [send(right, piece((i + 1 - k) % g, p)),
+                            recv(left, piece((i - k) % g, p))]
+        return rounds
+
+    rr = np.arange(n, dtype=np.int64)
+    peer = {"right": (rr // g) * g + (rr % g + 1) % g,
+            "up": ((rr // g + 1) % G) * g + rr % g}
+    phases = [(a, "right", G, True), (b, "up", 1, True), (b, "up", 1, False),
+              (a, "right", G, False)]
+    made: dict[tuple[int, ...], Messages] = {}
+
+    def rounds(t: int) -> Messages:
+        # the pieces in flight in round t are at local rounds u_lo..u_hi (one piece each)
+        u_lo, u_hi = t - min(P - 1, t), t - max(0, t - L + 1)
+        counts, start = [], 0
+        for length, _, _, _ in phases:
+            counts.append(max(0, min(u_hi + 1, start + length) - max(u_lo, start)))
+            start += length
+        key = tuple(counts)
+        if key not in made:
+            parts = [messages(rr, peer[where], chunks, red)
+                     for c, (_, where, chunks, red) in zip(counts, phases, strict=True)
+                     for _ in range(c)]
+            made[key] = frozen({k: np.concatenate([m[k] for m in parts]) for k in
+                                ("src", "dst", "chunks", "reduce")}) if parts else no_messages()
+        return made[key]
+
+    return Schedule("all_reduce", "hierarchical_pipelined", n, R, {OUT: Layout(g, P * G)},
+                    rank_fn, round_fn=rounds)
+
+
 
 def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
     """(g, G): ranks per group (``group``, or :func:`default_group` for 0) and groups."""

@@ -829,6 +829,13 @@ class Estimator:
             tried = sorted({1} | {c for c in (k // 2 or 1, k, 2 * k)
                                   if c <= kmax and self.affordable(c)})
             best = min(tried, key=lambda c: (self._counted_seconds(c, size, profile), c))
+            # A schedule that overlaps the two levels (hierarchical_pipelined) gains from
+            # pieces the one-level optimum does not see: keep doubling while it pays.
+            while best == tried[-1] and 2 * best <= kmax and self.affordable(2 * best) \
+                    and self._counted_seconds(2 * best, size, profile) \
+                    < self._counted_seconds(best, size, profile):
+                best *= 2
+                tried.append(best)
             return best, (f"one-level optimum on the slower link: {k0} pieces; counted on "
                           f"both links at {' and '.join(map(str, tried))} (powers of two"
                           f"{', within the counting budget' if k < k0 / 1.5 else ''})")
