@@ -525,3 +525,19 @@ def test_all_reduce_is_bit_identical_where_ops_do_not_commute(name: str, op: np.
             out = [b[OUT] for b in _run(s, 41, xs, op)]
         for r in range(1, n):
             assert out[r].tobytes() == out[0].tobytes(), (s.name, r)
+
+
+def test_hierarchical_pipelined_values_with_pieces_in_flight() -> None:
+    """The numpy run with several pieces in flight: the sum, bit-identical everywhere,
+    and the same bits as ``hierarchical`` (the same operands in the same order)."""
+    rng = np.random.default_rng(11)
+    for n, g, pieces in ((4, 2, 3), (6, 3, 2), (8, 4, 5), (12, 4, 4), (12, 6, 7)):
+        xs = [_data(rng, 53) for _ in range(n)]
+        pipe = [b[OUT] for b in _run(build("all_reduce", "hierarchical_pipelined", n, group=g,
+                                           pieces=pieces), 53, xs)]
+        flat = [b[OUT] for b in _run(build("all_reduce", "hierarchical", n, group=g,
+                                           pieces=pieces), 53, xs)]
+        np.testing.assert_allclose(pipe[0], np.sum(np.array(xs, np.float64), axis=0),
+                                   rtol=1e-5, atol=1e-3)
+        for r in range(n):
+            assert pipe[r].tobytes() == pipe[0].tobytes() == flat[r].tobytes(), (n, g, r)
