@@ -93,3 +93,17 @@ def test_errors(world: Any) -> None:
         assert res[1][0] == "ArgumentError" and "MINLOC or MAXLOC" in res[1][1]
         if world.size > 1:
             assert res[2][0] == "MismatchError" and "dtype" in res[2][1], res[2]
+
+
+def _out_of_place(comm: ringlet.Communicator) -> bool:
+    r, n = comm.rank, comm.size
+    x = ringlet.pairs(np.array([float(r), -float(r)]), [r, r])
+    keep = x.copy()
+    y = np.empty_like(x)
+    got = comm.all_reduce(x, op="maxloc", out=y)
+    return bool(got is y and np.array_equal(x, keep) and y["index"].tolist() == [n - 1, 0]
+                and y["value"].tolist() == [float(n - 1), 0.0])
+
+
+def test_maxloc_out_of_place(world: Any) -> None:
+    assert all(world.run(_out_of_place))

@@ -276,3 +276,31 @@ def _every_dtype(comm: ringlet.Communicator) -> list[str]:
 def test_every_dtype(world: Any) -> None:
     for r, bad in enumerate(world.run(_every_dtype)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _outs(comm: ringlet.Communicator) -> list[str]:
+    """out= for every uneven form: filled and returned, x left as it was."""
+    n, r = comm.size, comm.rank
+    bad = []
+    c = np.arange(n) % 3 + 1
+    mine = np.full((int(c[r]), 2), float(r))
+    every = np.concatenate([np.full((int(c[q]), 2), float(q)) for q in range(n)])
+    out = np.empty_like(every)
+    if comm.all_gather_v(mine, out=out) is not out or not np.array_equal(out, every):
+        bad.append("all_gather_v out=")
+    out = np.empty_like(every) if r == 0 else None
+    got = comm.gather_v(mine, 0, out=out)
+    if r == 0 and (got is not out or not np.array_equal(out, every)):
+        bad.append("gather_v out=")
+    out2 = np.empty_like(mine)
+    got = comm.scatter_v(every if r == 0 else None, c, 0, out=out2)
+    if got is not out2 or not np.array_equal(out2, mine):
+        bad.append("scatter_v out= at every rank")
+    if not np.array_equal(mine, np.full((int(c[r]), 2), float(r))):
+        bad.append("x changed")
+    return bad
+
+
+def test_out_for_every_uneven_form(world: Any) -> None:
+    for r, bad in enumerate(world.run(_outs)):
+        assert not bad, f"rank {r}: {bad}"
