@@ -5,12 +5,11 @@ report``'s on a pseudo-terminal in test_report.py."""
 from __future__ import annotations
 
 import io
-import os
-import pty
 import re
 import subprocess
 import sys
 
+import jobs
 import pytest
 
 from ringlet.cost.calibrate import calibrate, plan, steps
@@ -45,23 +44,7 @@ def test_progress_is_quiet_in_a_log() -> None:
 
 def on_a_terminal(*argv: str) -> tuple[subprocess.CompletedProcess[str], str]:
     """``ringlet ARGV`` with stderr on a pseudo-terminal: (the run, what stderr showed)."""
-    main, sub = pty.openpty()
-    try:
-        p = subprocess.run([sys.executable, "-m", "ringlet", *argv], stdout=subprocess.PIPE,
-                           stderr=sub, text=True, timeout=120)
-        os.close(sub)
-        err = b""
-        while True:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            err += chunk
-    finally:
-        os.close(main)
-    return p, err.decode(errors="replace")
+    return jobs.on_a_terminal([sys.executable, "-m", "ringlet", *argv])
 
 
 def test_verify_shows_a_bar_on_a_terminal_only() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs import clean_env
+from jobs import clean_env, on_a_terminal
 
 from ringlet.cost.model import Link, Profile, predict
 from ringlet.report import human_us
@@ -128,23 +127,9 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
 def test_without_inputs_it_runs_a_short_bench_with_a_bar_on_a_terminal(tmp_path: Path) -> None:
     """The short bench (ringlet only here, to stay quick) on a pseudo-terminal: the bar
     is drawn on stderr, and the report has the bench's sizes, 8 B to 1 MiB."""
-    main, sub = pty.openpty()
-    try:
-        p = subprocess.run([*RINGLET, "report", "--vs", "none", "--profile", "none", "--out",
-                            str(tmp_path / "r.html")], stdout=subprocess.PIPE, stderr=sub,
-                           text=True, timeout=120, env=clean_env(OMP_NUM_THREADS="1"))
-        os.close(sub)
-        err = b""
-        while True:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            err += chunk
-    finally:
-        os.close(main)
+    p, text = on_a_terminal([*RINGLET, "report", "--vs", "none", "--profile", "none", "--out",
+                             str(tmp_path / "r.html")], env=clean_env(OMP_NUM_THREADS="1"))
+    err = text.encode()
     assert p.returncode == 0, err.decode(errors="replace")
     assert b"ringlet report: bench: 1/7 sizes [" in err and b"ringlet report: " in err
     html = (tmp_path / "r.html").read_text()

@@ -90,6 +90,21 @@ def default_group(n: int) -> int:
     return min(d for d in divisors(n) if d * d >= n)
 
 
+def _cuts(P: int, G: int) -> tuple[Callable[[int, int], tuple[Buf, int, int]],
+                                   Callable[[int, int, int], tuple[Buf, int]]]:
+    """The two-level all_reduce's addressing: chunk (s, p, t) is sub-block t of piece p of
+    shard s, so a piece of a shard is a contiguous run of G chunks and one chunk is what
+    the inter-group ring moves.  (piece(s, p), chunk(s, p, t))"""
+
+    def piece(s: int, p: int) -> tuple[Buf, int, int]:
+        return (OUT, (s * P + p) * G, (s * P + p + 1) * G)
+
+    def chunk(s: int, p: int, t: int) -> tuple[Buf, int]:
+        return (OUT, (s * P + p) * G + t)
+
+    return piece, chunk
+
+
 @register("all_reduce", "hierarchical", params={"group": 0, "pieces": 1})
 def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int = 1) -> Schedule:
     """Ring reduce-scatter in groups, ring all-reduce across groups, ring all-gather in groups.
@@ -102,13 +117,7 @@ def all_reduce_hierarchical(n: int, root: int = 0, group: int = 0, pieces: int =
     P = check_pieces("all_reduce/hierarchical", pieces)
     R = P * (2 * (g - 1) + 2 * (G - 1))
 
-    # Chunk (s, p, t) = sub-block t of piece p of shard s, so a piece of a shard is a
-    # contiguous run of G chunks and one chunk is what the inter-group ring moves.
-    def piece(s: int, p: int) -> tuple[Buf, int, int]:
-        return (OUT, (s * P + p) * G, (s * P + p + 1) * G)
-
-    def chunk(s: int, p: int, t: int) -> tuple[Buf, int]:
-        return (OUT, (s * P + p) * G + t)
+    piece, chunk = _cuts(P, G)
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
@@ -171,11 +180,7 @@ def all_reduce_hierarchical_pipelined(n: int, root: int = 0, group: int = 0,
     L = 2 * a + 2 * b
     R = P + L - 1 if L else 0
 
-    def piece(s: int, p: int) -> tuple[Buf, int, int]:
-        return (OUT, (s * P + p) * G, (s * P + p + 1) * G)
-
-    def chunk(s: int, p: int, t: int) -> tuple[Buf, int]:
-        return (OUT, (s * P + p) * G + t)
+    piece, chunk = _cuts(P, G)
 
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
