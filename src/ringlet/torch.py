@@ -220,14 +220,28 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         x = _one(inputs, "all_gather")
         outs = outputs[0]
         _cpu(outs, "all_gather")
-        self._count(outs, x, "all_gather")
+        sizes = [o.numel() for o in outs]
+        if len(outs) != self.comm.size or len(set(sizes)) == 1:
+            self._count(outs, x, "all_gather")
 
-        def finish(res: Any) -> Any:
-            for o, r in zip(outs, res, strict=True):
+            def finish(res: Any) -> Any:
+                for o, r in zip(outs, res, strict=True):
+                    o.copy_(r.reshape(o.shape))
+                return outputs
+
+            return self._async(lambda a: self.comm.all_gather(x, async_op=a), finish, opts)
+        # tensors of different sizes (as NCCL allows): the uneven all-gather
+        if x.numel() != sizes[self.comm.rank]:
+            raise ArgumentError(f"all_gather: this rank's tensor has {x.numel()} elements, "
+                                f"its output tensor {sizes[self.comm.rank]}")
+
+        def finish_v(res: Any) -> Any:
+            for o, r in zip(outs, torch.split(res, sizes), strict=True):
                 o.copy_(r.reshape(o.shape))
             return outputs
 
-        return self._async(lambda a: self.comm.all_gather(x, async_op=a), finish, opts)
+        return self._async(lambda a: self.comm.all_gather_v(x.reshape(-1), sizes, async_op=a),
+                           finish_v, opts)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         _cpu([output, input], "all_gather_into_tensor")

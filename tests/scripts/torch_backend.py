@@ -90,6 +90,12 @@ def operations(r: int, n: int, bad: list[str]) -> None:
     dist.all_to_all_single(o, x, [cnt[q][r] for q in range(n)], cnt[r])
     want = torch.cat([torch.full((cnt[q][r], 2), float(10 * q + r)) for q in range(n)])
     check(bad, torch.equal(o, want), f"uneven all_to_all_single {o.tolist()}")
+    sizes = [q % 3 + 1 for q in range(n)]   # all_gather of tensors of different sizes
+    parts = [torch.empty(k) for k in sizes]
+    dist.all_gather(parts, torch.full((sizes[r],), float(r)))
+    check(bad, all(torch.equal(p, torch.full((k,), float(q)))
+                   for q, (p, k) in enumerate(zip(parts, sizes, strict=True))),
+          f"uneven all_gather {parts}")
     outs = [torch.empty(cnt[q][r]) for q in range(n)]
     dist.all_to_all(outs, [torch.full((cnt[r][j],), float(10 * r + j)) for j in range(n)])
     check(bad, all(torch.equal(outs[q], torch.full((cnt[q][r],), float(10 * q + r)))
