@@ -47,6 +47,12 @@ def close(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
+def prefix_reference(coll: str, ins: list[np.ndarray], r: int, op: ReduceOp) -> np.ndarray:
+    """numpy's scan (inclusive) or exscan (rank 0 keeps its own vector) on rank r."""
+    upto = r + 1 if coll == "scan" else r
+    return reference_reduce(np.stack(ins[:upto]), op) if upto else ins[0]
+
+
 def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
             count: int, root: int) -> str | None:
     """One call of ``coll`` with algorithm ``name`` against numpy; what is wrong, or None."""
@@ -88,8 +94,7 @@ def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
         got = comm.scatter(full if r == root else None, root=root,
                            out=np.empty(count, dtype), algorithm=name)
     elif coll in ("scan", "exscan"):
-        upto = r + 1 if coll == "scan" else r
-        ref = reference_reduce(np.stack(ins[:upto]), op) if upto else ins[0]
+        ref = prefix_reference(coll, ins, r, op)
         got = getattr(comm, coll)(x, op=op, algorithm=name)
     else:
         raise AssertionError(coll)

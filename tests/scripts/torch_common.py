@@ -14,9 +14,15 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# tests/ on the path: the suite takes numpy's prefix answers from tests/oracle.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from oracle import prefix_reference  # noqa: F401 - re-exported for torch_suite.py
 
 from ringlet.comm import Communicator
 from ringlet.config import Settings

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_common import Report, communicator, make, raises
+from torch_common import Report, communicator, make, prefix_reference, raises
 
 from ringlet.algorithms import algorithms
 from ringlet.comm import Communicator
@@ -74,8 +74,7 @@ def call(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp, cou
         ref = np.concatenate([ins[q][r * count:(r + 1) * count] for q in range(n)])
         got = comm.all_to_all(x, algorithm=name)
     elif coll in ("scan", "exscan"):
-        upto = r + 1 if coll == "scan" else r
-        ref = reference_reduce(np.stack(ins[:upto]), op) if upto else ins[0]
+        ref = prefix_reference(coll, ins, r, op)
         got = getattr(comm, coll)(x, op=op, algorithm=name)
     else:  # scatter
         ref = ins[root][r * count:(r + 1) * count]

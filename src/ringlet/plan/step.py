@@ -250,10 +250,12 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
     for i, o in enumerate(ops):
         if progress is not None:
             progress(i, total_ops)
-        if o.pass_ == 1 and bwd is None:
-            bwd = _Pass(fwd.advance(1.0), compute * backward_fraction + critical / 2)
-        ps = fwd if o.pass_ == 0 else bwd
-        assert ps is not None
+        if o.pass_ == 0:
+            ps = fwd
+        else:
+            if bwd is None:
+                bwd = _Pass(fwd.advance(1.0), compute * backward_fraction + critical / 2)
+            ps = bwd
         idx = members[o.comm]
         issued = ps.advance(o.issue)[idx]
         start = np.maximum(stream[idx], issued)

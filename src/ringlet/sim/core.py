@@ -159,13 +159,13 @@ class _Network:
 
     def __init__(self, topo: Topology, n: int) -> None:
         self.topo, self.n = topo, n
-        g = topo.gpus_per_node if topo.inter is not None and 0 < topo.gpus_per_node < n else 0
+        inter = topo.inter
+        g = topo.gpus_per_node if inter is not None and 0 < topo.gpus_per_node < n else 0
         self.g = g
         self.two = g > 0
-        if not self.two:
+        if inter is None or not self.two:
             return
-        inter = topo.inter
-        assert inter is not None
+        self.inter = inter
         nodes = -(-n // g)
         nics = topo.nics
         self.nics = nics
@@ -194,8 +194,7 @@ class _Network:
                 inn += np.bincount(dst, minlength=n) * o_in
             return (np.full(len(src), topo.intra.alpha),
                     np.maximum(out[src], inn[dst]))
-        inter = topo.inter
-        assert inter is not None
+        inter = self.inter
         g = self.g
         ns, nd = src // g, dst // g
         cross = ns != nd
