@@ -304,3 +304,32 @@ def _outs(comm: ringlet.Communicator) -> list[str]:
 def test_out_for_every_uneven_form(world: Any) -> None:
     for r, bad in enumerate(world.run(_outs)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _roots_disagree(comm: ringlet.Communicator) -> list[tuple[str, str, bool]]:
+    n, r = comm.size, comm.rank
+    root = 0 if r != n - 1 else n - 2
+    calls = (lambda: comm.gather_v(np.ones(1), root),
+             lambda: comm.scatter_v(np.ones(n) if r == root else None,
+                                    [1] * n if r == root else None, root,
+                                    out=None if r == root else np.empty(1)))
+    out = []
+    for call in calls:
+        err = ("", "")
+        try:
+            call()
+        except ringlet.RingletError as exc:
+            err = (type(exc).__name__, str(exc))
+        out.append((err[0], err[1], _good(comm)))
+    return out
+
+
+def test_ranks_that_disagree_on_the_root() -> None:
+    """gather_v and scatter_v: a rank naming another root is a MismatchError on every rank
+    (before any data moves), and the calls after it pair up."""
+    from conftest import get_world
+
+    for n in (3, 4):
+        for per_rank in get_world(n).run(_roots_disagree):
+            for kind, msg, ok in per_rank:
+                assert ok and kind == "MismatchError" and "disagree on the root" in msg, msg

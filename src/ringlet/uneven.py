@@ -176,7 +176,8 @@ def _rows(b: Buffer, what: str) -> tuple[int, tuple[int, ...]]:
 class _Table:
     """Every rank's words of an uneven call, as exchanged (see :meth:`Uneven._exchange`)."""
 
-    HEAD = 3 + MAX_ROW_DIMS + 1  # rows, dtype, ndim of a row, the row's dims, out elements
+    #: rows, dtype, ndim of a row, the row's dims, out elements, root
+    HEAD = 3 + MAX_ROW_DIMS + 2
 
     def __init__(self, words: np.ndarray, n: int) -> None:
         self.w = words.reshape(n, -1)
@@ -193,16 +194,23 @@ class _Table:
         return None if k < 0 else tuple(int(d) for d in self.w[q, 3:3 + k])
 
     def out_elems(self, q: int) -> int:
+        return int(self.w[q, self.HEAD - 2])
+
+    def root(self, q: int) -> int:
         return int(self.w[q, self.HEAD - 1])
 
     def a(self, q: int) -> np.ndarray | None:
         v = self.w[q, self.HEAD:self.HEAD + self.n]
         return None if v[0] < 0 else v
 
-    def row_counts(self, q: int) -> np.ndarray:
-        """Rank q's first vector, which it always gives (all_to_all_v's send counts)."""
+    def counts(self, q: int, api: str) -> np.ndarray:
+        """Rank q's first vector, which the call needs (all_to_all_v's send counts, the
+        scatter root's counts); MismatchError if q gave none (the ranks disagree on the
+        call, e.g. on its root)."""
         v = self.a(q)
-        assert v is not None
+        if v is None:
+            raise MismatchError(f"{api}: rank {q} gave no counts, though this rank's call "
+                                f"needs them from it (do the ranks agree on the root?)")
         return v
 
     def b(self, q: int) -> np.ndarray | None:
@@ -211,13 +219,14 @@ class _Table:
 
 
 def _words(n: int, rows: int, dtype: int, row_shape: tuple[int, ...] | None, out_elems: int,
-           a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
+           a: np.ndarray | None, b: np.ndarray | None, root: int = 0) -> np.ndarray:
     w = np.full(_Table.HEAD + 2 * n, -1, np.int64)
     w[0], w[1] = rows, dtype
     if row_shape is not None:
         w[2] = len(row_shape)
         w[3:3 + len(row_shape)] = row_shape
-    w[_Table.HEAD - 1] = out_elems
+    w[_Table.HEAD - 2] = out_elems
+    w[_Table.HEAD - 1] = root
     if a is not None:
         w[_Table.HEAD:_Table.HEAD + n] = a
     if b is not None:
@@ -263,7 +272,7 @@ class Uneven(Calls):
                                   send, recv))
         rest = self._agree_rows(t, range(n))
         row = int(np.prod(rest, dtype=np.int64))
-        S = np.stack([t.row_counts(q) for q in range(n)])   # S[i, j]: rows i sends to j
+        S = np.stack([t.counts(q, "all_to_all_v") for q in range(n)])   # rows i sends j
         for q in range(n):
             got = t.b(q)
             if got is not None and not np.array_equal(got, S[:, q]):
@@ -314,7 +323,8 @@ class Uneven(Calls):
             self._same_kind(ob, xb)
         name = self._v_algorithm("gather", algorithm, root)
         t = self._exchange(_words(n, rows, xb.dt.code, rest, -1 if ob is None else ob.count,
-                                  given, None))
+                                  given, None, root))
+        self._agree_root(t)
         rest, c, row = self._gathered(t)
         self._check_out(t, root, int(c.sum()) * row)
         if self.rank == root:
@@ -357,10 +367,10 @@ class Uneven(Calls):
             xb, desc_rows, kind = ob, mine, ob
         name = self._v_algorithm("scatter", algorithm, root)
         t = self._exchange(_words(n, desc_rows, kind.dt.code, rest,
-                                  -1 if ob is None else ob.count, given, None))
+                                  -1 if ob is None else ob.count, given, None, root))
+        self._agree_root(t)
         rest = self._agree_rows(t, range(n))
-        c = t.a(root)
-        assert c is not None   # the root passed counts (checked above)
+        c = t.counts(root, "scatter_v")
         self._agree_counts(t, range(n), c)
         row = int(np.prod(rest, dtype=np.int64))
         for q in range(n):
@@ -454,6 +464,13 @@ class Uneven(Calls):
             have = ", ".join(f"rank {q}: {names.get(t.dtype(q), t.dtype(q))}" for q in ranks)
             raise MismatchError(f"{self._api}: ranks disagree on the dtype ({have})")
         return first
+
+    def _agree_root(self, t: _Table) -> None:
+        """Every rank named the same root (MismatchError on every rank unless so)."""
+        roots = [t.root(q) for q in range(self.size)]
+        if len(set(roots)) > 1:
+            raise MismatchError(f"{self._api}: ranks disagree on the root: " + ", ".join(
+                f"rank {q}: {rt}" for q, rt in enumerate(roots)))
 
     def _agree_counts(self, t: _Table, ranks: range, c: np.ndarray) -> None:
         """The counts some ranks passed must be what the ranks' rows say."""
