@@ -15,7 +15,7 @@ import numpy as np
 from . import recorder
 from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
-from .ops import DTYPE_BY_CODE
+from .ops import DTYPE_BY_CODE, DTYPES
 from .recorder import RECV, SEND
 from .transport.base import P2P, Request, Transport
 from .wait import Waiter
@@ -44,7 +44,7 @@ class Status:
     @property
     def count(self) -> int:
         """Elements of the message (in its own element type)."""
-        d = next((x for x in DTYPE_BY_CODE.values() if x.name == self.dtype), None)
+        d = DTYPES.get(self.dtype)
         return self.nbytes // d.itemsize if d is not None else self.nbytes
 
 

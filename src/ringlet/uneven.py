@@ -30,7 +30,6 @@ import numpy as np
 
 from . import agreement
 from .agreement import GENERIC
-from .algorithms import UNEVEN as V_OF
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .buffers import Buffer, as_buffer, new_buffer
@@ -528,6 +527,6 @@ class Uneven(Calls):
         execute(prog, self._t, arrays, None, lambda: self._current)
 
 
-__all__ = ["PREFERRED", "V_OF", "Uneven", "block_bounds", "listed", "uneven_algorithms",
+__all__ = ["PREFERRED", "Uneven", "block_bounds", "listed", "uneven_algorithms",
            "uneven_ok"]
 
