@@ -111,6 +111,57 @@ def test_ranks_sharing_a_nic_share_its_bandwidth() -> None:
     assert one > 3 * eight
 
 
+@pytest.mark.parametrize("name", ["ring", "hierarchical"])
+def test_rail_channels_agree_with_predict_rails(name: str) -> None:
+    # NCCL's rings across nodes: 8 channels, each leaving a node through its own NIC.  The
+    # simulator runs the rotated copies for real (their messages share the ports they meet);
+    # the model averages a node's loads.  They agree up to the per-message overheads (the
+    # simulator charges each channel's message, the model the node's average).
+    for nodes, nbytes in ((2, 1 << 30), (4, 1 << 28)):
+        n = 8 * nodes
+        sim = simulate("all_reduce", name, n, nbytes, Topology.from_profile(TWO), rails=True)
+        p = predict("all_reduce", name, n, nbytes, TWO, rails=True)
+        assert sim.seconds == pytest.approx(p.seconds, rel=0.01), (name, nodes)
+    # a single ring sends everything that leaves a node through one NIC: 8x slower across
+    one = simulate("all_reduce", "ring", 32, 1 << 28, Topology.from_profile(TWO)).seconds
+    rails = simulate("all_reduce", "ring", 32, 1 << 28, Topology.from_profile(TWO),
+                     rails=True).seconds
+    assert one > 6 * rails
+
+
+def test_rail_channels_move_the_schedules_bytes_in_g_times_the_messages() -> None:
+    from ringlet.algorithms import build
+    from ringlet.sim.rails import RailChannels
+
+    topo = Topology.from_profile(TWO)
+    for n in (16, 20):   # 20: a last node of 4 ranks rotates among its own
+        plain = simulate("all_reduce", "ring", n, 1 << 24, topo)
+        rails = simulate("all_reduce", "ring", n, 1 << 24, topo, rails=True)
+        assert rails.bytes_moved == pytest.approx(plain.bytes_moved)
+        assert rails.messages == 8 * plain.messages and rails.rounds == plain.rounds
+        ch = RailChannels(build("all_reduce", "ring", n), 8)
+        for i in range(3):
+            ra = ch.round_arrays(i)
+            assert ((ra["src"] // 8) == np.tile(ch.schedule.round_arrays(i)["src"] // 8,
+                                                8)).all()   # nobody changes node
+        if n == 20:   # rank 17 is played by every rank of its node, twice over 8 channels
+            assert sorted(ch.rot[:, 17].tolist()) == sorted([16, 17, 18, 19] * 2)
+    with pytest.raises(ArgumentError, match="two levels"):
+        simulate("all_reduce", "ring", 8, 1 << 20, Topology.from_profile(ONE), rails=True)
+
+
+def test_cli_rails_runs_nccls_channels(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("all_reduce", "--bytes", "1GiB", "--link", "dgx_a100", "--nodes", "4",
+            "--algorithm", "ring", "--compare", "--json")
+    plain = json.loads(run(capsys, *argv))[0]
+    rails = json.loads(run(capsys, *argv, "--rails"))[0]
+    assert rails["busbw"] == pytest.approx(8 * plain["busbw"], rel=0.02)   # 8 NICs, not 1
+    assert rails["seconds"] == pytest.approx(rails["predicted_seconds"], rel=0.01)
+    assert "rail channels" in run(capsys, *argv[:-1], "--rails")
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8", "--rails"]) == 2
+    assert "two levels" in capsys.readouterr().err
+
+
 def test_an_oversubscribed_fat_tree_slows_traffic_between_leaves() -> None:
     def t(ratio: float) -> float:
         topo = Topology.from_profile(TWO, nodes_per_leaf=2, oversubscription=ratio)

@@ -20,12 +20,14 @@ import numpy as np
 
 from ..algorithms import build, entry
 from ..cost.model import dtype_of, unit_count
+from ..errors import ArgumentError
 from ..ops import DType
 from ..schedule import ROOTED
 from .core import Result, Simulator
+from .rails import RailChannels
 from .topology import Topology
 
-__all__ = ["Result", "Simulator", "Topology", "simulate", "simulator"]
+__all__ = ["RailChannels", "Result", "Simulator", "Topology", "simulate", "simulator"]
 
 
 def simulate(collective: str, algorithm: str, nranks: int, nbytes: int, topology: Topology,
@@ -33,24 +35,27 @@ def simulate(collective: str, algorithm: str, nranks: int, nbytes: int, topology
              params: Mapping[str, int] | None = None,
              stragglers: Mapping[int, float] | None = None, jitter: float = 0.0,
              seed: int = 0, progress: Callable[[int, int], None] | None = None,
-             trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
-             ) -> Result:
+             trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None,
+             rails: bool = False) -> Result:
     """Simulate one call of ``collective`` (``nbytes``: nccl-tests' size, as ``ringlet
     predict`` takes it) with ``algorithm`` on ``nranks`` ranks over ``topology``.
 
     ``params`` fixes the algorithm's parameters (``pieces``, ``group``; others are
     ignored); on a two-level topology ``group`` defaults to the ranks per node.
     ``stragglers`` maps a rank to the seconds it starts late; ``jitter`` is the
-    sigma of the per-message noise, drawn from ``seed``.
+    sigma of the per-message noise, drawn from ``seed``.  ``rails`` runs the schedule as
+    NCCL runs its rings across nodes, one channel per GPU of a node, each leaving the
+    node through its own NIC (:class:`~ringlet.sim.rails.RailChannels`; two levels only,
+    as ``ringlet predict --rails``).
     """
     sim = simulator(collective, algorithm, nranks, nbytes, topology, dtype=dtype, root=root,
-                    params=params)
+                    params=params, rails=rails)
     return sim.run(stragglers, jitter, seed, progress, trace, float(nbytes))
 
 
 def simulator(collective: str, algorithm: str, nranks: int, nbytes: int, topology: Topology,
               *, dtype: str | DType = "float32", root: int = 0,
-              params: Mapping[str, int] | None = None) -> Simulator:
+              params: Mapping[str, int] | None = None, rails: bool = False) -> Simulator:
     """The :class:`Simulator` :func:`simulate` runs: build it once to run one call many
     times (other stragglers, other seeds), as ``ringlet plan --simulate`` does per bucket."""
     d = dtype_of(dtype)
@@ -61,4 +66,10 @@ def simulator(collective: str, algorithm: str, nranks: int, nbytes: int, topolog
         fixed["group"] = topology.gpus_per_node
     s = build(collective, e.name, nranks, root if collective in ROOTED else 0, **fixed)
     m = unit_count(collective, nbytes, nranks, d.itemsize)
+    if rails and topology.inter is None:
+        raise ArgumentError("rails need two levels of links (a node shape or --intra/--inter)")
+    if rails and 0 < topology.gpus_per_node < nranks:   # on one node there is nothing to rotate
+        channels = RailChannels(s, topology.gpus_per_node)
+        return Simulator(channels, m * d.itemsize,  # type: ignore[arg-type]
+                         channels.topology(topology))
     return Simulator(s, m * d.itemsize, topology)

@@ -22,8 +22,8 @@ import numpy as np
 from ..algorithms import algorithms as registered_algorithms
 from ..algorithms import canonical
 from ..cost.cli import _params, add_link_options, resolve_links, resolve_ranks
-from ..cost.model import Profile, predict
-from ..cost.units import format_bytes, format_seconds, parse_size, parse_time
+from ..cost.model import Profile, bus_factor, predict
+from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_size, parse_time
 from ..errors import ArgumentError
 from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
@@ -79,7 +79,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="NICs per node, shared by its GPUs (default: one per GPU)")
     f.add_argument("--nodes-per-leaf", type=int, default=0, metavar="L",
                    help="nodes per leaf switch of a two-level fat-tree (default 0: one "
-                        "non-blocking switch)")
+                        "non-blocking switch); with --rails the leaves are rail-optimised "
+                        "(NIC k of every node on rail k's leaves)")
     f.add_argument("--oversubscription", type=float, default=1.0, metavar="RATIO",
                    help="a leaf's downlinks over its uplinks, e.g. 2 for 2:1 (default 1)")
     f.add_argument("--gap", metavar="TIME", default="0",
@@ -146,9 +147,8 @@ def main(args: argparse.Namespace) -> int:
     n = resolve_ranks(args, links)
     profile: Profile = links.profile
     nbytes = parse_size(args.nbytes, "--bytes")
-    if args.rails and not args.nodes_per_leaf:
-        raise ArgumentError("--rails in the simulator is a rail-optimised fat-tree: give "
-                            "--nodes-per-leaf too")
+    if args.rails and profile.inter is None:
+        raise ArgumentError("--rails needs two levels of links (a node shape or --intra/--inter)")
     topo = Topology.from_profile(
         profile, nics_per_node=args.nics_per_node, rails=bool(args.rails),
         nodes_per_leaf=args.nodes_per_leaf, oversubscription=args.oversubscription,
@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
                            root=args.root, params=params, stragglers=stragglers, jitter=jitter,
-                           seed=args.seed, trace=rec,
+                           seed=args.seed, trace=rec, rails=bool(args.rails),
                            progress=callback(f"ringlet simulate {name}", "rounds"))
         except ArgumentError as exc:
             if args.algorithm:
@@ -181,10 +181,13 @@ def main(args: argparse.Namespace) -> int:
             out.append({"algorithm": name, "applicable": False, "reason": str(exc)})
             continue
         d = res.to_dict()
+        # nccl-tests' bus bandwidth of the simulated time, as ringlet predict reports it
+        d["busbw"] = nbytes / res.seconds * bus_factor(args.collective, n) if res.seconds \
+            else float("inf")
         if args.compare:
             pieces = res.params.get("pieces")
             p = predict(args.collective, name, n, nbytes, profile, args.dtype, args.root,
-                        pieces=pieces, params=res.params)
+                        pieces=pieces, params=res.params, rails=bool(args.rails))
             d["predicted_seconds"] = p.seconds
         out.append(d)
         if rec is not None:
@@ -197,8 +200,10 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([*ok, *bad], indent=1))
         return 0
+    channels = (f"; as NCCL runs its rings: {profile.gpus_per_node} rail channels, each on "
+                f"1/{profile.gpus_per_node} of the data (--rails)") if args.rails else ""
     print(f"simulate {args.collective} of {format_bytes(nbytes)} on {n} ranks: "
-          f"{topo.describe()}")
+          f"{topo.describe()}{channels}")
     for line in links.description:
         print(f"  {line}")
     extra = []
@@ -209,10 +214,12 @@ def main(args: argparse.Namespace) -> int:
         extra.append(f"jitter lognormal sigma {jitter:g}, seed {args.seed}")
     if extra:
         print("  " + "; ".join(extra))
-    head = f"{'algorithm':<20} {'time':>11} {'rounds':>7} {'messages':>13} {'slowest':>8}"
+    head = (f"{'algorithm':<20} {'time':>11} {'busbw':>12} {'rounds':>7} {'messages':>13} "
+            f"{'slowest':>8}")
     print(head + (f" {'predict':>11} {'sim/predict':>11}" if args.compare else ""))
     for d in ok:
-        line = (f"{d['algorithm']:<20} {format_seconds(d['seconds']):>11} {d['rounds']:>7} "
+        line = (f"{d['algorithm']:<20} {format_seconds(d['seconds']):>11} "
+                f"{format_bandwidth(d['busbw']):>12} {d['rounds']:>7} "
                 f"{d['messages']:>13,} {d['slowest_rank']:>8}")
         if args.compare:
             ratio = d["seconds"] / d["predicted_seconds"] if d["predicted_seconds"] else \
