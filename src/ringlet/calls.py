@@ -38,7 +38,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from .algorithms import algorithms as _algorithms
 from .buffers import Buffer
 from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, MismatchError, PeerError, RingletError
-from .recorder import T_END, T_START, FlightRecorder, now_ns
+from .recorder import DONE, T_END, T_START, FlightRecorder, now_ns
 from .transport.base import Transport
 from .wait import Waiter
 from .work import Work
@@ -128,7 +128,8 @@ class Calls:
     _inflight: int
     _broken: str | None
     _closed: bool
-    _cur: tuple[int, Desc] | None
+    #: (seq, desc, ...) of the call in progress: its flight record when recording
+    _cur: Sequence[Any] | None
     _api: str | None
     _pending_reject: int | None
     _owner: threading.Thread | None
@@ -156,7 +157,7 @@ class Calls:
             rec = None
             if self._fr is not None:   # queued now, started when the worker runs it
                 rec = [seq, desc, name, 0, 0, now_ns()]
-                self._fr.add(rec)
+                self._fr.put(seq, rec)
             self._worker().put((seq, desc, run, work, name, xb, before, rec))
         return work if async_op else work.wait()
 
@@ -244,7 +245,8 @@ class Calls:
     @property
     def _current(self) -> str:
         """The call in progress, described for messages (formatted only when needed)."""
-        return "a collective" if self._cur is None else describe(*self._cur)
+        cur = self._cur
+        return "a collective" if cur is None else describe(cur[0], cur[1])
 
     def _execute(self, seq: int, desc: Desc, run: Callable[[int], Any],
                  name: str, xb: Buffer | None,
@@ -252,20 +254,23 @@ class Calls:
                  rec: list[Any] | None = None) -> Any:
         with self._exec_lock:
             self._usable()
-            self._cur = (seq, desc)
             fr = self._fr
-            if fr is not None:   # the flight recorder: one list per call (see ringlet.recorder)
-                if rec is None:
-                    rec = [seq, desc, name, now_ns(), 0]
-                    fr.add(rec)
-                else:
-                    rec[T_START] = now_ns()
+            if fr is None:
+                self._cur = (seq, desc)
+            elif rec is None:   # the flight recorder: one list per call (ringlet.recorder),
+                self._cur = rec = [seq, desc, name, now_ns(), 0]   # also the call in progress
+                fr.slots[seq % fr.cap] = rec   # FlightRecorder.put, inline
+                if fr.timed:
+                    fr.traced(rec)
+            else:   # a call that was queued: its record was made then
+                self._cur = rec
+                rec[T_START] = now_ns()
             try:
                 self._settle()
                 if desc.rejected:
                     res = run(seq)
                     if rec is not None:
-                        rec[T_END] = now_ns()
+                        rec[T_END] = now_ns() if fr.timed else DONE   # type: ignore[union-attr]
                     return res
                 if before is not None:
                     before(seq)
@@ -283,8 +288,8 @@ class Calls:
                         res = run(seq)
                 else:
                     res = run(seq)
-                if rec is not None:
-                    rec[T_END] = now_ns()
+                if rec is not None:   # the end is timed when tracing (one clock read less)
+                    rec[T_END] = now_ns() if fr.timed else DONE   # type: ignore[union-attr]
                 return res
             except MismatchError as exc:
                 recorder.failed(rec, exc)

@@ -15,6 +15,7 @@ import queue
 import threading
 import weakref
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
             .encode()) & 0xFFFF
         self._p2p = P2PEngine(self)
-        self._cur: tuple[int, Desc] | None = None
+        self._cur: Sequence[Any] | None = None
         #: the compound call (split, broadcast_object...) whose parts are being called
         self._api: str | None = None
         #: the sequence number of a call this rank rejected and whose peers may not have

@@ -10,12 +10,19 @@ is one small list, made when the operation starts and finished in place::
 own counter); ``info`` the collective's :class:`~ringlet.agreement.Desc`
 (collective, op, dtype, count, root, algorithm, path) or ``(SEND or RECV,
 peer, tag, dtype code, bytes)``; the times are ``time.monotonic_ns()`` (0:
-not yet), which every process of a host shares.  A call queued behind async
-work has its queueing time appended; a failed operation a dict (``error``,
-``waiting_on``: the ranks a timed-out wait still waited for).  The state is
-read from these: queued, started, done or failed.  Adding a record costs
-one five-item list, one ``deque.append`` and two clock reads (about 0.1 us);
-nothing is formatted until a dump.
+not yet), which every process of a host shares.  A collective's end is
+timed only when tracing: otherwise ``t_end`` is :data:`DONE` once it
+finished (dumps say ``"state": "done"`` and no end time), which saves the
+second clock read of every call (see benchmarks/RECORDER.md: two reads cost
+an 8 B all_reduce at 2 ranks 3-4 %, the budget is 2 %).  A call queued
+behind async work has its queueing time appended; a failed operation a dict
+(``error``, ``waiting_on``: the ranks a timed-out wait still waited for).
+The state is read from these: queued, started, done or failed.  Adding a
+record costs one five-item list (which is also the communicator's call in
+progress), one list store and one clock read; nothing is formatted until a
+dump.  The ring keeps the last ``RINGLET_FLIGHT_RECORDS`` collectives (in
+slots by sequence number) and as many sends and receives; a dump has the
+last ``RINGLET_FLIGHT_RECORDS`` of them all.
 
 A dump (:func:`dump`) writes ``DIR/rank-R.json`` (``RINGLET_DUMP_DIR``) with
 every live communicator of the process: on a timeout, an abort, a mismatch
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
 SEND, RECV = 1, 2
 #: record fields
 SEQ, INFO, ALGO, T_START, T_END = range(5)
+#: T_END of a collective that finished when its end was not timed (no trace)
+DONE = 1
 #: finished records a trace keeps in memory before it writes them out
 TRACE_BATCH = 4096
 FORMAT = "ringlet-flight-recorder/1"
@@ -67,7 +76,12 @@ class FlightRecorder:
     """One communicator's ring of records (and its trace, when tracing)."""
 
     def __init__(self, capacity: int, world_ranks: list[int], rank: int, trace_dir: str) -> None:
-        self.ring: deque[list[Any]] = deque(maxlen=max(1, capacity))
+        self.cap = max(1, capacity)
+        #: the last ``cap`` collectives: call ``seq``'s record in slot ``seq % cap``, stored
+        #: there by the communicator's hot path itself (cheaper than a method call)
+        self.slots: list[list[Any] | None] = [None] * self.cap
+        #: the last ``cap`` sends and receives
+        self.ring: deque[list[Any]] = deque(maxlen=self.cap)
         self.world_ranks = world_ranks
         self.rank = rank
         self.p2p_seq = 0
@@ -77,14 +91,27 @@ class FlightRecorder:
         self.trace_dir = trace_dir
         self._trace: list[list[Any]] = []
         self._lock = threading.Lock()
-        #: add(record): the hot path's one call
+        #: tracing: collectives' ends are timed (T_END a clock reading, not DONE) and every
+        #: record also goes to the trace (:meth:`traced`)
+        self.timed = bool(trace_dir)
+        #: add(record): a send's or receive's record
         self.add: Callable[[list[Any]], None] = self.ring.append
         if trace_dir:
             self.add = self._add_traced
             _TRACING.append(self)
 
+    def put(self, seq: int, rec: list[Any]) -> None:
+        """Keep collective ``seq``'s record (what the hot path does inline)."""
+        self.slots[seq % self.cap] = rec
+        if self.timed:
+            self.traced(rec)
+
     def _add_traced(self, rec: list[Any]) -> None:
         self.ring.append(rec)
+        self.traced(rec)
+
+    def traced(self, rec: list[Any]) -> None:
+        """Also write ``rec`` to the trace (once it is finished: :meth:`flush_trace`)."""
         self._trace.append(rec)
         if len(self._trace) >= TRACE_BATCH:
             self.flush_trace()
@@ -104,7 +131,9 @@ class FlightRecorder:
 
     def records(self) -> list[dict[str, Any]]:
         """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
-        return [record_json(r, self.offset_ns) for r in list(self.ring)]
+        recs = [r for r in list(self.slots) if r is not None] + list(self.ring)
+        recs.sort(key=lambda r: _queued(r) or r[T_START])
+        return [record_json(r, self.offset_ns) for r in recs[-self.cap:]]
 
     def align(self, offset_ns: int, rtt_ns: int) -> None:
         """Take ``offset_ns`` to rank 0's clock (:func:`ringlet.tracing.clock_offset`); a
@@ -177,7 +206,7 @@ def _state(r: list[Any]) -> str:
 
 
 def _us(t: int, offset: int) -> float | None:
-    return None if not t else round((t + offset) / 1000, 3)
+    return None if t in (0, DONE) else round((t + offset) / 1000, 3)
 
 
 def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
