@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import FLAGS, chromium_path
 from jobs import clean_env, on_a_terminal
 
 from ringlet.cost.model import Link, Profile, predict
@@ -140,16 +141,13 @@ def test_without_inputs_it_runs_a_short_bench_with_a_bar_on_a_terminal(tmp_path:
 
 # --- in a real browser ---------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--enable-logging=stderr", "--v=0"]
+CHROMIUM_FLAGS = [*FLAGS, "--enable-logging=stderr", "--v=0"]
 
 
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
+    path = chromium_path()
+    if path:
+        return path
     pytest.skip("no headless Chromium here: .ci/run installs Debian's chromium when it runs "
                 "as root with apt-get (apt-get install chromium)")
 
