@@ -541,3 +541,15 @@ def test_hierarchical_pipelined_values_with_pieces_in_flight() -> None:
                                    rtol=1e-5, atol=1e-3)
         for r in range(n):
             assert pipe[r].tobytes() == pipe[0].tobytes() == flat[r].tobytes(), (n, g, r)
+
+
+def test_the_communicator_pipelines_in_pieces_of_a_mebibyte_or_more() -> None:
+    """``pipeline_pieces``: a power of two, every rank's shard at least 1 MiB a piece, at
+    most 8 pieces, one below two pieces' worth."""
+    from ringlet.algorithms.hierarchical import pipeline_pieces
+
+    MiB = 1 << 20
+    assert [pipeline_pieces(s * MiB, 2) for s in (0, 1, 2, 3, 4, 6, 8, 16, 24, 1024)] == \
+        [1, 1, 1, 1, 2, 2, 4, 8, 8, 8]
+    assert pipeline_pieces(64 * MiB, 8) == 8 and pipeline_pieces(16 * MiB, 8) == 2
+    assert pipeline_pieces(5, 0) == 1

@@ -25,6 +25,7 @@ from .agreement import GENERIC, POST, SHARED, STAGE, Desc
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .algorithms import entry as _entry
+from .algorithms.hierarchical import pipeline_pieces
 from .bucket import Buckets
 from .buffers import Buffer, as_buffer, check_out, new_buffer
 from .calls import NATIVE, _collective, _configure_logging
@@ -484,9 +485,13 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                            dt)
             return
         g = self.topology.ranks_per_node   # the groups of a two-level schedule: the nodes
-        sched = _build(collective, name, self.size, root, **(
-            {"group": g} if "group" in _entry(collective, name).params and g is not None
-            and len(self.topology.nodes) > 1 else {}))
+        params: dict[str, int] = {}
+        if "group" in _entry(collective, name).params and g is not None \
+                and len(self.topology.nodes) > 1:
+            params["group"] = g
+            if name == "hierarchical_pipelined":   # its pieces overlap the two levels
+                params["pieces"] = pipeline_pieces(m * dt.itemsize, g)
+        sched = _build(collective, name, self.size, root, **params)
         prog = compile_program(sched, self.rank, m)
         flat = {int(b): a for b, a in bufs.items()}
         tmp_elems = prog.elems.get(int(Buf.TMP))

@@ -99,6 +99,21 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     w2.wait()
     if not (ga == (r - 1) % n).all() or not (gb == 10 + (r - 1) % n).all():
         bad.append("p2p ring")
+    # the pipelined two-level all_reduce in several pieces (pipeline_pieces: 8 MiB on nodes
+    # of 2 ranks is 4 pieces); its bits go into the digest every rank compares
+    if n > 1 and comm.topology.ranks_per_node:
+        from ringlet.algorithms.hierarchical import pipeline_pieces
+
+        big = data(r, 1 << 20, "float64", salt=1)
+        if pipeline_pieces(big.nbytes, comm.topology.ranks_per_node) < 2:
+            bad.append("pipelined all_reduce: one piece")
+        b = big.copy()
+        comm.all_reduce(b, algorithm="hierarchical_pipelined")
+        want = big.copy()
+        comm.all_reduce(want, algorithm="naive")
+        if not np.allclose(b, want, rtol=1e-12, atol=1e-9):
+            bad.append("pipelined all_reduce in pieces")
+        h.update(b.tobytes())
     # objects, split across nodes (even and odd ranks), a sub-communicator's all_reduce
     objs = comm.all_gather_object({"rank": r})
     if [o["rank"] for o in objs] != list(range(n)):

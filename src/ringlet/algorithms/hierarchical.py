@@ -235,6 +235,24 @@ def all_reduce_hierarchical_pipelined(n: int, root: int = 0, group: int = 0,
 
 
 
+#: pieces of the pipelined two-level all_reduce on real nodes: each piece carries at least
+#: this much of a rank's shard (a piece's trip across the network must outweigh the fixed
+#: cost of a round of the engine transports, about 0.5 ms: benchmarks/MULTIHOST.md) ...
+PIPELINE_PIECE_BYTES = 1 << 20
+#: ... and at most this many pieces are in flight (the gain is the shorter of the two
+#: levels' times, which a few pieces already overlap; every piece adds a round)
+PIPELINE_MAX_PIECES = 8
+
+
+def pipeline_pieces(nbytes: int, group: int) -> int:
+    """Pieces the communicator runs ``hierarchical_pipelined`` in for an ``nbytes`` vector
+    on nodes of ``group`` ranks: a power of two, a piece of every rank's shard at least
+    :data:`PIPELINE_PIECE_BYTES`, at most :data:`PIPELINE_MAX_PIECES` (1 below two pieces'
+    worth).  A function of the size alone, so every rank runs the same schedule."""
+    k = max(1, nbytes // max(1, group) // PIPELINE_PIECE_BYTES)
+    return min(PIPELINE_MAX_PIECES, 1 << (k.bit_length() - 1))
+
+
 def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
     """(g, G): ranks per group (``group``, or :func:`default_group` for 0) and groups."""
     if group == 0:
