@@ -60,6 +60,13 @@ shares the cores: a round's data work is ``max(busiest rank, total work /
 cores)``, times a measured factor per kind of path for the turns not being
 taken perfectly (:attr:`Level.work`, :attr:`Level.work_generic`).
 
+One function costs a call round by round and rank by rank, :func:`host_rounds`
+(the call's fixed cost, the agreement, each round's fixed costs, :func:`round_fixed`,
+each rank's data work, :func:`round_work`, times the cores' sharing, :func:`sharing`):
+:func:`predict` sums the busiest rank of every round, and the simulator
+(:mod:`ringlet.sim.host`, ``ringlet simulate --profile``) runs every rank's rounds
+on its own clock, with stragglers and noise.
+
 Per-byte costs depend on where the data lives: a :class:`Curve` has one
 figure while the call's :func:`working_set` fits in half the last-level cache
 and another from twice its size on, interpolated in log(size) between.
@@ -358,12 +365,14 @@ _FIELDS = ("sent", "recv", "rred", "lcopy", "lred", "ends", "publish", "copy", "
 
 @lru_cache(maxsize=4096)
 def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
-                params: tuple[tuple[str, int], ...] = (), m: int = 0) -> HostCounts:
+                params: tuple[tuple[str, int], ...] = (), m: int = 0,
+                every: bool = False) -> HostCounts:
     """The :class:`HostCounts` of one algorithm (its registry defaults unless ``params``).
 
     ``m = 0`` counts at the smallest unit count that cuts every chunk evenly, so
     the figures scale to any size; a given ``m`` counts that size exactly (below
     the even size some chunks are empty, and empty messages are never sent).
+    ``every`` walks every rank, beyond the budget that otherwise samples them.
     """
     from .model import _m_ref, _sample
 
@@ -372,7 +381,7 @@ def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
     bounds = {b: lay.bounds(unit).tolist() for b, lay in s.layouts.items()}
     tmp_chunks = s.layouts[Buf.TMP].nchunks if Buf.TMP in s.layouts else 0
     steps0 = sum(len(rnd) for rnd in s.steps(0))
-    ranks = list(range(nranks)) if steps0 * nranks <= _WALK_BUDGET else \
+    ranks = list(range(nranks)) if every or steps0 * nranks <= _WALK_BUDGET else \
         _sample(nranks, s.root, 0)
     R, k = s.nrounds, len(ranks)
     acc = {name: np.zeros((R, k)) for name in _FIELDS}
@@ -455,11 +464,11 @@ def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
 
 
 def counts_at(collective: str, algorithm: str, nranks: int, m: int, root: int = 0,
-              params: tuple[tuple[str, int], ...] = ()) -> HostCounts:
+              params: tuple[tuple[str, int], ...] = (), every: bool = False) -> HostCounts:
     """:func:`host_counts` for unit count ``m``: exact below the even size, scaled above."""
-    c = host_counts(collective, algorithm, nranks, root, params)
+    c = host_counts(collective, algorithm, nranks, root, params, 0, every)
     if m < c.unit:
-        return host_counts(collective, algorithm, nranks, root, params, m)
+        return host_counts(collective, algorithm, nranks, root, params, m, every)
     return c
 
 
@@ -525,57 +534,113 @@ def round_work(host: Host, c: HostCounts, path: str, i: int, size: float, ws: fl
     return mv, rd
 
 
-def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dtype: DType,
-            paths: Paths, nbytes: int, root: int = 0,
-            params: tuple[tuple[str, int], ...] = ()) -> HostPrediction:
-    """Seconds of one call: ``collective`` with ``algorithm`` at unit count ``m`` on
-    ``nranks`` ranks (``nbytes``: the size the path rules look at)."""
+def sharing(work: np.ndarray, weight: float, cores: int) -> float:
+    """The factor a round's data work takes when its ranks share the cores: the busiest
+    rank's ``work`` (seconds per walked rank) becomes ``max(busiest, total / cores)``."""
+    busiest = float(work.max()) if work.size else 0.0
+    shared = float(work.sum()) * weight / cores
+    return shared / busiest if busiest > 0 and shared > busiest else 1.0
+
+
+def round_fixed(lv: Level, path: str, pieces: int, load: float) -> float:
+    """The fixed costs of a round with messages, before the pace: the step executor's
+    round and its busiest core's ``load`` messages, one synchronisation per piece
+    (staged), or the one-shot exchange (post)."""
+    if path == "generic":
+        return lv.round + lv.endpoint * load
+    if path == "staged":
+        return pieces * lv.piece_sync
+    return lv.post_round
+
+
+@dataclass(frozen=True)
+class HostRounds:
+    """One call on this host, round by round and rank by rank: what :func:`predict` sums
+    (the busiest rank of every round) and the simulator runs (every rank on its own
+    clock, :mod:`ringlet.sim.host`).
+
+    Every rank first pays ``call`` (the call's Python), then all of them ``sync`` (the
+    agreement on the call).  Round ``i`` then costs a rank that takes part in it
+    (:attr:`active`) ``fixed[i]`` (the round's fixed costs, times the algorithm's pace;
+    0 in a round without messages) plus ``move[i, j] + reduce[i, j]`` (its data work,
+    times the round's cores-sharing factor, :func:`sharing`, and the turns ranks
+    sharing cores take, :attr:`Level.work`).  Columns are the walked ranks of
+    ``counts`` (every rank unless ``counts.weight > 1``).
+    """
+
+    counts: HostCounts
+    path: str
+    pieces: int
+    call: float
+    sync: float
+    fixed: np.ndarray
+    move: np.ndarray
+    reduce: np.ndarray
+    working_set: float
+    extrapolated: bool
+
+    @property
+    def active(self) -> np.ndarray:
+        """(rounds, walked ranks): whether the rank sends, receives or works in the round."""
+        return (self.counts.ends > 0) | (self.move > 0) | (self.reduce > 0)
+
+
+def host_rounds(host: Host, collective: str, algorithm: str, nranks: int, m: int,
+                dtype: DType, paths: Paths, nbytes: int, root: int = 0,
+                params: tuple[tuple[str, int], ...] = (), every: bool = False) -> HostRounds:
+    """The :class:`HostRounds` of one call (arguments as :func:`predict`'s; ``every``
+    walks every rank however many, as the simulator needs)."""
     if collective not in COLLECTIVES:
         raise ArgumentError(f"unknown collective {collective!r}")
-    c = counts_at(collective, algorithm, nranks, m, root, params)
+    c = counts_at(collective, algorithm, nranks, m, root, params, every)
     path = path_of(collective, algorithm, nbytes, paths)
     lv, extrapolated = host.level(nranks)
     isz = dtype.itemsize
     size = float(m) * isz
     ws = working_set(c, path, m, isz)
     red = host.reduce.get(dtype_class(dtype), host.reduce["float"])
-    fixed = host.call(collective, path) + (lv.sync if nranks > 1 else 0.0)
-    steps = 0.0                           # the rounds' fixed costs
-    syncs = 1 if nranks > 1 else 0
     pieces = staged_pieces(collective, nranks, m, isz, paths) if path == "staged" else 1
-    move = reduce = crit = 0.0
-    rounds = 0
+    pace = 1.0 if extrapolated else lv.pace.get(f"{collective}:{algorithm}", 1.0)
     # the oversubscription factor holds while the data is in the cache; from memory on the
     # memory bandwidth, shared whatever the number of cores, is the limit
-    loads = endpoint_load(c, host.cores)
     work = lv.work_generic if path == "generic" else lv.work
     turns = Curve(work, 1.0).at(ws, host.llc_bytes) if work != 1.0 else 1.0
-    for i in range(c.sent.shape[0]):
+    loads = endpoint_load(c, host.cores)
+    R = c.sent.shape[0]
+    fixed = np.zeros(R)
+    move, reduce = np.zeros_like(c.sent), np.zeros_like(c.sent)
+    for i in range(R):
         mv, rd = round_work(host, c, path, i, size, ws, red)
-        per = mv + rd
-        if not per.any() and not c.messages[i]:
-            continue
-        j = int(np.argmax(per))
-        busiest = float((mv + rd)[j])
-        shared = float((mv + rd).sum()) * c.weight / host.cores
-        f = shared / busiest if busiest > 0 and shared > busiest else 1.0
-        f *= turns                        # more ranks than cores: they take turns
-        move += float(mv[j]) * f
-        reduce += float(rd[j]) * f
-        moved = (c.sent[i] + c.recv[i] + c.lcopy[i] if path == "generic"
-                 else c.publish[i] + c.copy[i] + c.read[i]) * size
-        crit += float(moved.max()) if moved.size else 0.0
+        f = sharing(mv + rd, c.weight, host.cores) * turns   # more ranks than cores
+        move[i], reduce[i] = mv * f, rd * f
         if c.messages[i]:
-            rounds += 1
-            if path == "generic":
-                steps += lv.round + lv.endpoint * float(loads[i])
-            elif path == "staged":   # a round of the shared-buffer protocol, per piece
-                steps += pieces * lv.piece_sync
-                syncs += pieces
-            else:                     # one-shot: the agreement was the exchange's wait
-                steps += lv.post_round
-    pace = 1.0 if extrapolated else lv.pace.get(f"{collective}:{algorithm}", 1.0)
-    fixed += steps * pace
+            fixed[i] = round_fixed(lv, path, pieces, float(loads[i])) * pace
+    return HostRounds(c, path, pieces, host.call(collective, path),
+                      lv.sync if nranks > 1 else 0.0, fixed, move, reduce, ws, extrapolated)
+
+
+def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dtype: DType,
+            paths: Paths, nbytes: int, root: int = 0,
+            params: tuple[tuple[str, int], ...] = ()) -> HostPrediction:
+    """Seconds of one call: ``collective`` with ``algorithm`` at unit count ``m`` on
+    ``nranks`` ranks (``nbytes``: the size the path rules look at), the busiest rank's
+    round after round (:func:`host_rounds`)."""
+    hr = host_rounds(host, collective, algorithm, nranks, m, dtype, paths, nbytes, root,
+                     params)
+    c, path, pieces = hr.counts, hr.path, hr.pieces
+    size = float(m) * dtype.itemsize
+    work = hr.move + hr.reduce
+    counted = work.any(axis=1) | c.messages if work.size else np.zeros(0, bool)
+    busiest = np.argmax(work, axis=1) if work.size else np.zeros(0, int)
+    at = (np.arange(len(busiest)), busiest)
+    move = float(hr.move[at][counted].sum())
+    reduce = float(hr.reduce[at][counted].sum())
+    moved = (c.sent + c.recv + c.lcopy if path == "generic"
+             else c.publish + c.copy + c.read) * size
+    crit = float(moved.max(axis=1)[counted].sum()) if moved.size else 0.0
+    rounds = int(c.messages.sum())
+    syncs = (1 if nranks > 1 else 0) + (pieces * rounds if path == "staged" else 0)
+    fixed = hr.call + hr.sync + float(hr.fixed.sum())
     total = fixed + move + reduce
     sent = c.sent if path == "generic" else c.publish
     bytes_per_rank = float(sent.sum(axis=0).max()) * size if sent.size else 0.0
@@ -583,12 +648,13 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
             "staged": f"fused staged path, {pieces} piece{'s' if pieces != 1 else ''}",
             "post": "fused one-shot path through the post area"}[path]
     how = (f"host model, {what}; fixed costs at {nranks} ranks "
-           + (f"extrapolated from {host.calibrated_ranks}" if extrapolated else "calibrated"))
+           + (f"extrapolated from {host.calibrated_ranks}" if hr.extrapolated
+              else "calibrated"))
     return HostPrediction(total, path, pieces, syncs, rounds, fixed, move, reduce,
-                          bytes_per_rank, crit, ws, extrapolated, how)
+                          bytes_per_rank, crit, hr.working_set, hr.extrapolated, how)
 
 
 __all__ = ["CLASS_DTYPES", "DTYPE_CLASSES", "FUSED", "PATHS", "Curve", "Host", "HostCounts",
-           "HostPrediction", "Level", "Paths", "cache_limits", "counts_at", "dtype_class",
-           "endpoint_load", "host_counts", "path_of", "predict", "round_work", "staged_pieces",
-           "working_set"]
+           "HostPrediction", "HostRounds", "Level", "Paths", "cache_limits", "counts_at",
+           "dtype_class", "endpoint_load", "host_counts", "host_rounds", "path_of", "predict",
+           "round_fixed", "round_work", "sharing", "staged_pieces", "working_set"]

@@ -645,6 +645,12 @@ def _scaled(collective: str) -> bool:
     return any(v == "N" for v in COLLECTIVES[collective].values())
 
 
+def path_bytes(collective: str, m: int, nranks: int, itemsize: int) -> int:
+    """The size of a call of unit count ``m``, as the shared-memory path rules
+    (:func:`ringlet.cost.host.path_of`) and the automatic choice take it."""
+    return m * itemsize * (nranks if _scaled(collective) else 1)
+
+
 @dataclass(frozen=True)
 class _Fit:
     """``rounds = r0 + r1*k``, ``bytes = m*(b0 + b1/k)``, ``reduced = m*(g0 + g1/k)`` and
@@ -1001,7 +1007,7 @@ def _host(collective: str, algorithm: str, nranks: int, nbytes: int, profile: Pr
                 f"got {pieces}")
         fixed["pieces"] = int(pieces)
     m = unit_count(collective, nbytes, nranks, d.itemsize)
-    size = m * d.itemsize * (nranks if _scaled(collective) else 1)
+    size = path_bytes(collective, m, nranks, d.itemsize)
     host = profile.host
     if host is None:  # pragma: no cover - uses_host() checked it
         raise ArgumentError("this profile has no host model")

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError
-from ..sim import Simulator, Topology, simulator
+from ..sim import AnySimulator, Topology, simulator
 from .strategies import (
     Comm,
     Costing,
@@ -156,7 +156,7 @@ def _seed(seed: int, i: int) -> int:
     return int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
 
 
-def _run(sim: Simulator, start: np.ndarray, jitter: float, seed: int) -> np.ndarray:
+def _run(sim: AnySimulator, start: np.ndarray, jitter: float, seed: int) -> np.ndarray:
     """The simulated call from per-rank ``start`` times: per-rank end times."""
     base = float(start.min())
     late = start - base
@@ -198,9 +198,9 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
             raise ArgumentError(f"straggler delay must be >= 0 seconds, got {d!r}")
         j = (r // par.tp) % par.dp
         late[j] = max(late[j], d)
-    cache: dict[tuple[Any, ...], tuple[Simulator, str]] = {}
+    cache: dict[tuple[Any, ...], tuple[AnySimulator, str]] = {}
 
-    def sim_for(c: Comm, nbytes: int) -> tuple[Simulator, str]:
+    def sim_for(c: Comm, nbytes: int) -> tuple[AnySimulator, str]:
         coll = "broadcast" if c.collective == "send" else c.collective
         size = 2 if c.collective == "send" else c.group_size
         key = (coll, size, c.stride, nbytes)

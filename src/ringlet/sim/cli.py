@@ -7,6 +7,10 @@
         --straggler 7:10ms --jitter lognormal:0.2 --seed 1 --trace ring.json
 
 The link and shape options are ``ringlet predict``'s (:func:`ringlet.cost.cli.add_link_options`).
+With ``--link local`` (the default) and a calibrated profile (``--profile PATH``,
+else the saved one) the ranks of this host are simulated with the profile's host
+model (:mod:`ringlet.sim.host`) on the shared-memory paths the ``RINGLET_*``
+settings give, as ``ringlet predict`` predicts them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import numpy as np
 
 from ..algorithms import algorithms as registered_algorithms
 from ..algorithms import canonical
+from ..config import Settings
 from ..cost.cli import _params, add_link_options, resolve_links, resolve_ranks
+from ..cost.host import Paths
 from ..cost.model import Profile, bus_factor, predict
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_size, parse_time
 from ..errors import ArgumentError
@@ -53,8 +59,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--latency 5us --straggler 7:10ms\n"
         "  ringlet simulate all_reduce --bytes 64MB --ranks 64 --bandwidth 50GB/s "
         "--jitter lognormal:0.3 --seed 2 --trace run.json   # open in ui.perfetto.dev\n"
+        "  ringlet simulate all_gather --bytes 1MiB --ranks 4 --link local --profile "
+        "prof.json --compare   # this host's calibrated model\n"
         "sizes: --bytes as in ringlet predict (nccl-tests' size). Without contention, "
-        "stragglers or jitter the simulator agrees with ringlet predict's link model.")
+        "stragglers or jitter the simulator agrees with ringlet predict's link model. A "
+        "calibrated local profile (--link local, --profile) is simulated with its host model "
+        "(each rank's rounds costed as ringlet predict costs them, on the shared-memory paths "
+        "of the RINGLET_* settings).")
     p.add_argument("collective", choices=list(COLLECTIVES), help="the collective")
     p.add_argument("--bytes", metavar="SIZE", dest="nbytes", required=True,
                    help="size in bytes: 1GB (10^9), 1GiB (2^30), 25MiB, 4096")
@@ -159,6 +170,7 @@ def main(args: argparse.Namespace) -> int:
         stragglers[rank] = stragglers.get(rank, 0.0) + delay
     jitter = parse_jitter(args.jitter)
     params = _params(args.param)
+    paths = Paths.from_settings(Settings.from_env())   # as ringlet predict takes them
     names = [canonical(args.collective, a) for a in args.algorithm] if args.algorithm else \
         [a for a in registered_algorithms(args.collective) if a != "naive"]
     out: list[dict[str, Any]] = []
@@ -173,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
                            root=args.root, params=params, stragglers=stragglers, jitter=jitter,
-                           seed=args.seed, trace=rec, rails=bool(args.rails),
+                           seed=args.seed, trace=rec, rails=bool(args.rails), paths=paths,
                            progress=callback(f"ringlet simulate {name}", "rounds"))
         except ArgumentError as exc:
             if args.algorithm:
@@ -187,7 +199,8 @@ def main(args: argparse.Namespace) -> int:
         if args.compare:
             pieces = res.params.get("pieces")
             p = predict(args.collective, name, n, nbytes, profile, args.dtype, args.root,
-                        pieces=pieces, params=res.params, rails=bool(args.rails))
+                        pieces=pieces, params=res.params, rails=bool(args.rails),
+                        paths=paths)
             d["predicted_seconds"] = p.seconds
         out.append(d)
         if rec is not None:
@@ -203,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
     channels = (f"; as NCCL runs its rings: {profile.gpus_per_node} rail channels, each on "
                 f"1/{profile.gpus_per_node} of the data (--rails)") if args.rails else ""
     print(f"simulate {args.collective} of {format_bytes(nbytes)} on {n} ranks: "
-          f"{topo.describe()}{channels}")
+          f"{topo.describe(n)}{channels}")
     for line in links.description:
         print(f"  {line}")
     extra = []

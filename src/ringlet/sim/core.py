@@ -235,6 +235,26 @@ class _Network:
         return lat, np.where(cross, t_nic, t_intra)
 
 
+def start_times(n: int, rounds: int, stragglers: Mapping[int, float] | None, jitter: float,
+                traced: bool) -> np.ndarray:
+    """Every rank's clock at the start (its straggler delay), once the disturbances and a
+    trace's size are checked."""
+    if not (math.isfinite(jitter) and jitter >= 0):
+        raise ArgumentError(f"jitter sigma must be a number >= 0, got {jitter!r}")
+    if traced and n * rounds > TRACE_LIMIT:
+        raise ArgumentError(
+            f"a trace of {n} ranks x {rounds} rounds would hold {n * rounds:,} events (limit "
+            f"{TRACE_LIMIT:,}); trace a smaller job")
+    t = np.zeros(n)
+    for r, delay in (stragglers or {}).items():
+        if not 0 <= r < n:
+            raise ArgumentError(f"straggler rank {r} is out of range (0..{n - 1})")
+        if not (math.isfinite(delay) and delay >= 0):
+            raise ArgumentError(f"straggler delay must be >= 0 seconds, got {delay!r}")
+        t[r] += delay
+    return t
+
+
 class Simulator:
     """Runs one schedule at one size over one topology (see the module docs)."""
 
@@ -288,21 +308,9 @@ class Simulator:
         every round (ranks with a message in it)."""
         s = self.schedule
         n, R = s.nranks, s.nrounds
-        if not (math.isfinite(jitter) and jitter >= 0):
-            raise ArgumentError(f"jitter sigma must be a number >= 0, got {jitter!r}")
-        if trace is not None and n * R > TRACE_LIMIT:
-            raise ArgumentError(
-                f"a trace of {n} ranks x {R} rounds would hold {n * R:,} events (limit "
-                f"{TRACE_LIMIT:,}); trace a smaller job")
+        t = start_times(n, R, stragglers, jitter, trace is not None)
         rng = np.random.default_rng(seed)
         wall = time.perf_counter()
-        t = np.zeros(n)
-        for r, delay in (stragglers or {}).items():
-            if not 0 <= r < n:
-                raise ArgumentError(f"straggler rank {r} is out of range (0..{n - 1})")
-            if not (math.isfinite(delay) and delay >= 0):
-                raise ArgumentError(f"straggler delay must be >= 0 seconds, got {delay!r}")
-            t[r] += delay
         rounds = messages = 0
         moved = 0.0
         every = max(1, R // 100)

@@ -25,12 +25,19 @@ that sends or receives k messages in a round is busy ``k * overhead`` more;
 ``gap`` is LogGP's g, the least time a port spends per message (the larger of
 the two counts).  ``overhead`` given here replaces every link's own.  The
 message then takes the link's latency plus its port's time.
+
+A calibrated local profile (``ringlet predict --calibrate``) also brings its
+``host``: the costs of ringlet's shared-memory transport on this machine
+(:class:`~ringlet.cost.host.Host`).  Ranks of one node are then simulated with
+that host model (:mod:`ringlet.sim.host`), not with the link's alpha, beta and
+gamma, as ``ringlet predict`` predicts them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cost.host import Host
 from ..cost.model import Link, Profile
 from ..errors import ArgumentError
 
@@ -48,6 +55,7 @@ class Topology:
     oversubscription: float = 1.0
     overhead: float | None = None   # LogGP o per message at each port; None: the links' own
     gap: float = 0.0                # LogGP g: least seconds a port spends per message
+    host: Host | None = None        # a calibrated host model: one node is simulated with it
 
     def __post_init__(self) -> None:
         if self.inter is not None and self.gpus_per_node < 1:
@@ -74,18 +82,29 @@ class Topology:
 
     @classmethod
     def from_profile(cls, profile: Profile, **kw: object) -> Topology:
-        """The topology of a cost-model :class:`~ringlet.cost.model.Profile` (its links and
-        ranks per node), with the simulator's own options in ``kw``."""
+        """The topology of a cost-model :class:`~ringlet.cost.model.Profile` (its links,
+        ranks per node and host model), with the simulator's own options in ``kw``."""
+        kw.setdefault("host", profile.host)
         return cls(profile.intra, profile.inter,
                    profile.gpus_per_node if profile.inter is not None else 0,
                    **kw)  # type: ignore[arg-type]
+
+    def uses_host(self, nranks: int) -> bool:
+        """Whether ``nranks`` ranks are simulated with the host model (all on one node of a
+        topology with one), as :meth:`~ringlet.cost.model.Profile.uses_host` predicts them."""
+        return self.host is not None and (self.inter is None or self.gpus_per_node >= nranks)
 
     @property
     def nics(self) -> int:
         """NICs per node."""
         return self.nics_per_node or max(self.gpus_per_node, 1)
 
-    def describe(self) -> str:
+    def describe(self, nranks: int = 0) -> str:
+        if self.host is not None and self.uses_host(nranks):
+            h = self.host
+            return (f"this host's shared-memory transport (the calibrated host model): "
+                    f"{h.cores} cores, {h.llc_bytes >> 20} MiB last-level cache, fixed costs "
+                    f"calibrated up to {h.calibrated_ranks} ranks")
         if self.inter is None:
             return f"one level: {self.intra.bandwidth / 1e9:.4g} GB/s, alpha {self.intra.alpha:g} s"
         fabric = ("one non-blocking switch" if not self.nodes_per_leaf else
