@@ -134,6 +134,8 @@ class Calls:
     _pending_reject: int | None
     _owner: threading.Thread | None
     _owner_id: int
+    #: the compiled small all_reduce (ringlet.lean), None where it does not apply
+    _lean: Any
     #: the flight recorder (None with RINGLET_FLIGHT_RECORDS=0 and no trace)
     _fr: FlightRecorder | None
     #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
@@ -315,6 +317,7 @@ class Calls:
         else:
             msg = f"rank {self.rank} failed in {self._current}: {type(exc).__name__}: {exc}"
         self._broken = msg
+        self._lean = None
         self._t.discard_pending()
         self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
         kind = "timeout" if isinstance(exc, CommTimeoutError) else \

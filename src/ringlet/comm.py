@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import agreement
+from . import agreement, lean
 from .agreement import GENERIC, POST, SHARED, STAGE, Desc
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
@@ -55,6 +55,7 @@ _PATH_CODE = {"generic": GENERIC, "post": POST, "staged": STAGE}
 #: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 #: numbers communicators in the order they were made (a dump lists them so)
+_get_ident = threading.get_ident
 _MADE = itertools.count()
 
 
@@ -125,6 +126,10 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         _LIVE.add(self)
         if settings.debug:
             _configure_logging(settings.debug)
+        #: the compiled small all_reduce (ringlet.lean), None where it does not apply
+        self._lean = lean.make(self)
+        if self._fr is not None:
+            self._fr.lean = self._lean
 
     def __repr__(self) -> str:
         return f"<ringlet.Communicator rank {self.rank} of {self.size}, job {self.job_id}>"
@@ -179,6 +184,25 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
 
         return self._submit(self._desc("all_reduce", op=rop, buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb, before)
+
+    _all_reduce = all_reduce
+
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,  # noqa: F811
+                   algorithm: str | None = None, async_op: bool = False) -> Any:
+        lean_ = self._lean   # the compiled path first, where it applies (see ringlet.lean)
+        if lean_ is not None and op == "sum" and algorithm is None and async_op is False \
+                and not self._inflight and self._pending_reject is None \
+                and self._api is None and self._owner_id == _get_ident():
+            seq = self._seq + 1
+            done = lean_.all_reduce(x, seq) if out is None else lean_.all_reduce(x, seq, out)
+            if done == lean.DONE:
+                self._seq = seq
+                return x if out is None else out
+            if done == lean.UNAPPROVED:
+                lean.approve(self, lean_, x.nbytes)
+        return self._all_reduce(x, op, out, algorithm, async_op)
+
+    all_reduce.__doc__ = _all_reduce.__doc__
 
     @_collective
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
@@ -376,6 +400,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                 done.wait()
             self._queue.put(None)
         self._closed = True
+        self._lean = None   # before the shared memory it points into goes
         _LIVE.discard(self)
         self._t.mark_closed()
         self._regions.clear()

@@ -93,6 +93,10 @@ class Settings:
     fused: bool = field(default=True, metadata={
         "doc": "Run the shared-memory transport's fused implementations of the one-shot "
                "and direct algorithms (off: the generic step executor runs them)."})
+    lean: bool = field(default=True, metadata={
+        "doc": "Run small all_reduce calls on the compiled path (ringlet._lean, built by "
+               "pip install when a C compiler is there) where it applies; off: the Python "
+               "path runs every call. Every rank may choose either: they pair up alike."})
     spin_us: float = field(default=50.0, metadata={
         "doc": "Microseconds a wait polls before it starts yielding the core (0 is used "
                "when a communicator has more ranks than this process has cores)."})

@@ -82,6 +82,8 @@ class FlightRecorder:
         self.slots: list[list[Any] | None] = [None] * self.cap
         #: the last ``cap`` sends and receives
         self.ring: deque[list[Any]] = deque(maxlen=self.cap)
+        #: the compiled path's object, whose own ring has the calls it did (ringlet.lean)
+        self.lean: Any = None
         self.world_ranks = world_ranks
         self.rank = rank
         self.p2p_seq = 0
@@ -132,6 +134,10 @@ class FlightRecorder:
     def records(self) -> list[dict[str, Any]]:
         """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
         recs = [r for r in list(self.slots) if r is not None] + list(self.ring)
+        if self.lean is not None:   # the calls the compiled path did (ringlet.lean)
+            from .lean import records
+
+            recs += records(self.lean)
         recs.sort(key=lambda r: _queued(r) or r[T_START])
         return [record_json(r, self.offset_ns) for r in recs[-self.cap:]]
 

@@ -177,6 +177,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self.comm = comm
         comm._span = _profiler_range
+        comm._lean = None   # every call through the Python path, in a profiler range
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND

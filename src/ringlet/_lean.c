@@ -1,0 +1,378 @@
+/* ringlet._lean: the compiled small-message path of ringlet's shared-memory transport.
+ *
+ * One call does what the Python path does for a small all_reduce (sum) on one host,
+ * through the same shared memory and in the same order, so that ranks taking either
+ * path pair up and get the same bits (see ringlet/lean.py):
+ *
+ *   1. copy x into this rank's one-shot area, half seq % 2;
+ *   2. publish the call's descriptor words, the sequence number last (release);
+ *   3. wait, briefly, for every peer's descriptor of the same call (acquire) and compare
+ *      it with this rank's;
+ *   4. x = area[0] (rank 0: its own x), then x += area[q] for q = 1 .. n-1, elementwise.
+ *
+ * Anything out of the ordinary returns to Python before step 1 (NOT_LEAN: an array or a
+ * size this path does not take; UNAPPROVED: a size the automatic choice has not yet been
+ * asked about, see Lean.approve) or after step 2 (PUBLISHED: a peer not there within the
+ * wait budget, or a descriptor that differs), and the Python path then runs the whole
+ * call again from the start: it writes the same bytes and words again, which peers may
+ * read at any time, and then waits with deadlines, liveness checks and the messages of
+ * a mismatch.  Step 4 is IEEE addition element by element in rank order, as numpy's add
+ * does it; integers wrap (unsigned arithmetic), as numpy's do.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <sched.h>
+
+#define DESC_WORDS 16          /* per half: the sequence number and 15 descriptor words */
+#define SHAPE_DIMS 6
+#define MAX_RANKS 64
+
+enum { NOT_LEAN = 0, DONE = 1, PUBLISHED = 2, UNAPPROVED = 3 };
+enum { K_F32 = 0, K_F64 = 1, K_I32 = 2, K_I64 = 3, K_NONE = -1 };
+
+typedef struct {
+    PyObject_HEAD
+    int rank, size;
+    int64_t *desc[MAX_RANKS];          /* each rank's 2 x DESC_WORDS descriptor words */
+    char *post[MAX_RANKS][2];          /* each rank's one-shot halves */
+    Py_ssize_t post_bytes;
+    int64_t coll, op, algo, path;      /* the descriptor's constant words */
+    int64_t codes[4];                  /* ringlet dtype code of float32, float64, int32, int64 */
+    PyObject *ndarray;                 /* the one array type taken (exactly) */
+    PyObject *keep;                    /* what the pointers point into: kept alive */
+    unsigned char *approved;           /* approved[nbytes]: the automatic choice is this path */
+    int64_t spin_ns, wait_ns;          /* poll this long, then yield, give up after wait_ns */
+    /* the flight recorder's ring of calls done here: seq, start time, 15 words each */
+    int64_t *ring;
+    Py_ssize_t cap;
+    int64_t calls;                     /* calls done here (tests read it) */
+} Lean;
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int kind_of(const char *fmt, Py_ssize_t itemsize) {
+    if (fmt == NULL || fmt[0] == '\0' || fmt[1] != '\0')
+        return K_NONE;                 /* byte-order prefixes, structs: the Python path */
+    switch (fmt[0]) {
+    case 'f': return itemsize == 4 ? K_F32 : K_NONE;
+    case 'd': return itemsize == 8 ? K_F64 : K_NONE;
+    case 'i': return itemsize == 4 ? K_I32 : K_NONE;
+    case 'l': case 'q': return itemsize == 8 ? K_I64 : itemsize == 4 ? K_I32 : K_NONE;
+    default: return K_NONE;
+    }
+}
+
+static void add(void *dst, const void *src, Py_ssize_t n, int kind) {
+    Py_ssize_t i;
+    switch (kind) {
+    case K_F32: {
+        float *d = dst; const float *s = src;
+        for (i = 0; i < n; i++) d[i] = d[i] + s[i];
+        break;
+    }
+    case K_F64: {
+        double *d = dst; const double *s = src;
+        for (i = 0; i < n; i++) d[i] = d[i] + s[i];
+        break;
+    }
+    case K_I32: {
+        uint32_t *d = dst; const uint32_t *s = src;
+        for (i = 0; i < n; i++) d[i] = d[i] + s[i];
+        break;
+    }
+    case K_I64: {
+        uint64_t *d = dst; const uint64_t *s = src;
+        for (i = 0; i < n; i++) d[i] = d[i] + s[i];
+        break;
+    }
+    }
+}
+
+/* all_reduce(x, seq[, out]) -> NOT_LEAN, DONE, PUBLISHED or UNAPPROVED (see the top of
+ * this file); with out, x is read only and the result goes to out (the same element type
+ * and count, any shape, not overlapping x: else NOT_LEAN, and Python says what is wrong) */
+static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(x, seq[, out])");
+        return NULL;
+    }
+    PyObject *x = args[0], *o = nargs == 3 ? args[2] : NULL;
+    if ((PyObject *)Py_TYPE(x) != self->ndarray
+            || (o != NULL && (PyObject *)Py_TYPE(o) != self->ndarray))
+        return PyLong_FromLong(NOT_LEAN);
+    int64_t seq = PyLong_AsLongLong(args[1]);
+    if (seq == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer v, ov;
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (o == NULL ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(x, &v, flags) < 0) {
+        PyErr_Clear();                 /* not writable or not contiguous: the Python path */
+        return PyLong_FromLong(NOT_LEAN);
+    }
+    int kind = kind_of(v.format, v.itemsize);
+    if (kind == K_NONE || v.len <= 0 || v.len > self->post_bytes || v.ndim > SHAPE_DIMS) {
+        PyBuffer_Release(&v);
+        return PyLong_FromLong(NOT_LEAN);
+    }
+    void *dst = v.buf;
+    if (o != NULL) {
+        if (PyObject_GetBuffer(o, &ov, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            PyBuffer_Release(&v);
+            return PyLong_FromLong(NOT_LEAN);
+        }
+        char *a = v.buf, *b = ov.buf;
+        if (kind_of(ov.format, ov.itemsize) != kind || ov.len != v.len
+                || (a < b + ov.len && b < a + v.len)) {
+            PyBuffer_Release(&ov);
+            PyBuffer_Release(&v);
+            return PyLong_FromLong(NOT_LEAN);
+        }
+        dst = ov.buf;
+    }
+    if (!self->approved[v.len]) {      /* Python asks the automatic choice, once a size */
+        if (o != NULL)
+            PyBuffer_Release(&ov);
+        PyBuffer_Release(&v);
+        return PyLong_FromLong(UNAPPROVED);
+    }
+    int64_t t0 = now_ns();
+    int64_t w[DESC_WORDS - 1];
+    w[0] = self->coll; w[1] = self->op; w[2] = self->codes[kind];
+    w[3] = v.len / v.itemsize; w[4] = 0; w[5] = self->algo; w[6] = self->path; w[7] = 0;
+    w[8] = v.ndim;
+    for (int d = 0; d < SHAPE_DIMS; d++)
+        w[9 + d] = d < v.ndim ? (int64_t)v.shape[d] : 0;
+    int h = (int)(seq & 1), me = self->rank, n = self->size;
+    memcpy(self->post[me][h], v.buf, (size_t)v.len);
+    int64_t *mine = self->desc[me] + h * DESC_WORDS;
+    memcpy(mine + 1, w, sizeof w);
+    __atomic_store_n(&mine[0], seq, __ATOMIC_RELEASE);
+    /* wait for every peer's descriptor of this call */
+    int code = DONE;
+    int64_t start = 0;
+    for (int q = 0; q < n && code == DONE; q++) {
+        if (q == me)
+            continue;
+        int64_t *d = self->desc[q] + h * DESC_WORDS;
+        while (__atomic_load_n(&d[0], __ATOMIC_ACQUIRE) != seq) {
+            int64_t t = now_ns();
+            if (!start)
+                start = t;
+            if (t - start >= self->wait_ns) {
+                code = PUBLISHED;      /* Python waits on, with deadlines and liveness */
+                break;
+            }
+            if (t - start < self->spin_ns)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+        if (code == DONE && memcmp(d + 1, w, sizeof w) != 0)
+            code = PUBLISHED;          /* a mismatch: the Python path says what differs */
+    }
+    if (code == DONE) {                /* reduce in rank order */
+        Py_ssize_t elems = v.len / v.itemsize;
+        if (me != 0)
+            memcpy(dst, self->post[0][h], (size_t)v.len);
+        else if (dst != v.buf)
+            memcpy(dst, v.buf, (size_t)v.len);
+        for (int q = 1; q < n; q++)
+            add(dst, self->post[q][h], elems, kind);
+        if (self->cap) {
+            int64_t *r = self->ring + (seq % self->cap) * (DESC_WORDS + 1);
+            r[0] = seq;
+            r[1] = t0;
+            memcpy(r + 2, w, sizeof w);
+        }
+        self->calls++;
+    }
+    if (o != NULL)
+        PyBuffer_Release(&ov);
+    PyBuffer_Release(&v);
+    return PyLong_FromLong(code);
+}
+
+static PyObject *Lean_approve(Lean *self, PyObject *arg) {
+    Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (nbytes > 0 && nbytes <= self->post_bytes)
+        self->approved[nbytes] = 1;
+    Py_RETURN_NONE;
+}
+
+/* records() -> [(seq, t_start_ns, (15 words)), ...] of the calls done here */
+static PyObject *Lean_records(Lean *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->cap; i++) {
+        int64_t *r = self->ring + i * (DESC_WORDS + 1);
+        if (r[0] <= 0)
+            continue;
+        PyObject *words = PyTuple_New(DESC_WORDS - 1);
+        if (words == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        for (int k = 0; k < DESC_WORDS - 1; k++)
+            PyTuple_SET_ITEM(words, k, PyLong_FromLongLong(r[2 + k]));
+        PyObject *item = Py_BuildValue("(LLN)", (long long)r[0], (long long)r[1], words);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return out;
+}
+
+static PyObject *Lean_get_calls(Lean *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->calls);
+}
+
+static int address(PyObject *seq, Py_ssize_t i, void **out) {
+    PyObject *o = PySequence_GetItem(seq, i);
+    if (o == NULL)
+        return -1;
+    *out = PyLong_AsVoidPtr(o);
+    Py_DECREF(o);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Lean(rank, size, desc_addrs, post_addrs, post_bytes, consts, codes, ndarray, keep,
+ *      spin_ns, wait_ns, cap): the addresses are ints (desc_addrs[q]; post_addrs[2 q + h]),
+ * consts = (collective, op, algorithm, path), codes = the dtype codes of float32, float64,
+ * int32, int64; keep: the objects whose memory the addresses point into. */
+static int Lean_init(Lean *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
+    PyObject *desc, *post, *consts, *codes, *ndarray, *keep;
+    Py_ssize_t post_bytes, cap;
+    long long spin_ns, wait_ns;
+    if (!PyArg_ParseTuple(args, "iiOOnOOOOLLn", &self->rank, &self->size, &desc, &post,
+                          &post_bytes, &consts, &codes, &ndarray, &keep, &spin_ns, &wait_ns,
+                          &cap))
+        return -1;
+    if (self->size < 1 || self->size > MAX_RANKS || self->rank < 0
+            || self->rank >= self->size || post_bytes < 0 || cap < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad rank, size, post_bytes or capacity");
+        return -1;
+    }
+    for (int q = 0; q < self->size; q++) {
+        void *p;
+        if (address(desc, q, &p) < 0)
+            return -1;
+        self->desc[q] = p;
+        for (int h = 0; h < 2; h++) {
+            if (address(post, 2 * q + h, &p) < 0)
+                return -1;
+            self->post[q][h] = p;
+        }
+    }
+    if (!PyArg_ParseTuple(consts, "LLLL", (long long *)&self->coll, (long long *)&self->op,
+                          (long long *)&self->algo, (long long *)&self->path))
+        return -1;
+    if (!PyArg_ParseTuple(codes, "LLLL", (long long *)&self->codes[0],
+                          (long long *)&self->codes[1], (long long *)&self->codes[2],
+                          (long long *)&self->codes[3]))
+        return -1;
+    self->post_bytes = post_bytes;
+    PyMem_Free(self->approved);
+    PyMem_Free(self->ring);
+    self->approved = PyMem_Calloc((size_t)post_bytes + 1, 1);
+    self->cap = cap;
+    self->ring = cap ? PyMem_Calloc((size_t)cap * (DESC_WORDS + 1), sizeof(int64_t)) : NULL;
+    if (self->approved == NULL || (cap && self->ring == NULL)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(ndarray);
+    Py_XSETREF(self->ndarray, ndarray);
+    Py_INCREF(keep);
+    Py_XSETREF(self->keep, keep);
+    self->spin_ns = spin_ns;
+    self->wait_ns = wait_ns;
+    return 0;
+}
+
+static void Lean_dealloc(Lean *self) {
+    PyMem_Free(self->approved);
+    PyMem_Free(self->ring);
+    Py_XDECREF(self->ndarray);
+    Py_XDECREF(self->keep);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Lean_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))Lean_all_reduce, METH_FASTCALL,
+     "all_reduce(x, seq[, out]) -> 0 (not this path), 1 (done), 2 (published: finish in "
+     "Python) "
+     "or 3 (a size not approved yet)"},
+    {"approve", (PyCFunction)Lean_approve, METH_O,
+     "approve(nbytes): the automatic choice runs this path for vectors of nbytes"},
+    {"records", (PyCFunction)Lean_records, METH_NOARGS,
+     "records() -> [(seq, t_start_ns, words)] of the calls done here"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Lean_getset[] = {
+    {"calls", (getter)Lean_get_calls, NULL, "calls done here", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject LeanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ringlet._lean.Lean",
+    .tp_basicsize = sizeof(Lean),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled small all_reduce of one communicator (see ringlet.lean).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lean_init,
+    .tp_dealloc = (destructor)Lean_dealloc,
+    .tp_methods = Lean_methods,
+    .tp_getset = Lean_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ringlet._lean",
+    "The compiled small-message path of ringlet (optional; see ringlet.lean).", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lean(void) {
+    if (PyType_Ready(&LeanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LeanType);
+    if (PyModule_AddObject(m, "Lean", (PyObject *)&LeanType) < 0) {
+        Py_DECREF(&LeanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "NOT_LEAN", NOT_LEAN) < 0
+            || PyModule_AddIntConstant(m, "DONE", DONE) < 0
+            || PyModule_AddIntConstant(m, "PUBLISHED", PUBLISHED) < 0
+            || PyModule_AddIntConstant(m, "UNAPPROVED", UNAPPROVED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
