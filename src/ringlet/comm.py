@@ -187,7 +187,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
 
     _all_reduce = all_reduce
 
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,  # noqa: F811
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,  # type: ignore[no-redef]  # noqa: F811
                    algorithm: str | None = None, async_op: bool = False) -> Any:
         lean_ = self._lean   # the compiled path first, where it applies (see ringlet.lean)
         if lean_ is not None and op == "sum" and algorithm is None and async_op is False \
