@@ -11,6 +11,7 @@ Tests of faults that kill ranks use ``ringlet.spawn`` (fresh processes).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import secrets
 import traceback
 from collections.abc import Callable
@@ -53,7 +54,9 @@ class RankError(Exception):
 class World:
     def __init__(self, size: int, settings: Settings | None = None) -> None:
         self.size = size
-        self.settings = settings or Settings(timeout=60.0)
+        # RINGLET_LEAN=0 in the environment runs the tests on the Python path alone
+        self.settings = settings or Settings(timeout=60.0, lean=Settings.from_env(
+            {k: v for k, v in os.environ.items() if k == "RINGLET_LEAN"}).lean)
         self._start()
 
     def _start(self) -> None:

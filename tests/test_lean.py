@@ -1,0 +1,279 @@
+"""The compiled small-message path (ringlet.lean): the same answers, errors and records as the
+Python path, with ranks on either path in one call, at every world size.
+
+On every rank that has the compiled path, ``comm._lean.calls`` counts the calls it did, so
+each test checks that the path it means to test really ran.  The whole suite also runs with
+the compiled path on (the default) wherever it was built; ``RINGLET_LEAN=0`` and a build
+without a compiler run it on the Python path alone (.ci/run does both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SIZES, get_world
+
+import ringlet
+from ringlet import lean
+from ringlet.config import Settings
+
+pytestmark = [
+    pytest.mark.skipif(not lean.BUILT, reason="ringlet._lean was not built here (no C "
+                       "compiler at install): the Python path runs every call"),
+    pytest.mark.skipif(not Settings.from_env({k: v for k, v in os.environ.items()
+                                              if k == "RINGLET_LEAN"}).lean,
+                       reason="RINGLET_LEAN=0: the Python path runs every call")]
+
+DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def _data(q: int, shape: tuple[int, ...], dtype: str, salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([q, salt, len(shape), int(np.prod(shape))])
+    if dtype.startswith("int"):
+        return rng.integers(-(2 ** 30), 2 ** 30, shape).astype(dtype)  # sums wrap alike
+    if dtype == "float16":   # small integers: every order of adding them is exact
+        return rng.integers(-8, 8, shape).astype(dtype)
+    return rng.normal(0, 10, shape).astype(dtype)
+
+
+def _in_rank_order(xs: list[np.ndarray]) -> np.ndarray:
+    """x0 + x1 + ... + x(n-1), elementwise, in rank order: the one-shot path's order."""
+    out = xs[0].copy()
+    for x in xs[1:]:
+        np.add(out, x, out=out)
+    return out
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Integers exactly; floats close (past the post area other algorithms add in other
+    orders; the bits are compared across ranks separately)."""
+    if got.dtype.kind in "iu":
+        return bool(np.array_equal(got, want))
+    tol = 1e-2 if got.dtype == np.float16 else 1e-4
+    return bool(np.allclose(got, want, rtol=tol, atol=tol))
+
+
+def _shapes(post: int) -> list[tuple[int, ...]]:
+    """Sizes around the post area's end, odd ones, 0-d and up to six dimensions."""
+    return [(), (1,), (7,), (3, 5), (2, 1, 3, 1, 2, 1), (post // 8 - 1,), (post // 8,),
+            (post // 4,)]
+
+
+def _mixed(comm: ringlet.Communicator, every: int) -> dict[str, Any]:
+    """Every dtype and shape, in place and out=, with only every ``every``-th rank on the
+    compiled path; answers checked against numpy, bits compared across ranks."""
+    r, n = comm.rank, comm.size
+    keep = comm._lean
+    assert keep is not None, "the compiled path is off on this communicator"
+    if r % every:
+        comm._lean = None
+    before = keep.calls
+    bad: list[str] = []
+    h = hashlib.sha1()
+    post = comm._t.lay.post_bytes  # type: ignore[attr-defined]
+    try:
+        for dtype in (*DTYPES, "float16", "complex64"):
+            for shape in _shapes(post):
+                if int(np.prod(shape)) * np.dtype(dtype).itemsize > 2 * post:
+                    continue
+                xs = [_data(q, shape, dtype) for q in range(n)]
+                want = _in_rank_order(xs)
+                for rep in range(3):   # the first call of a size asks the automatic choice
+                    x = xs[r].copy()
+                    if rep == 2:
+                        out = np.empty(int(np.prod(shape)), dtype)   # out= of another shape
+                        got = comm.all_reduce(x, out=out)
+                        ok = got is out and np.array_equal(x, xs[r]) and \
+                            _same(out.reshape(shape), want)
+                    else:
+                        got = comm.all_reduce(x)
+                        ok = got is x and _same(x, want)
+                    if not ok:
+                        bad.append(f"{dtype} {shape} rep {rep}")
+                    h.update(np.asarray(got).tobytes())
+    finally:
+        comm._lean = keep
+    return {"bad": bad, "digest": h.hexdigest(), "lean": keep.calls - before,
+            "on": r % every == 0}
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("every", [1, 2])
+def test_every_rank_or_every_other_on_the_compiled_path(n: int, every: int) -> None:
+    res = get_world(n).run(_mixed, every)
+    assert all(not x["bad"] for x in res), [x["bad"] for x in res]
+    assert len({x["digest"] for x in res}) == 1, "ranks got different bits"
+    for x in res:
+        if x["on"]:
+            assert x["lean"] > 20, x   # it did the small float and int calls
+        else:
+            assert x["lean"] == 0, x
+
+
+def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
+    """Which calls the compiled path takes (each answer checked too)."""
+    keep = comm._lean
+    assert keep is not None
+    n = comm.size
+    out: dict[str, bool] = {}
+
+    def took(label: str, call: Any, want: Any) -> None:
+        before = keep.calls
+        got = call()
+        assert np.array_equal(np.asarray(got), want), label
+        out[label] = keep.calls > before
+
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x.copy())   # the size's first call: the automatic choice is asked
+    took("plain", lambda: comm.all_reduce(np.ones(4, np.float32)), np.full(4, n, np.float32))
+    took("op=max", lambda: comm.all_reduce(np.ones(4, np.float32), op="max"),
+         np.ones(4, np.float32))
+    took("algorithm=ring", lambda: comm.all_reduce(np.ones(4, np.float32), algorithm="ring"),
+         np.full(4, n, np.float32))
+    took("float16", lambda: comm.all_reduce(np.ones(4, np.float16)), np.full(4, n, np.float16))
+    took("2-d", lambda: comm.all_reduce(np.ones((2, 2), np.float32)),
+         np.full((2, 2), n, np.float32))
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    took("read-only x with out=", lambda: comm.all_reduce(ro, out=np.empty(4, np.float32)),
+         np.full(4, n, np.float32))
+    took("async", lambda: comm.all_reduce(np.ones(4, np.float32), async_op=True).wait(),
+         np.full(4, n, np.float32))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
+    res = get_world(n).run(_what_it_takes)
+    for took in res:
+        assert took == {"plain": True, "op=max": False, "algorithm=ring": False,
+                        "float16": False, "2-d": True, "read-only x with out=": True,
+                        "async": False}, took
+
+
+def _overlap_and_bad_out(comm: ringlet.Communicator) -> list[str]:
+    """out= that overlaps x or has another dtype: the Python path's ArgumentError."""
+    errs = []
+    x = np.ones(8, np.float32)
+    for out in (x[:8], np.empty(8, np.float64)):
+        try:
+            comm.all_reduce(x, out=out)
+        except ringlet.ArgumentError as exc:
+            errs.append(str(exc).split(": ", 1)[1][:30])
+    y = np.ones(8, np.float32)
+    comm.all_reduce(y)
+    errs.append(str(y[0]))
+    return errs
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_bad_out_is_the_python_paths_error_and_the_next_call_runs(n: int) -> None:
+    for errs in get_world(n).run(_overlap_and_bad_out):
+        assert errs[0].startswith("out overlaps x") and errs[1].startswith("out has dtype")
+        assert errs[2] == str(float(n))
+
+
+def _sequence(comm: ringlet.Communicator, odd_lean: bool) -> list[str]:
+    """good, mismatched, good, rejected, good: on the compiled path where it applies."""
+    r, n = comm.rank, comm.size
+    keep = comm._lean
+    if r % 2 and not odd_lean:
+        comm._lean = None
+    seen = []
+    try:
+        for i in range(5):
+            x = np.full(5, float(r + i), np.float64)
+            try:
+                if i == 1:       # the last rank's vector is longer: a mismatch
+                    x = np.full(5 + (r == n - 1), 1.0)
+                    comm.all_reduce(x)
+                elif i == 3:     # rank 0 rejects its op: everyone hears why
+                    comm.all_reduce(x, op="median" if r == 0 else "sum")
+                else:
+                    comm.all_reduce(x)
+                    if x[0] != sum(q + i for q in range(n)):
+                        seen.append(f"wrong {i}")
+                        continue
+                seen.append("ok")
+            except (ringlet.MismatchError, ringlet.ArgumentError) as exc:
+                seen.append(type(exc).__name__)
+    finally:
+        comm._lean = keep
+    return seen
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("odd_lean", [True, False])
+def test_errors_in_a_sequence_on_every_rank(n: int, odd_lean: bool) -> None:
+    res = get_world(n).run(_sequence, odd_lean)
+    for r, seen in enumerate(res):
+        third = "ArgumentError" if r == 0 else "MismatchError"
+        assert seen == ["ok", "MismatchError", "ok", third, "ok"], (r, seen)
+
+
+def _records(comm: ringlet.Communicator) -> list[tuple[str, int, str]]:
+    x = np.ones(3, np.float32)
+    for _ in range(4):
+        comm.all_reduce(x)
+    comm.barrier()
+    assert comm._fr is not None
+    return [(o["kind"], o["seq"], o["state"]) for o in comm._fr.records()[-5:]]
+
+
+def test_the_flight_recorder_has_the_compiled_calls() -> None:
+    res = get_world(2).run(_records)
+    for recs in res:
+        kinds = [k for k, _, _ in recs]
+        seqs = [s for _, s, _ in recs]
+        assert kinds == ["all_reduce"] * 4 + ["barrier"], recs
+        assert seqs == list(range(seqs[0], seqs[0] + 5)) and all(s == "done" for *_, s in recs)
+
+
+def _late(comm: ringlet.Communicator) -> str:
+    x = np.ones(2, np.float32)
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+    if comm.rank == comm.size - 1:
+        import time
+
+        time.sleep(comm.settings.timeout + 1.5)
+        return "slept"
+    try:
+        comm.all_reduce(x)
+    except ringlet.CommTimeoutError as exc:
+        return str(exc)
+    except ringlet.PeerError as exc:
+        return "peer: " + str(exc)
+    return "no timeout"
+
+
+def test_a_missing_rank_times_out_named_as_on_the_python_path() -> None:
+    from world import World
+
+    w = World(3, Settings(timeout=1.5))
+    try:
+        res = w.run(_late)
+    finally:
+        w.close()
+    assert res[2] == "slept"
+    for msg in res[:2]:
+        assert "all_reduce #3" in msg and "rank 2" in msg, msg
+
+
+def _off(comm: ringlet.Communicator) -> bool:
+    return comm._lean is None
+
+
+def test_ringlet_lean_0_turns_it_off() -> None:
+    from world import World
+
+    w = World(2, Settings(lean=False))
+    try:
+        assert w.run(_off) == [True, True]
+    finally:
+        w.close()
+    assert Settings.from_env({"RINGLET_LEAN": "0"}).lean is False
