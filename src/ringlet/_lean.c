@@ -48,14 +48,22 @@ typedef struct {
     /* the flight recorder's ring of calls done here: seq, start time, 15 words each */
     int64_t *ring;
     Py_ssize_t cap;
+    Py_ssize_t next;                   /* the ring's next entry */
+    int recording;                     /* write the ring (on unless turned off: a benchmark) */
     int64_t calls;                     /* calls done here (tests read it) */
 } Lean;
 
-static inline int64_t now_ns(void) {
+static inline int64_t clock_ns(clockid_t c) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
+
+static inline int64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+/* a flight record's start time: the same clock at the kernel tick's resolution (a few ms),
+ * read from memory in ~3 ns where the precise one takes ~20 ns, 7 % of a 0.3 us call */
+static inline int64_t stamp_ns(void) { return clock_ns(CLOCK_MONOTONIC_COARSE); }
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -151,7 +159,7 @@ static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t n
         PyBuffer_Release(&v);
         return PyLong_FromLong(UNAPPROVED);
     }
-    int64_t t0 = now_ns();
+    int64_t t0 = self->cap && self->recording ? stamp_ns() : 0;
     int64_t w[DESC_WORDS - 1];
     w[0] = self->coll; w[1] = self->op; w[2] = self->codes[kind];
     w[3] = v.len / v.itemsize; w[4] = 0; w[5] = self->algo; w[6] = self->path; w[7] = 0;
@@ -194,8 +202,9 @@ static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t n
             memcpy(dst, v.buf, (size_t)v.len);
         for (int q = 1; q < n; q++)
             add(dst, self->post[q][h], elems, kind);
-        if (self->cap) {
-            int64_t *r = self->ring + (seq % self->cap) * (DESC_WORDS + 1);
+        if (self->cap && self->recording) {
+            int64_t *r = self->ring + self->next * (DESC_WORDS + 1);
+            self->next = self->next + 1 == self->cap ? 0 : self->next + 1;
             r[0] = seq;
             r[1] = t0;
             memcpy(r + 2, w, sizeof w);
@@ -308,6 +317,7 @@ static int Lean_init(Lean *self, PyObject *args, PyObject *Py_UNUSED(kwds)) {
     Py_XSETREF(self->keep, keep);
     self->spin_ns = spin_ns;
     self->wait_ns = wait_ns;
+    self->recording = 1;
     return 0;
 }
 
@@ -331,8 +341,23 @@ static PyMethodDef Lean_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Lean_get_recording(Lean *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->recording);
+}
+
+static int Lean_set_recording(Lean *self, PyObject *value, void *Py_UNUSED(closure)) {
+    int on = value == NULL ? 0 : PyObject_IsTrue(value);
+    if (on < 0)
+        return -1;
+    self->recording = on;
+    return 0;
+}
+
 static PyGetSetDef Lean_getset[] = {
     {"calls", (getter)Lean_get_calls, NULL, "calls done here", NULL},
+    {"recording", (getter)Lean_get_recording, (setter)Lean_set_recording,
+     "whether calls go into the flight recorder's ring (the recorder's benchmark turns it "
+     "off and on)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -21,7 +21,9 @@ path pair up, agree and get the same bits:
   call again from its start (writing the same bytes and words again) with every
   guarantee: deadlines naming the missing ranks, liveness, mismatch messages;
 * the flight recorder gets the calls done in C from the C side's own ring
-  (:func:`records`): the sequence number, the start time and the descriptor.
+  (:func:`records`): the sequence number, the descriptor and the start time, read from
+  the coarse monotonic clock (the kernel's tick, 4 ms here: about 3 ns where the precise
+  clock takes 20, 7 % of a 0.3 us call; benchmarks/RECORDER.md).
 
 ``RINGLET_LEAN=0`` turns it off; :data:`BUILT` says whether this installation has it.
 """

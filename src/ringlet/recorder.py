@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
 import json
 import os
 import signal
@@ -133,12 +134,15 @@ class FlightRecorder:
 
     def records(self) -> list[dict[str, Any]]:
         """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
-        recs = [r for r in list(self.slots) if r is not None] + list(self.ring)
+        colls = [r for r in list(self.slots) if r is not None]
         if self.lean is not None:   # the calls the compiled path did (ringlet.lean)
             from .lean import records
 
-            recs += records(self.lean)
-        recs.sort(key=lambda r: _queued(r) or r[T_START])
+            colls += records(self.lean)
+        # collectives in call order; sends and receives merged in by time (the compiled
+        # path's start times are the coarse clock's, a few ms behind: see ringlet.lean)
+        colls.sort(key=lambda r: r[SEQ])
+        recs = list(heapq.merge(colls, list(self.ring), key=lambda r: _queued(r) or r[T_START]))
         return [record_json(r, self.offset_ns) for r in recs[-self.cap:]]
 
     def align(self, offset_ns: int, rtt_ns: int) -> None:
