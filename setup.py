@@ -5,4 +5,4 @@ build skips it (optional=True) and ringlet runs every call on its Python path.""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("ringlet._lean", ["src/ringlet/_lean.c"], optional=True,
-                             extra_compile_args=["-O2", "-fno-fast-math"])])
+                             extra_compile_args=["-O3", "-fno-fast-math"])])

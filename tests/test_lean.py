@@ -134,6 +134,9 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
          np.ones(4, np.float32))
     took("algorithm=ring", lambda: comm.all_reduce(np.ones(4, np.float32), algorithm="ring"),
          np.full(4, n, np.float32))
+    took("algorithm=oneshot", lambda: comm.all_reduce(np.ones(3, np.float32),
+                                                      algorithm="oneshot"),
+         np.full(3, n, np.float32))   # a size never asked about: oneshot needs no asking
     took("float16", lambda: comm.all_reduce(np.ones(4, np.float16)), np.full(4, n, np.float16))
     took("2-d", lambda: comm.all_reduce(np.ones((2, 2), np.float32)),
          np.full((2, 2), n, np.float32))
@@ -151,6 +154,7 @@ def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
     res = get_world(n).run(_what_it_takes)
     for took in res:
         assert took == {"plain": True, "op=max": False, "algorithm=ring": False,
+                        "algorithm=oneshot": True,
                         "float16": False, "2-d": True, "read-only x with out=": True,
                         "async": False}, took
 

@@ -111,15 +111,18 @@ static void add(void *dst, const void *src, Py_ssize_t n, int kind) {
     }
 }
 
-/* all_reduce(x, seq[, out]) -> NOT_LEAN, DONE, PUBLISHED or UNAPPROVED (see the top of
- * this file); with out, x is read only and the result goes to out (the same element type
- * and count, any shape, not overlapping x: else NOT_LEAN, and Python says what is wrong) */
+/* all_reduce(x, seq[, out[, oneshot]]) -> NOT_LEAN, DONE, PUBLISHED or UNAPPROVED (see the
+ * top of this file); with out (None: in place), x is read only and the result goes to out
+ * (the same element type and count, any shape, not overlapping x: else NOT_LEAN, and
+ * Python says what is wrong); oneshot: the call asked for algorithm="oneshot", which runs
+ * through the post area whenever the vector fits it (no automatic choice to ask) */
 static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce(x, seq[, out])");
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(x, seq[, out[, oneshot]])");
         return NULL;
     }
-    PyObject *x = args[0], *o = nargs == 3 ? args[2] : NULL;
+    PyObject *x = args[0], *o = nargs >= 3 && args[2] != Py_None ? args[2] : NULL;
+    int asked = nargs == 4 && PyObject_IsTrue(args[3]) == 1;
     if ((PyObject *)Py_TYPE(x) != self->ndarray
             || (o != NULL && (PyObject *)Py_TYPE(o) != self->ndarray))
         return PyLong_FromLong(NOT_LEAN);
@@ -153,7 +156,7 @@ static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t n
         }
         dst = ov.buf;
     }
-    if (!self->approved[v.len]) {      /* Python asks the automatic choice, once a size */
+    if (!asked && !self->approved[v.len]) {   /* Python asks the automatic choice, once */
         if (o != NULL)
             PyBuffer_Release(&ov);
         PyBuffer_Release(&v);
@@ -331,8 +334,8 @@ static void Lean_dealloc(Lean *self) {
 
 static PyMethodDef Lean_methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))Lean_all_reduce, METH_FASTCALL,
-     "all_reduce(x, seq[, out]) -> 0 (not this path), 1 (done), 2 (published: finish in "
-     "Python) "
+     "all_reduce(x, seq[, out[, oneshot]]) -> 0 (not this path), 1 (done), 2 (published: "
+     "finish in Python) "
      "or 3 (a size not approved yet)"},
     {"approve", (PyCFunction)Lean_approve, METH_O,
      "approve(nbytes): the automatic choice runs this path for vectors of nbytes"},

@@ -190,11 +190,12 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,  # type: ignore[no-redef]  # noqa: F811
                    algorithm: str | None = None, async_op: bool = False) -> Any:
         lean_ = self._lean   # the compiled path first, where it applies (see ringlet.lean)
-        if lean_ is not None and op == "sum" and algorithm is None and async_op is False \
-                and not self._inflight and self._pending_reject is None \
+        if lean_ is not None and op == "sum" and (algorithm is None or algorithm == "oneshot") \
+                and async_op is False and not self._inflight and self._pending_reject is None \
                 and self._api is None and self._owner_id == _get_ident():
             seq = self._seq + 1
-            done = lean_.all_reduce(x, seq) if out is None else lean_.all_reduce(x, seq, out)
+            done = lean_.all_reduce(x, seq) if out is None and algorithm is None else \
+                lean_.all_reduce(x, seq, out, algorithm is not None)
             if done == lean.DONE:
                 self._seq = seq
                 return x if out is None else out

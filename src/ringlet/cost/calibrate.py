@@ -59,7 +59,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -380,10 +380,21 @@ def _reps(comm: Any, p: Plan) -> int:
 
 
 def _tiny(comm: Any, p: Plan) -> list[tuple[str, str | None, int, float]]:
+    """The tiny calls on the Python path; then, where the compiled one-shot all_reduce
+    runs (ringlet.lean), a tiny all_reduce on it: ``("all_reduce", None, ...)``."""
     cases = _tiny_cases(comm.size)
-    got = time_rank(comm, cases, _reps(comm, p), p.budget)
-    return [(c.collective, c.algorithm, real, float(np.median(b)))
-            for c, (real, b, _, _) in zip(cases, got, strict=True)]
+    lean, comm._lean = comm._lean, None
+    try:
+        got = time_rank(comm, cases, _reps(comm, p), p.budget)
+    finally:
+        comm._lean = lean
+    out = [(c.collective, c.algorithm, real, float(np.median(b)))
+           for c, (real, b, _, _) in zip(cases, got, strict=True)]
+    if lean is not None:
+        case = Case("all_reduce", TINY, None)
+        (real, b, _, _), = time_rank(comm, [case], _reps(comm, p), p.budget)
+        out.append(("all_reduce", None, real, float(np.median(b))))
+    return out
 
 
 def rank_body(comm: Any, p: Plan, done: Any = None) -> dict[str, Any] | None:
@@ -543,8 +554,15 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
     fits: list[Fit] = []
     zero = Curve(0.0, 0.0)
     # 1. calls at one rank
+    given, paths = paths, replace(paths, lean=False)   # the terms below: the Python path's
     one = {(c, a): t for c, a, _, t in raw["tiny"][1]}
     barrier1 = one[("barrier", None)]
+    # the compiled one-shot all_reduce (ringlet.lean), where it ran: its whole tiny call
+    lean = {size: sec for size, got in raw["tiny"].items()
+            for c, a, _, sec in got if (c, a) == ("all_reduce", None)}
+    for size, v in sorted(lean.items()):
+        fits.append(Fit(f"lean.p{size}", v, "s", 1, 0.0, 0.0,
+                        "tiny all_reduce on the compiled one-shot path (ringlet._lean)"))
     calls = {key: one[ca] for key, ca in CALL_CASES.items()}
     calls["barrier:generic"] = barrier1
     for key, v in calls.items():
@@ -678,11 +696,12 @@ def fit(raw: dict[str, Any], p: Plan, paths: Paths, started: float) -> Profile:
     for name, v, unit in (("link.alpha", alpha, "s"), ("link.beta", beta, "s/B")):
         fits.append(Fit(name, v, unit, len(pp), rms, worst,
                         "send/recv ping-pong: one-way time = alpha + beta * bytes"))
-    done = Host(ncores, llc, channel, duplex, copy, shared, reduce, calls, tuple(levels))
+    done = Host(ncores, llc, channel, duplex, copy, shared, reduce, calls, tuple(levels),
+                lean)
     now = _dt.datetime.now(_dt.timezone.utc).astimezone()
     cal = Calibration(now.isoformat(timespec="seconds"), socket.gethostname(), ncores, llc,
                       p.nranks, time.perf_counter() - started, platform.python_version(),
-                      np.__version__, __version__, asdict(paths), tuple(fits), p.quick)
+                      np.__version__, __version__, asdict(given), tuple(fits), p.quick)
     src = (f"calibrated on {cal.host} at {cal.date} with {p.nranks} ranks"
            + (" (quick: rough)" if p.quick else ""))
     # the link model's per-message overhead: the step executor's cost per message sent or

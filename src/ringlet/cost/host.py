@@ -141,12 +141,26 @@ class Paths:
     post_bytes: int = _DEFAULTS.shm_post_bytes
     stage_bytes: int = _DEFAULTS.shm_stage_bytes
     piece_bytes: int = _DEFAULTS.shm_piece_bytes
+    #: the compiled one-shot all_reduce runs (ringlet.lean: built, and RINGLET_LEAN on)
+    lean: bool = field(default_factory=lambda: _lean_built() and _DEFAULTS.lean)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Paths:
-        """The paths of a :class:`~ringlet.config.Settings` (its shm_* and fused fields)."""
+        """The paths of a :class:`~ringlet.config.Settings` (its shm_*, fused and lean
+        fields; lean only where ringlet._lean was built)."""
         return cls(bool(settings.fused), int(settings.shm_post_bytes),
-                   int(settings.shm_stage_bytes), int(settings.shm_piece_bytes))
+                   int(settings.shm_stage_bytes), int(settings.shm_piece_bytes),
+                   bool(settings.lean) and _lean_built())
+
+
+def _lean_built() -> bool:
+    from ..lean import BUILT
+
+    return BUILT
+
+
+#: the element types the compiled one-shot all_reduce takes (ringlet.lean; op sum)
+LEAN_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 
 
 def path_of(collective: str, algorithm: str, nbytes: int, paths: Paths) -> str:
@@ -266,6 +280,9 @@ class Host:
     reduce: dict[str, Curve]
     calls: dict[str, float]
     levels: tuple[Level, ...]
+    #: ranks -> seconds of a tiny all_reduce on the compiled path (ringlet.lean), its
+    #: whole fixed cost; empty where it was not built at calibration
+    lean: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -295,6 +312,19 @@ class Host:
                      top.endpoint, top.work if known else 1.0,
                      top.work_generic if known else 1.0, top.post_round * scale), True
 
+    def lean_call(self, nranks: int) -> float | None:
+        """Seconds of a tiny all_reduce on the compiled path at ``nranks`` (None: not
+        calibrated); past the calibrated counts it grows with the peers, as ``sync``."""
+        if not self.lean:
+            return None
+        if nranks in self.lean:
+            return self.lean[nranks]
+        top = max(self.lean)
+        if nranks < top:
+            return self.lean[min(k for k in self.lean if k > nranks)]
+        one = self.lean.get(1, 0.0)
+        return one + (self.lean[top] - one) * (nranks - 1) / max(1, top - 1)
+
     def call(self, collective: str, path: str) -> float:
         """Seconds of one call's own work on ``path`` (the generic figure if unmeasured)."""
         key = f"{collective}:{path}"
@@ -308,7 +338,8 @@ class Host:
                 "copy": asdict(self.copy),
                 "shared": asdict(self.shared),
                 "reduce": {k: asdict(v) for k, v in self.reduce.items()},
-                "calls": dict(self.calls), "levels": [asdict(lv) for lv in self.levels]}
+                "calls": dict(self.calls), "levels": [asdict(lv) for lv in self.levels],
+                "lean": {str(k): v for k, v in self.lean.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Host:
@@ -316,7 +347,8 @@ class Host:
                    Curve(**data["duplex"]), Curve(**data["copy"]), Curve(**data["shared"]),
                    {k: Curve(**v) for k, v in data["reduce"].items()},
                    {k: float(v) for k, v in data["calls"].items()},
-                   tuple(Level(**lv) for lv in data["levels"]))
+                   tuple(Level(**lv) for lv in data["levels"]),
+                   {int(k): float(v) for k, v in data.get("lean", {}).items()})
 
 
 # --- counting a schedule for the host -----------------------------------------------------------
@@ -578,6 +610,8 @@ class HostRounds:
     reduce: np.ndarray
     working_set: float
     extrapolated: bool
+    #: the compiled one-shot path (ringlet.lean) runs the call
+    compiled: bool = False
 
     @property
     def active(self) -> np.ndarray:
@@ -615,8 +649,13 @@ def host_rounds(host: Host, collective: str, algorithm: str, nranks: int, m: int
         move[i], reduce[i] = mv * f, rd * f
         if c.messages[i]:
             fixed[i] = round_fixed(lv, path, pieces, float(loads[i])) * pace
-    return HostRounds(c, path, pieces, host.call(collective, path),
-                      lv.sync if nranks > 1 else 0.0, fixed, move, reduce, ws, extrapolated)
+    call, sync = host.call(collective, path), lv.sync if nranks > 1 else 0.0
+    compiled = host.lean_call(nranks) if path == "post" and paths.lean and \
+        dtype.name in LEAN_DTYPES else None
+    if compiled is not None:   # one C call: its measured cost is the call, agreement, exchange
+        call, sync, fixed = compiled, 0.0, np.zeros(R)
+    return HostRounds(c, path, pieces, call, sync, fixed, move, reduce, ws, extrapolated,
+                      compiled is not None)
 
 
 def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dtype: DType,
@@ -647,6 +686,8 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     what = {"generic": "step executor over channels",
             "staged": f"fused staged path, {pieces} piece{'s' if pieces != 1 else ''}",
             "post": "fused one-shot path through the post area"}[path]
+    if hr.compiled:
+        what = "compiled one-shot path (ringlet._lean) through the post area"
     how = (f"host model, {what}; fixed costs at {nranks} ranks "
            + (f"extrapolated from {host.calibrated_ranks}" if hr.extrapolated
               else "calibrated"))
