@@ -50,6 +50,13 @@ def _align(n: int, a: int) -> int:
 
 #: counters of the staged (fused) paths, one cache line each, in the header
 STAGE_COUNTERS = 4
+#: where the data areas (channel slots, post and stage halves) start, past a page boundary.
+#: Users' large arrays start 16 bytes past one (numpy's, glibc's mmap'd blocks) or at one
+#: (torch's, page-aligned allocators); a copy whose destination starts a few bytes past
+#: its source's offset in the page (modulo 4 KiB) stalls on this CPU's false 4K-aliasing
+#: of loads and stores (256 KiB: 4.6 us instead of 2.9).  Half a page away from both,
+#: every such pair of offsets is 2 KiB apart in either direction (benchmarks/RESULTS.md).
+SKEW = 2048
 
 
 class _Layout:
@@ -69,12 +76,12 @@ class _Layout:
         self.state = self.counters + 64 * STAGE_COUNTERS
         self.ctrl = self.state + 64
         self.ctrl_bytes = 128 + _align(8 * slots, 64)
-        self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096)
+        self.data = _align(self.ctrl + 2 * size * self.ctrl_bytes, 4096) + SKEW
         # post: two halves for one-shot collectives, alternating by sequence number;
         # stage: two halves for pipelined staged collectives, alternating by piece
         self.post_bytes, self.stage_bytes = post_bytes, stage_bytes
-        self.post = _align(self.data + 2 * size * slots * slot_bytes, 4096)
-        self.stage = _align(self.post + 2 * post_bytes, 4096)
+        self.post = _align(self.data + 2 * size * slots * slot_bytes, 4096) + SKEW
+        self.stage = _align(self.post + 2 * post_bytes, 4096) + SKEW
         self.total = self.stage + 2 * stage_bytes
 
     def ctrl_off(self, kind: int, peer: int) -> int:
