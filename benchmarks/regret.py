@@ -119,7 +119,7 @@ def main() -> None:
         f"Each time is the median of {data['repeat']} sweeps, each the median of "
         f"{data['reps']} batches of calls (at least {data['budget'] * 1e3:.0f} ms or one "
         f"call), each sweep of a collective started once the machine was at least 90 % idle "
-        f"(see the log at the end). Buffers start 256 B past a page boundary "
+        f"(see the log at the end). Buffers start {data.get('offset', 256)} B past a page boundary "
         f"(`ringlet.cost.measure.aligned`).",
         "",
         "Columns: *choice* is the measured time of the algorithm auto picked over the "

@@ -30,7 +30,7 @@ from typing import Any
 
 from ringlet.config import Settings
 from ringlet.cost.calibrate import calibrate, report
-from ringlet.cost.measure import idle, sweep, wait_quiet
+from ringlet.cost.measure import OFFSET, idle, sweep, wait_quiet
 from ringlet.cost.model import Profile
 from ringlet.schedule import COLLECTIVES
 
@@ -90,6 +90,7 @@ def measure(ranks: list[int], profile_path: str | None, repeat: int, reps: int,
         "host": socket.gethostname(), "cores": len(os.sched_getaffinity(0)),
         "commit": commit(), "ranks": ranks, "sizes": SIZES, "repeat": repeat, "reps": reps,
         "budget": budget, "minutes": (time.time() - started) / 60,
+        "offset": OFFSET,   # where the buffers start past a page boundary
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "profile": prof.to_dict(), "calibration": report(prof),
         "settings": {"shm_post_bytes": settings.shm_post_bytes,

@@ -170,7 +170,7 @@ def main() -> None:
         f"{data['reps']} batches of calls (at least {data['budget'] * 1e3:.0f} ms or one "
         f"call), each sweep of a collective started once the machine was at least 90 % idle. "
         f"The profile was calibrated just before, with {data['profile']['calibration']['nranks']}"
-        f" ranks (at the end). Buffers start 256 B past a page boundary "
+        f" ranks (at the end). Buffers start {data.get('offset', 256)} B past a page boundary "
         f"(`ringlet.cost.measure.aligned`).",
         "",
         f"Overall, every algorithm: median |error| {med(small):.0%} below 64 KiB "

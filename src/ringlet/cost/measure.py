@@ -35,8 +35,9 @@ from ..schedule import COLLECTIVES
 PER_RANK = frozenset({"all_gather", "reduce_scatter", "all_to_all", "scatter", "gather"})
 #: the element type every case uses
 DTYPE = np.dtype(np.float32)
-#: where every buffer starts, in bytes past a 4 KiB page boundary (see :func:`aligned`)
-OFFSET = 256
+#: where every buffer starts, in bytes past a 4 KiB page boundary (see :func:`aligned`):
+#: where a fresh numpy array of 128 KiB or more starts (glibc's mmap'd blocks), as users'
+OFFSET = 16
 
 
 def aligned(shape: int | tuple[int, ...], dtype: Any = DTYPE, offset: int = OFFSET
@@ -44,10 +45,12 @@ def aligned(shape: int | tuple[int, ...], dtype: Any = DTYPE, offset: int = OFFS
     """Zeros of ``shape`` starting ``offset`` bytes past a page boundary.
 
     Where a buffer starts matters on some CPUs: copying out of a page-aligned
-    shared-memory area into a buffer that starts 16 bytes past a page boundary
-    (what a fresh numpy array of 128 KiB or more gets from glibc) runs an order
-    of magnitude slower than into one that starts elsewhere.  Measurements
-    allocate every buffer at the same offset so that they are repeatable.
+    area into a buffer that starts 16 bytes past a page boundary (what a fresh
+    numpy array of 128 KiB or more gets from glibc) can run several times
+    slower than into one that starts elsewhere (false 4K-aliasing; the
+    transport's data areas start half a page in for that, ``transport.shm.SKEW``).
+    Measurements allocate every buffer at the same offset, the one users' large
+    arrays have, so that they are repeatable and say what users see.
 
     The zeros are written, not left to the allocator: untouched zeroed memory
     is one shared zero page to the CPU, which reads as if it were in the cache.
