@@ -281,3 +281,37 @@ def test_ringlet_lean_0_turns_it_off() -> None:
     finally:
         w.close()
     assert Settings.from_env({"RINGLET_LEAN": "0"}).lean is False
+
+
+def _split_and_interleave(comm: ringlet.Communicator) -> list[float]:
+    """A sub-communicator's compiled calls between the parent's, and calls the compiled
+    path leaves to Python (op=max, float16, async) in between, many times over."""
+    r, n = comm.rank, comm.size
+    sub = comm.split(r % 2)
+    assert sub is not None and sub._lean is not None
+    got = []
+    try:
+        for i in range(30):
+            x = np.full(3, float(r + i))
+            comm.all_reduce(x)
+            y = np.full(2, float(r), np.float32)
+            sub.all_reduce(y)
+            z = np.full(2, float(r + i))
+            comm.all_reduce(z, op="max")
+            h = comm.all_reduce(np.full(2, 1.0, np.float16), async_op=i % 3 == 0)
+            if i % 3 == 0:
+                h.wait()
+            got.append(float(x[0] + y[0] + z[0]))
+        calls = (comm._lean.calls if comm._lean is not None else 0, sub._lean.calls)
+    finally:
+        sub.close()
+    want = [sum(q + i for q in range(n)) + sum(q for q in range(n) if q % 2 == r % 2)
+            + (n - 1 + i) for i in range(30)]
+    assert got == want, (got, want)
+    assert calls[0] >= 25 and calls[1] >= 25, calls
+    return got
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_sub_communicators_and_python_calls_interleave(n: int) -> None:
+    get_world(n).run(_split_and_interleave)
