@@ -169,9 +169,10 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                          for region in self._regions[shared[0]][2]]
                 shared_all_reduce(fused, xb.flat, peers,  # type: ignore[arg-type]
                                   reducer(rop, xb.dt))
-            elif xb.count and path & 3 == POST:
+            elif xb.count and path & 3 == POST:   # the compiled path's kernel where built
                 fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
-                                         reducer(rop, xb.dt))
+                                         lean.oneshot_reducer(rop, xb.dt.name)
+                                         or reducer(rop, xb.dt))
             elif xb.count and path & 3 == STAGE:
                 fused.direct_all_reduce(xb.flat, reducer(rop, xb.dt),  # type: ignore[union-attr]
                                         None if ob is None else ob.flat)

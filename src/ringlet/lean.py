@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .agreement import COLL_CODE, POST, Desc, algo_code
+from .cost.host import LEAN_DTYPES as TAKEN
 from .ops import DTYPES, ReduceOp
 from .transport.shm import DESC_WORDS, ShmTransport
 
@@ -95,6 +96,17 @@ def approve(comm: Communicator, lean: Any, nbytes: int) -> None:
     if comm._choose("all_reduce", None, nbytes) == ONESHOT and \
             comm._path("all_reduce", ONESHOT, nbytes) == comm._path("all_reduce", ONESHOT, 8):
         lean.approve(nbytes)
+
+
+def oneshot_reducer(op: ReduceOp, dtype_name: str) -> Any:
+    """The Python path's reduction kernel for the one-shot all_reduce: the compiled path's
+    own (``_lean.add``) for what it takes, wherever the module is built (whatever
+    RINGLET_LEAN says), so that a call one rank does in C and another in Python gives the
+    same bits, NaN payloads included (which NaN ``a + b`` keeps depends on the instruction's
+    operand order); None: numpy's."""
+    if _lean is None or op is not ReduceOp.SUM or dtype_name not in TAKEN:
+        return None
+    return _lean.add
 
 
 def records(lean: Any) -> list[list[Any]]:
