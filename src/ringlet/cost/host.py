@@ -458,6 +458,14 @@ def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
                     if not b:
                         continue
                     acc["ends"][i, j] += 1
+                    if kind is Kind.RRED and st.src_first:
+                        # dst = received (op) dst: the executor copies the received data
+                        # out, reduces the copy with dst and copies it back (SrcFirst)
+                        acc["recv"][i, j] += b
+                        acc["lred"][i, j] += b
+                        acc["lcopy"][i, j] += b
+                        acc["rreduce"][i, j] += b
+                        continue
                     if kind is Kind.RRED:
                         acc["rred"][i, j] += b
                         acc["rreduce"][i, j] += b
@@ -484,6 +492,7 @@ def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
                     acc["lred"][i, j] += own + far
                     acc["lreduce"][i, j] += own
                     acc["rreduce"][i, j] += far
+
     out = {name: a / unit for name, a in acc.items()}
     out["ends"] = acc["ends"]
     lay = s.layouts
