@@ -74,14 +74,20 @@ def test_without_disturbances_the_host_simulator_is_ringlet_predict(paths: str) 
                      {"step executor over channels"}), kinds
 
 
-def test_every_algorithm_agrees_at_2_and_4_ranks_and_is_never_slower_than_predict() -> None:
-    """Every collective (scan and exscan too) with every algorithm, on both paths: within
-    2 % of predict at 2 and 4 ranks.  Predict charges every round its busiest rank; the
-    simulator follows the data, so it is never slower, and at 3 ranks, where a rank busy
-    in one round may feed no one in the next (recursive doubling), faster."""
+def test_every_algorithm_agrees_with_predict_which_follows_every_ranks_clock() -> None:
+    """Every collective (scan and exscan too) with every algorithm, on both paths, at 2, 3
+    and 4 ranks: the simulator within 2 % of predict.  On the step executor predict runs
+    the same per-rank clocks (a rank waits only for its senders), so a rank busy in one
+    round that feeds no one in the next (recursive doubling at 3 ranks; the copies of a
+    src-first local reduction) costs less than the busiest-rank-per-round sum: there
+    are such cases, and predict is never above that sum."""
+    from ringlet.cost.host import predict as host_predict
+    from ringlet.cost.model import dtype_of, unit_count
+
     prof = profile()
+    assert prof.host is not None
     topo = Topology.from_profile(prof)
-    faster = 0
+    below = 0
     for n in (2, 3, 4):
         for coll in COLLECTIVES:
             for algo in algorithms(coll):
@@ -92,11 +98,14 @@ def test_every_algorithm_agrees_at_2_and_4_ranks_and_is_never_slower_than_predic
                         except ArgumentError:
                             continue
                         s = simulate(coll, algo, n, nbytes, topo, paths=pp).seconds
-                        assert s <= p * (1 + 1e-9), (coll, algo, n, nbytes)
-                        if n != 3:
-                            assert s == pytest.approx(p, rel=0.02), (coll, algo, n, nbytes)
-                        faster += s < p * 0.98
-    assert faster > 0
+                        assert s == pytest.approx(p, rel=0.02), (coll, algo, n, nbytes)
+                        d = dtype_of("float32")
+                        m = unit_count(coll, nbytes, n, d.itemsize)
+                        hp = host_predict(prof.host, coll, algo, n, m, d, pp, nbytes)
+                        summed = hp.fixed_seconds + hp.move_seconds + hp.reduce_seconds
+                        assert hp.seconds <= summed * (1 + 1e-9), (coll, algo, n, nbytes)
+                        below += hp.seconds < summed * 0.98
+    assert below > 0
 
 
 def test_a_calibrated_profile_is_simulated_with_its_host_model() -> None:

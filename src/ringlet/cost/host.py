@@ -63,9 +63,12 @@ taken perfectly (:attr:`Level.work`, :attr:`Level.work_generic`).
 One function costs a call round by round and rank by rank, :func:`host_rounds`
 (the call's fixed cost, the agreement, each round's fixed costs, :func:`round_fixed`,
 each rank's data work, :func:`round_work`, times the cores' sharing, :func:`sharing`):
-:func:`predict` sums the busiest rank of every round, and the simulator
-(:mod:`ringlet.sim.host`, ``ringlet simulate --profile``) runs every rank's rounds
-on its own clock, with stragglers and noise.
+:func:`predict` runs every rank's rounds on its own clock (on the step executor a rank
+waits only for its senders; the fused paths synchronise every rank each round, where
+that is the busiest rank of every round, summed), exactly as the simulator
+(:mod:`ringlet.sim.host`, ``ringlet simulate --profile``) does without disturbances,
+which then adds stragglers and noise.  (When the ranks are too many to walk every one
+of them, a sample is walked and the busiest of every round summed.)
 
 Per-byte costs depend on where the data lives: a :class:`Curve` has one
 figure while the call's :func:`working_set` fits in half the last-level cache
@@ -492,6 +495,8 @@ def host_counts(collective: str, algorithm: str, nranks: int, root: int = 0,
                     acc["lred"][i, j] += own + far
                     acc["lreduce"][i, j] += own
                     acc["rreduce"][i, j] += far
+                    if st.src_first:   # src copied to scratch, reduced, copied back
+                        acc["lcopy"][i, j] += 2 * (own + far)
 
     out = {name: a / unit for name, a in acc.items()}
     out["ends"] = acc["ends"]
@@ -690,6 +695,14 @@ def predict(host: Host, collective: str, algorithm: str, nranks: int, m: int, dt
     syncs = (1 if nranks > 1 else 0) + (pieces * rounds if path == "staged" else 0)
     fixed = hr.call + hr.sync + float(hr.fixed.sum())
     total = fixed + move + reduce
+    if path == "generic" and nranks > 1 and c.weight == 1.0:
+        # the step executor's ranks wait only for their own senders: on every rank's own
+        # clock (the simulator's host run without disturbances) a rank that feeds no one
+        # in the next round can finish its work while the others go on
+        from ..sim.host import HostSimulator
+
+        s = build(collective, algorithm, nranks, root, **dict(params))
+        total = HostSimulator(s, hr, size).run().seconds
     sent = c.sent if path == "generic" else c.publish
     bytes_per_rank = float(sent.sum(axis=0).max()) * size if sent.size else 0.0
     what = {"generic": "step executor over channels",

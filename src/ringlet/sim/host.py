@@ -19,9 +19,11 @@ whose messages it receives in round ``i`` have finished theirs (so they have
 sent them); on the fused paths (``staged``, ``post``) every round with
 messages is a synchronisation of all ranks (the shared-buffer protocol's
 counters), so it starts when the last rank is done with the round before.
-Without stragglers or noise every round then lasts what its busiest rank
-takes, and the simulated time is ``ringlet predict``'s (tested within 2 % on
-every case of ``benchmarks/sweep.json``).  Stragglers start late; jitter
+Without stragglers or noise this is ``ringlet predict``'s answer: predict runs
+this same simulator for the step executor, and on the fused paths, where every
+round with messages is a synchronisation, sums the busiest rank of every round,
+which is what the clocks give there (tested within 2 % on every case of
+``benchmarks/sweep.json`` and every algorithm at 2, 3 and 4 ranks).  Stragglers start late; jitter
 multiplies each rank's round by ``exp(SIGMA |Z|)``, drawn as
 :mod:`ringlet.sim.core` draws it (16 random bits per rank and round).
 """
