@@ -10,12 +10,12 @@ without a compiler run it on the Python path alone (.ci/run does both).
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import SIZES, get_world
+from world import lean_from_env
 
 import ringlet
 from ringlet import lean
@@ -24,8 +24,7 @@ from ringlet.config import Settings
 pytestmark = [
     pytest.mark.skipif(not lean.BUILT, reason="ringlet._lean was not built here (no C "
                        "compiler at install): the Python path runs every call"),
-    pytest.mark.skipif(not Settings.from_env({k: v for k, v in os.environ.items()
-                                              if k == "RINGLET_LEAN"}).lean,
+    pytest.mark.skipif(not lean_from_env(),
                        reason="RINGLET_LEAN=0: the Python path runs every call")]
 
 DTYPES = ("float32", "float64", "int32", "int64")

@@ -42,6 +42,12 @@ def _serve(rank: int, size: int, job: str, settings: Settings, conn: Connection)
     comm.close()
 
 
+def lean_from_env() -> bool:
+    """Whether the compiled small-message path is on for the test worlds: RINGLET_LEAN=0 in
+    the environment runs them on the Python path alone (only that variable is read)."""
+    return Settings.from_env({k: v for k, v in os.environ.items() if k == "RINGLET_LEAN"}).lean
+
+
 class RankError(Exception):
     """A rank raised; ``errors`` maps rank -> (type name, message)."""
 
@@ -54,9 +60,7 @@ class RankError(Exception):
 class World:
     def __init__(self, size: int, settings: Settings | None = None) -> None:
         self.size = size
-        # RINGLET_LEAN=0 in the environment runs the tests on the Python path alone
-        self.settings = settings or Settings(timeout=60.0, lean=Settings.from_env(
-            {k: v for k, v in os.environ.items() if k == "RINGLET_LEAN"}).lean)
+        self.settings = settings or Settings(timeout=60.0, lean=lean_from_env())
         self._start()
 
     def _start(self) -> None:
