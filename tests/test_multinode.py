@@ -28,6 +28,7 @@ import pytest
 from jobs import clean_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
+RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -58,7 +59,7 @@ def _check(proc: subprocess.CompletedProcess[str], size: int, nodes: list[list[i
     assert proc.returncode == 0, out
 
 
-def _mpmd(nodes: int, per: int, *args: str) -> list[str]:
+def _mpmd(nodes: int, per: int, *args: str, script: Path = SCRIPT) -> list[str]:
     if MPIEXEC is None:
         pytest.skip("mpiexec is not installed (pip install mpich)")
     pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
@@ -66,7 +67,7 @@ def _mpmd(nodes: int, per: int, *args: str) -> list[str]:
     for k in range(nodes):
         if k:
             cmd.append(":")
-        cmd += ["-n", str(per), "-env", "RINGLET_NODE", f"n{k}", sys.executable, str(SCRIPT),
+        cmd += ["-n", str(per), "-env", "RINGLET_NODE", f"n{k}", sys.executable, str(script),
                 *args]
     return cmd
 
@@ -111,6 +112,42 @@ def test_ringlet_run_nodes() -> None:
                            str(SCRIPT), "--native", "--errors"], capture_output=True,
                           text=True, timeout=LIMIT, env=_env(EXPECT_NODES="a,a,b,b"))
     _check(proc, 4, [[0, 1], [2, 3]], "torch")
+
+
+def _rails_reports(proc: subprocess.CompletedProcess[str], size: int) -> list[dict[str, Any]]:
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert sorted(reports) == list(range(size)), out
+    assert all(r["ok"] for r in reports.values()) and proc.returncode == 0, out
+    return list(reports.values())
+
+
+@pytest.mark.parametrize("launcher,nodes,mode", [("mpi", 2, "native"), ("mpi", 3, "auto"),
+                                                 ("torch", 2, "ring"), ("torch", 3, "auto")])
+def test_rails_modes(launcher: str, nodes: int, mode: str) -> None:
+    """hierarchical all_reduce with its inter-node phase as ringlet's ring or the engine's
+    own all_reduce (RINGLET_RAILS; auto: native on torch, ring on MPI): numpy's answer
+    for every dtype and op, bit-identical, and the mode the settings ask for."""
+    if launcher == "mpi":
+        cmd = _mpmd(nodes, 2, script=RAILS)
+    else:
+        _torch()
+        cmd = [sys.executable, "-m", "ringlet", "run", "--nodes", str(nodes), "-n",
+               str(2 * nodes), str(RAILS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_RAILS=mode))
+    used = {r["native"] for r in _rails_reports(proc, 2 * nodes)}
+    assert used == {mode == "native" or (mode == "auto" and launcher == "torch")}, used
+
+
+def test_rails_settings_that_differ_are_a_mismatch() -> None:
+    """Ranks whose RINGLET_RAILS differ get a MismatchError naming the path on every rank
+    (not a hang), between two good calls."""
+    cmd = _mpmd(2, 2, "--mismatch", script=RAILS)
+    cmd[cmd.index("n1") + 1:cmd.index("n1") + 1] = ["-env", "RINGLET_RAILS", "native"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_RAILS="ring"))
+    _rails_reports(proc, 4)
 
 
 def _port() -> int:

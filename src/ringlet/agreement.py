@@ -32,6 +32,8 @@ COLL_CODE = {name: i for i, name in enumerate(COLLECTIVES)}
 
 #: how the call runs (the ``path`` word's low two bits)
 GENERIC, POST, STAGE, SHARED = 0, 1, 2, 3
+#: the generic executor with the engine's own all_reduce across nodes (ringlet.rails)
+RAILS = GENERIC | 1 << 2
 #: up to this many dimensions travel as numbers; more as a digest
 SHAPE_DIMS = 6
 
@@ -142,6 +144,8 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
                 "zero-copy (buffer from comm.empty)")[v & 3]
         if v & 3 == SHARED:
             return f"{kind}, buffer #{v >> 2 & 0x3FF} at byte {v >> 12}"
+        if v == RAILS:
+            return "generic executor, the engine's all_reduce across nodes (RINGLET_RAILS)"
         return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
     return str(getattr(d, field))
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import agreement, lean
-from .agreement import GENERIC, POST, SHARED, STAGE, Desc
+from . import agreement, lean, rails
+from .agreement import GENERIC, POST, RAILS, SHARED, STAGE, Desc
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .algorithms import entry as _entry
@@ -153,6 +153,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         ob = self._out(out, xb, xb.count, "x")
         name = self._choose("all_reduce", algorithm, xb.nbytes)
         path = self._path("all_reduce", name, xb.nbytes)
+        if path == GENERIC and self._rail_group(name, rop, xb.dt):
+            path = RAILS
         fused = self._fused
         shared = self._shared_view(xb.flat) if ob is None and path & 3 == STAGE else None
         if shared is not None:
@@ -493,6 +495,12 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             return GENERIC
         return path | self._shm_digest << 2
 
+    def _rail_group(self, name: str, op: ReduceOp | None, dt: Any) -> bool:
+        """Whether a hierarchical all_reduce crosses nodes on the engine's all_reduce."""
+        return name == "hierarchical" and len(self.topology.nodes) > 1 and \
+            self.topology.ranks_per_node is not None and hasattr(self._t, "rail") and \
+            rails.wanted(self.settings.rails, self._t.caps.engine, self._t.caps.native, op, dt)
+
     def _tmp(self, key: str, dtype: np.dtype[Any], count: int) -> np.ndarray:
         nbytes = count * dtype.itemsize
         buf = self._scratch.get(key)
@@ -519,6 +527,11 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             if name == "hierarchical_pipelined":   # its pieces overlap the two levels
                 params["pieces"] = pipeline_pieces(m * dt.itemsize, g)
         sched = _build(collective, name, self.size, root, **params)
+        if collective == "all_reduce" and op is not None and g is not None \
+                and self._rail_group(name, op, dt):
+            rails.run(sched, self.rank, m, g, self._t, self._t.rail(g),  # type: ignore
+                      bufs[Buf.OUT], reducer(op, dt), lambda: self._current, dt)
+            return
         prog = compile_program(sched, self.rank, m)
         flat = {int(b): a for b, a in bufs.items()}
         tmp_elems = prog.elems.get(int(Buf.TMP))

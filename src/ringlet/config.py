@@ -97,6 +97,13 @@ class Settings:
         "doc": "Run small all_reduce calls on the compiled path (ringlet._lean, built by "
                "pip install when a C compiler is there) where it applies; off: the Python "
                "path runs every call. Every rank may choose either: they pair up alike."})
+    rails: str = field(default="auto", metadata={
+        "doc": "How a two-level (hierarchical) all_reduce crosses nodes: 'ring' (ringlet's "
+               "ring on each rail, over the engine's point-to-point), 'native' (the "
+               "engine's own all_reduce on a group per rail) or 'auto' (native on the "
+               "torch engine, whose point-to-point is slower than gloo's collectives; ring "
+               "on MPI). native applies to SUM and AVG on float32, float64, int32 and "
+               "int64; other calls keep the ring. Every rank must have the same setting."})
     spin_us: float = field(default=50.0, metadata={
         "doc": "Microseconds a wait polls before it starts yielding the core (0 is used "
                "when a communicator has more ranks than this process has cores)."})
@@ -142,6 +149,8 @@ class Settings:
         object.__setattr__(self, "debug", self.debug.upper())
         if self.engine not in ("auto", "mpi", "torch", "none"):
             raise ConfigError(f"engine must be auto, mpi, torch or none, got {self.engine!r}")
+        if self.rails not in ("auto", "ring", "native"):
+            raise ConfigError(f"rails must be auto, ring or native, got {self.rails!r}")
         if self.shm_slot_bytes < 4096 or self.shm_slot_bytes % 64:
             raise ConfigError(
                 f"shm_slot_bytes must be a multiple of 64 and >= 4096, got {self.shm_slot_bytes}")

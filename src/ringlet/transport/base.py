@@ -155,6 +155,9 @@ class Transport(ABC):
     caps: Caps = Caps()
     #: the call in progress, described for messages (set by the communicator)
     describe: Callable[[], str] = staticmethod(lambda: "a collective")
+    #: ``check(None, what)`` of a transport this one serves (a routed transport's rail
+    #: group: :meth:`RoutedTransport.rail`), called by this one's ``check``
+    watch_also: Callable[[Sequence[int] | None, str | None], None] | None = None
 
     # --- messages ---------------------------------------------------------------------
 

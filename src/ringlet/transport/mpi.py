@@ -625,6 +625,8 @@ class MpiTransport(Transport):
         """Raise if a peer aborted the communicator, a watched remote peer closed it, or
         MPI reported an error on a message (peers not in ``remote`` are not watched
         here: a routed transport watches them through shared memory)."""
+        if self.watch_also is not None:
+            self.watch_also(None, what)
         with self._lock:
             if self._error is not None:
                 raise type(self._error)(str(self._error))

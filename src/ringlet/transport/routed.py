@@ -56,6 +56,8 @@ class RoutedTransport(Transport):
         #: yielding: other ranks' engine threads need the cores, 4 ranks on 2 here)
         self._local_wait = self.settings if local is None else \
             local.settings.replace(yield_us=0.0)
+        #: the engine's groups of this rank's rails (:meth:`rail`), by ranks per group
+        self._rails: dict[int, Transport] = {}
 
     def _set_describe(self, fn: Callable[[], str]) -> None:
         self._describe = fn
@@ -163,15 +165,35 @@ class RoutedTransport(Transport):
         self.engine.mark_closed()
 
     def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
-        self.engine.close()
+        rails, self._rails = list(self._rails.values()), {}
+        try:
+            for t in rails:
+                t.close()
+        finally:
+            if self.local is not None:
+                self.local.close()
+            self.engine.close()
 
     # --- the engine's collectives, and groups --------------------------------------------
 
     def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
                op: Any, what: Callable[[], str], dtype: Any = None) -> None:
         self.engine.native(collective, root, count, bufs, op, what, dtype)
+
+    def rail(self, g: int) -> Transport:
+        """The engine's group of this rank's rail for groups of ``g`` consecutive ranks
+        (local rank ``rank % g`` of every group: ranks ``rank % g``, ``+ g``, ...), for
+        a two-level schedule's inter-node phase (:mod:`ringlet.rails`).  Built on first
+        use, collectively over the rail's ranks (every rank of a two-level call asks for
+        its own).  Its waits also watch this whole communicator: a rank that aborts
+        anywhere, or dies on this node, ends them."""
+        t = self._rails.get(g)
+        if t is None:
+            ranks = list(range(self.rank % g, self.size, g))
+            t = self.engine.split(ranks, f"rail{g}.{self.rank % g}")
+            t.watch_also = self.check
+            self._rails[g] = t
+        return t
 
     def split(self, ranks: Sequence[int], token: str,
               remote: Sequence[int] | None = None) -> Transport:

@@ -786,6 +786,8 @@ class TorchTransport(Transport):
         """Raise if a peer aborted, or a watched remote peer closed, died or stopped answering.
 
         Cheap: it reads what the lanes and the heartbeat thread found."""
+        if self.watch_also is not None:
+            self.watch_also(None, what)
         status = self._status
         status.poll()
         if status.error is not None:

@@ -1,0 +1,95 @@
+"""Two-level all_reduce with each RINGLET_RAILS mode, across emulated nodes (any launcher).
+
+Checks, for the ``rails`` setting the job runs with: every element type and op
+against numpy at counts around the shard cuts (0, 1, fewer elements than
+shards, odd, large), all_reduce bit-identical on every rank, whether the
+communicator runs the engine's all_reduce across nodes exactly when
+:func:`ringlet.rails.wanted` says so, and a sub-communicator of one rank per
+node (split) too.  With ``--mismatch`` (ranks started with different
+``RINGLET_RAILS``): a good call with ``algorithm="ring"``, then the
+hierarchical call, which must raise MismatchError naming the path on every
+rank, then a good call again.  One JSON line per rank: ``{"rank", "ok",
+"bad", "native"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+import ringlet
+from ringlet import rails
+from ringlet.errors import MismatchError
+from ringlet.ops import DTYPES, ReduceOp
+
+
+def data(rank: int, count: int, dtype: str) -> np.ndarray:
+    rng = np.random.default_rng([rank, count, len(dtype)])
+    if dtype.startswith("int"):
+        return rng.integers(-1000, 1000, count).astype(dtype)
+    return rng.normal(0, 10, count).astype(dtype)
+
+
+def main() -> int:
+    comm = ringlet.init()
+    n, r = comm.size, comm.rank
+    bad: list[str] = []
+    h = hashlib.sha1()
+    native_used = False
+    if "--mismatch" in sys.argv:
+        x = np.full(5, r + 1.0, np.float32)
+        comm.all_reduce(x, algorithm="ring")
+        try:
+            comm.all_reduce(np.ones(1000, np.float32), algorithm="hierarchical")
+            bad.append("different rails settings not detected")
+        except MismatchError as exc:
+            if "path" not in str(exc) or "RINGLET_RAILS" not in str(exc):
+                bad.append(f"mismatch message: {exc}")
+        y = np.full(5, r + 1.0, np.float32)
+        comm.all_reduce(y, algorithm="ring")
+        if not (x == y).all() or y[0] != n * (n + 1) / 2:
+            bad.append("the calls around the mismatch")
+    else:
+        g = comm.topology.ranks_per_node
+        for dtype in ("float32", "float64", "int32", "int64", "float16"):
+            for op in ("sum", "avg", "max"):
+                if op == "avg" and dtype.startswith("int"):
+                    continue
+                for count in (0, 1, 3, 1001, 100_003):
+                    xs = [data(q, count, dtype) for q in range(n)]
+                    x = xs[r].copy()
+                    comm.all_reduce(x, op=op, algorithm="hierarchical")
+                    wide = np.stack([a.astype(np.float64) for a in xs])
+                    want = wide.max(0) if op == "max" else wide.sum(0) / (n if op == "avg"
+                                                                          else 1)
+                    tol = 0.1 if dtype == "float16" else 1e-4   # float16: 4 roundings of ~40
+                    if not np.allclose(x.astype(np.float64), want, rtol=tol, atol=tol):
+                        bad.append(f"{dtype} {op} {count}")
+                    h.update(x.tobytes())
+                    dt = DTYPES[dtype]
+                    use = comm._rail_group("hierarchical", ReduceOp.parse(op), dt)
+                    native_used |= use
+                    if use != rails.wanted(comm.settings.rails, comm.topology.engine, True,
+                                           ReduceOp.parse(op), dt):
+                        bad.append(f"rails choice {dtype} {op}")
+        if len(set(comm.all_gather_object(h.hexdigest()))) != 1:
+            bad.append("all_reduce results differ between ranks")
+        # one rank per node: a split communicator across nodes
+        sub = comm.split(color=r % (g or 1))
+        x = data(r, 999, "float32")
+        sub.all_reduce(x, algorithm="hierarchical")
+        every = comm.all_gather(data(r, 999, "float32")).reshape(n, 999)
+        if not np.allclose(x, every[r % (g or 1)::(g or 1)].sum(0), rtol=1e-4, atol=1e-4):
+            bad.append("split across nodes")
+        sub.close()
+    print(json.dumps({"rank": r, "ok": not bad, "bad": bad[:20], "native": native_used}),
+          flush=True)
+    comm.close()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
