@@ -20,8 +20,12 @@ from world import World
 import ringlet
 from ringlet.config import Settings
 from ringlet.ops import DTYPES, ReduceOp, reference_reduce
+from ringlet.transport import cma
 
-SMALL = Settings(timeout=60.0, shm_post_bytes=4096, shm_stage_bytes=8192, shm_piece_bytes=4096)
+SMALL = Settings(timeout=60.0, shm_post_bytes=4096, shm_stage_bytes=8192, shm_piece_bytes=4096,
+                 cma_bytes=64 << 10)
+#: blocks from this size are read in one copy in the SMALL world (cross-memory attach)
+CMA_MIN_BYTES = SMALL.cma_bytes
 SIZES_N = [1, 2, 3, 4, 5, 8]
 #: element counts around the thresholds for 4- and 8-byte elements: the post area
 #: (4 KiB), one piece, one stage half (8 KiB), many pieces, odd remainders
@@ -296,3 +300,100 @@ def test_empty_with_a_torch_dtype(small: World) -> None:
     pytest.importorskip("torch")
     for bad in small.run(_empty_torch_dtypes):
         assert not bad, bad
+
+
+# --- single copy (cross-memory attach) -------------------------------------------------------
+
+#: element counts per block around CMA_MIN_BYTES for 1-, 4- and 16-byte elements
+CMA_COUNTS = {"int8": [CMA_MIN_BYTES - 1, CMA_MIN_BYTES + 7],
+              "float32": [CMA_MIN_BYTES // 4 - 1, CMA_MIN_BYTES // 4, CMA_MIN_BYTES // 4 + 3],
+              "complex128": [CMA_MIN_BYTES // 16 + 1]}
+
+
+def _fresh_or_offset(a: np.ndarray, offset: bool) -> np.ndarray:
+    """``a`` in a fresh array, or in one that starts ``itemsize`` bytes into a buffer."""
+    if not offset:
+        return a.copy()
+    buf = np.empty(a.size + 1, a.dtype)
+    buf[1:] = a
+    return buf[1:]
+
+
+def _single_copy(comm: ringlet.Communicator) -> list[Any]:
+    n, r = comm.size, comm.rank
+    f = comm._fused
+    bad: list[str] = []
+    single = []
+    for dtype, counts in CMA_COUNTS.items():
+        for count in counts:
+            for offset in (False, True):
+                ins = [make(dtype, count, q, salt=7) for q in range(n)]
+                before = f.piece
+                g = comm.all_gather(_fresh_or_offset(ins[r], offset), algorithm="direct")
+                single.append((count * ins[r].itemsize >= CMA_MIN_BYTES, f.piece - before))
+                if not np.array_equal(g, np.stack(ins)):
+                    bad.append(f"all_gather {dtype} {count} offset {offset}")
+                for root in sorted({0, n - 1}):
+                    x = _fresh_or_offset(ins[r], offset)
+                    comm.broadcast(x, root=root, algorithm="direct")
+                    if not np.array_equal(x, ins[root]):
+                        bad.append(f"broadcast {dtype} {count} root {root} offset {offset}")
+                full = [make(dtype, count * n, q, salt=8) for q in range(n)]
+                a2a = comm.all_to_all(_fresh_or_offset(full[r], offset), algorithm="direct")
+                want = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
+                if not np.array_equal(a2a, want):
+                    bad.append(f"all_to_all {dtype} {count} offset {offset}")
+    return [bad[:8], single, f.cma]
+
+
+def test_single_copy_collectives(small: World) -> None:
+    """all_gather and all_to_all (and broadcast, which stays staged) with blocks around
+    the single-copy threshold, fresh and offset arrays: numpy's answer; from the
+    threshold one step (a piece) per call where the kernel allows cross-memory attach,
+    the staged pieces below it."""
+    for r, (bad, single, on) in enumerate(small.run(_single_copy)):
+        assert not bad, f"rank {r}: {bad}"
+        if small.size == 1 or not cma.AVAILABLE:
+            continue
+        assert on, f"rank {r}: single copies were turned off"
+        for big, pieces in single:
+            assert (pieces == 1) == big, single
+
+
+def _refused_read(comm: ringlet.Communicator) -> list[Any]:
+    """Rank n-1's reads fail (as under a seccomp profile that forbids process_vm_readv):
+    every rank falls back to the staged path in the same call and stays there."""
+    n, r = comm.size, comm.rank
+    f = comm._fused
+    count = CMA_MIN_BYTES // 4
+    ins = [make("float32", count, q, salt=9) for q in range(n)]
+    real = cma.read
+    results = []
+    try:
+        if r == n - 1:
+            cma.read = lambda *a: False  # type: ignore[assignment]
+        for _ in range(2):
+            g = comm.all_gather(ins[r], algorithm="direct")
+            results.append((bool(np.array_equal(g, np.stack(ins))), f.cma, f.cma_off))
+    finally:
+        cma.read = real  # type: ignore[assignment]
+        f.cma, f.cma_off = True, ""   # this world's later tests use it again
+    return results
+
+
+def test_single_copy_refused_falls_back_on_every_rank(small: World) -> None:
+    if small.size == 1 or not cma.AVAILABLE:
+        pytest.skip("single copies need 2 ranks and process_vm_readv")
+    n = small.size
+    for r, results in enumerate(small.run(_refused_read)):
+        for ok, on, why in results:
+            assert ok and not on, (r, results)
+            assert f"rank {n - 1} could not read" in why, why
+
+
+def test_ranks_with_different_cma_settings_get_a_mismatch() -> None:
+    base = Settings(timeout=20.0)
+    res = _two_ranks(base, base.replace(cma_bytes=0))
+    for r in (0, 1):
+        kind, msg = res[r]
+        assert kind == "MismatchError" and "disagree about the path" in msg, res

@@ -98,7 +98,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._descs: dict[tuple[Any, ...], Desc] = {}
         self._shm_digest = zlib.crc32(
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
-            .encode()) & 0xFFFF
+            f":{settings.cma_bytes}".encode()) & 0xFFFF
         self._p2p = P2PEngine(self)
         self._cur: Sequence[Any] | None = None
         #: the compound call (split, broadcast_object...) whose parts are being called

@@ -93,6 +93,14 @@ class Settings:
     fused: bool = field(default=True, metadata={
         "doc": "Run the shared-memory transport's fused implementations of the one-shot "
                "and direct algorithms (off: the generic step executor runs them)."})
+    cma_bytes: int = field(default=4 << 20, metadata={
+        "doc": "Blocks of all_gather and all_to_all on one host of at least this many "
+               "bytes are read from each peer's own array in one copy (cross-memory "
+               "attach, process_vm_readv) instead of being staged through shared memory "
+               "(two copies); 0: never. Below about 4 MiB, and for broadcast, the staged "
+               "path is faster here (benchmarks/ab_cma.py). Where the kernel refuses the "
+               "call, every rank falls back to the staged path. Every rank must have the "
+               "same setting. Accepts K/M/G."})
     lean: bool = field(default=True, metadata={
         "doc": "Run small all_reduce calls on the compiled path (ringlet._lean, built by "
                "pip install when a C compiler is there) where it applies; off: the Python "
@@ -160,6 +168,8 @@ class Settings:
             v = getattr(self, name)
             if v < 4096 or v % 64:
                 raise ConfigError(f"{name} must be a multiple of 64 and >= 4096, got {v}")
+        if self.cma_bytes < 0:
+            raise ConfigError(f"cma_bytes must be >= 0, got {self.cma_bytes}")
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -24,6 +24,16 @@ same name with fewer copies and almost no per-step Python:
     finished the piece that used it last.  Each reduced block is computed by
     one rank and copied by the others, so all ranks hold the same bits.
 
+*Single copy* (all_gather and all_to_all, blocks of ``RINGLET_CMA_BYTES`` and
+    up): instead of staging, every rank publishes the address of its own
+    array and reads each peer's block straight out of the peer's array with
+    ``process_vm_readv`` (:mod:`ringlet.transport.cma`), one copy instead of
+    two; it counts as one piece (READY: addresses published; DONE: reads
+    finished, so no array changes while a peer reads it).  Each rank also
+    publishes whether its reads worked; if one failed (a kernel or container
+    that forbids the call), every rank sees it in the same call, runs the
+    staged path instead and keeps to it.
+
 Counters only grow (they count pieces since the communicator was created),
 so no reset can race with a slow reader.  Every wait goes through
 :class:`~ringlet.wait.Waiter`: deadlines, dead peers and aborts behave as in
@@ -32,14 +42,21 @@ the generic path.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..wait import Waiter
+from . import cma
 from .shm import ShmTransport
 
+log = logging.getLogger("ringlet")
+
 READY, REDUCED, DONE = 0, 1, 2
+#: the fourth counter line holds the single-copy step's words: this rank's source
+#: address (word 24) and its last result (word 25: 2 (piece + 1), + 1 if a read failed)
+CMA_ADDR, CMA_RESULT = 24, 25
 
 #: (collective, algorithm) -> the fused path that runs it: "post" (one-shot, through the
 #: post area) or "staged" (pipelined through the stage area).  The one place these rules
@@ -83,6 +100,15 @@ class Fused:
         self.piece = 0   # pieces run so far: the same on every rank
         n = t.size
         self.peers = [q for q in range(n) if q != t.rank]
+        #: single-copy reads (cross-memory attach) for large blocks: on while every rank
+        #: managed every read; the same on every rank (see _single_copy)
+        self.cma_bytes = t.settings.cma_bytes
+        self.cma = cma.AVAILABLE and self.cma_bytes > 0
+        #: why single-copy reads were turned off, if a rank failed one
+        self.cma_off = "" if self.cma else (
+            "RINGLET_CMA_BYTES=0" if cma.AVAILABLE else "process_vm_readv is not available here")
+        if self.cma:
+            cma.allow_peers()
 
     # --- waiting -----------------------------------------------------------------------
 
@@ -240,11 +266,58 @@ class Fused:
         self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,
                          everyone)
 
+    # --- single copy (cross-memory attach) ----------------------------------------------------
+
+    def _single(self, block_bytes: int) -> bool:
+        return self.cma and block_bytes >= self.cma_bytes and self.t.size > 1
+
+    def _single_copy(self, src: np.ndarray | None, reads: Sequence[tuple[int, int, np.ndarray]],
+                     local: Callable[[], None] | None = None) -> bool:
+        """One single-copy step: publish the address of ``src`` (this rank's array its
+        peers read), wait until every peer has published, read each ``(peer, byte
+        offset, into)`` straight from that peer's array, publish whether every read
+        worked, run ``local`` (this rank's own copy, while the peers finish reading) and
+        wait until every peer is done (so no array changes while a peer reads it).  True
+        if every rank's reads worked; else every rank sees the same failure, turns single
+        copies off for good, and the caller runs the staged path."""
+        t = self.t
+        g = self.piece
+        mine = t.counters[t.rank]
+        if src is not None:
+            mine[CMA_ADDR] = cma.address(src)
+        self._raise(READY, g + 1)
+        self._wait(READY, g + 1, self.peers)
+        failed = ""
+        for q, offset, into in reads:
+            if into.nbytes and not cma.read(t.pids[q], t.counters[q][CMA_ADDR] + offset, into):
+                failed = f"rank {t.rank} could not read rank {q}: {cma.errno_text()}"
+                break
+        mine[CMA_RESULT] = 2 * (g + 1) + bool(failed)
+        self._raise(DONE, g + 1)
+        if local is not None:
+            local()
+        self._wait(DONE, g + 1, self.peers)
+        self.piece = g + 1
+        bad = [q for q in range(t.size) if t.counters[q][CMA_RESULT] != 2 * (g + 1)]
+        if bad:
+            self.cma = False
+            self.cma_off = failed or f"rank {bad[0]} could not read a peer's memory"
+            log.warning("single-copy reads (process_vm_readv) are off for this communicator "
+                        "(%s); the staged shared-memory path runs instead", self.cma_off)
+        return not bad
+
     def direct_all_gather(self, x: np.ndarray, out: np.ndarray) -> None:
         """out = every rank's x, in rank order (out holds n blocks of x.size)."""
         n, r, m, dt = self.t.size, self.t.rank, x.size, x.dtype
         stage, isz = self.t.stage, x.itemsize
-        out[r * m:(r + 1) * m] = x
+
+        def own() -> None:
+            out[r * m:(r + 1) * m] = x
+
+        if self._single(x.nbytes) and self._single_copy(
+                x, [(q, 0, out[q * m:(q + 1) * m]) for q in self.peers], own):
+            return
+        own()
 
         def write(h: int, a: int, b: int) -> None:
             stage[r][h][:(b - a) * isz].view(dt)[...] = x[a:b]
@@ -262,7 +335,14 @@ class Fused:
         n, r, dt = self.t.size, self.t.rank, x.dtype
         m = x.size // n
         stage, isz = self.t.stage, x.itemsize
-        out[r * m:(r + 1) * m] = x[r * m:(r + 1) * m]
+
+        def own() -> None:
+            out[r * m:(r + 1) * m] = x[r * m:(r + 1) * m]
+
+        if self._single(m * isz) and self._single_copy(
+                x, [(q, r * m * isz, out[q * m:(q + 1) * m]) for q in self.peers], own):
+            return
+        own()
         write = self._blocks_in(x, m)
 
         def read(h: int, a: int, b: int) -> None:
@@ -278,7 +358,6 @@ class Fused:
         """Every rank's x = the root's x."""
         n, dt = self.t.size, x.dtype
         stage, isz = self.t.stage, x.itemsize
-
         def write(h: int, a: int, b: int) -> None:
             stage[root][h][:(b - a) * isz].view(dt)[...] = x[a:b]
 
