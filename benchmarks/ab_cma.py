@@ -1,13 +1,18 @@
 """Single-copy reads (cross-memory attach) against the staged path, A/B in one job.
 
+The figures behind ``RINGLET_CMA_BYTES`` (ringlet.transport.cma): all_to_all
+uses single copies from 1 MiB blocks, all_gather does not.
+
     python benchmarks/ab_cma.py [-n 2]        # about a minute on 2 cores
 
-all_gather, all_to_all and broadcast at 1, 4 and 16 MiB (the nccl-tests size:
-the gathered or exchanged vector) with fresh ``np.empty`` arrays, the staged
-shared-memory path and the single-copy one (``process_vm_readv``) alternating
-in blocks within one job (every rank switches together), and the raw speed of
-one process_vm_readv of 8 MiB against one memcpy of 8 MiB.  Prints the median
-time of each and the ratio.
+all_gather, all_to_all and broadcast at 1, 4 and 16 MiB (the nccl-tests
+size: the gathered or exchanged vector) with fresh ``np.empty`` arrays, the
+staged shared-memory path and the single-copy one (``process_vm_readv``, at
+every size here: ``cma_bytes`` 1; for all_gather and broadcast, which the
+communicator runs staged, the same single-copy step called directly)
+alternating in blocks within one job (every rank switches together), and
+the raw speed of one process_vm_readv of 8 MiB against one memcpy of 8 MiB.
+Prints the median time of each and the ratio.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 import ringlet
+from ringlet.config import Settings
 from ringlet.transport import cma
 
 SIZES = (1 << 20, 4 << 20, 16 << 20)
@@ -39,18 +45,34 @@ def body(comm: ringlet.Communicator, blocks: int) -> dict[str, list[float]]:
             ts.append(time.perf_counter() - a)
         out.setdefault(label, []).append(statistics.median(ts) * 1e6)
 
+    r, peers = comm.rank, f.peers
     cases = []
     for nb in SIZES:
         part, whole = np.ones(nb // 4 // n, np.float32), np.empty(nb // 4, np.float32)
         x, y = np.ones(nb // 4, np.float32), np.empty(nb // 4, np.float32)
-        cases += [(f"all_gather {nb >> 20}M", lambda p=part, w=whole: comm.all_gather(p, out=w)),
-                  (f"all_to_all {nb >> 20}M", lambda x=x, y=y: comm.all_to_all(x, out=y)),
-                  (f"broadcast {nb >> 20}M", lambda x=x: comm.broadcast(x, 0))]
+        m = part.size
+
+        def gather(p: np.ndarray = part, w: np.ndarray = whole, m: int = m) -> None:
+            # all_gather by the same single-copy step, called directly (the communicator
+            # runs all_gather staged): every rank reads every peer's block
+            def own() -> None:
+                w[r * m:(r + 1) * m] = p
+            f._single_copy(p, [(q, 0, w[q * m:(q + 1) * m]) for q in peers], own)
+
+        def bcast(x: np.ndarray = x) -> None:
+            f._single_copy(x if r == 0 else None, [] if r == 0 else [(0, 0, x)])
+
+        cases += [(f"all_gather {nb >> 20}M", lambda p=part, w=whole: comm.all_gather(p, out=w),
+                   gather),
+                  (f"all_to_all {nb >> 20}M", lambda x=x, y=y: comm.all_to_all(x, out=y), None),
+                  (f"broadcast {nb >> 20}M", lambda x=x: comm.broadcast(x, 0), bcast)]
     for b in range(blocks):
         for on in ((True, False) if b % 2 == 0 else (False, True)):
             f.cma = on
-            for label, fn in cases:
-                timed(f"{label} {'single' if on else 'staged'}", fn, 10)
+            for label, staged, single in cases:
+                timed(f"{label} {'single' if on else 'staged'}",
+                      single if on and single is not None else staged, 10)
+        f.cma = True
     # the raw copy speeds: rank 0 reads rank 1's array (rank 1 waits in the barrier)
     src = np.ones(2 << 20, np.float32)
     where = comm.all_gather_object(cma.address(src))
@@ -73,7 +95,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=6)
     a = ap.parse_args()
-    res = ringlet.spawn(body, a.n, a.blocks)[0]
+    # single copies at every size here (cma_bytes 1), switched on and off per block
+    res = ringlet.spawn(body, a.n, a.blocks,
+                        settings=Settings.from_env().replace(cma_bytes=1))[0]
     for label in [k for k in res if k.endswith("single")]:
         base = label[:-len(" single")]
         s = statistics.median(res[label])

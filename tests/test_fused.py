@@ -328,9 +328,7 @@ def _single_copy(comm: ringlet.Communicator) -> list[Any]:
         for count in counts:
             for offset in (False, True):
                 ins = [make(dtype, count, q, salt=7) for q in range(n)]
-                before = f.piece
                 g = comm.all_gather(_fresh_or_offset(ins[r], offset), algorithm="direct")
-                single.append((count * ins[r].itemsize >= CMA_MIN_BYTES, f.piece - before))
                 if not np.array_equal(g, np.stack(ins)):
                     bad.append(f"all_gather {dtype} {count} offset {offset}")
                 for root in sorted({0, n - 1}):
@@ -339,7 +337,9 @@ def _single_copy(comm: ringlet.Communicator) -> list[Any]:
                     if not np.array_equal(x, ins[root]):
                         bad.append(f"broadcast {dtype} {count} root {root} offset {offset}")
                 full = [make(dtype, count * n, q, salt=8) for q in range(n)]
+                before = f.piece
                 a2a = comm.all_to_all(_fresh_or_offset(full[r], offset), algorithm="direct")
+                single.append((count * ins[r].itemsize >= CMA_MIN_BYTES, f.piece - before))
                 want = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
                 if not np.array_equal(a2a, want):
                     bad.append(f"all_to_all {dtype} {count} offset {offset}")
@@ -347,10 +347,10 @@ def _single_copy(comm: ringlet.Communicator) -> list[Any]:
 
 
 def test_single_copy_collectives(small: World) -> None:
-    """all_gather and all_to_all (and broadcast, which stays staged) with blocks around
-    the single-copy threshold, fresh and offset arrays: numpy's answer; from the
-    threshold one step (a piece) per call where the kernel allows cross-memory attach,
-    the staged pieces below it."""
+    """all_to_all (and all_gather and broadcast, which stay staged) with blocks around
+    the single-copy threshold, fresh and offset arrays: numpy's answer; all_to_all in
+    one step (a piece) per call from the threshold where the kernel allows cross-memory
+    attach, in staged pieces below it."""
     for r, (bad, single, on) in enumerate(small.run(_single_copy)):
         assert not bad, f"rank {r}: {bad}"
         if small.size == 1 or not cma.AVAILABLE:
@@ -366,15 +366,16 @@ def _refused_read(comm: ringlet.Communicator) -> list[Any]:
     n, r = comm.size, comm.rank
     f = comm._fused
     count = CMA_MIN_BYTES // 4
-    ins = [make("float32", count, q, salt=9) for q in range(n)]
+    ins = [make("float32", count * n, q, salt=9) for q in range(n)]
+    want = np.concatenate([ins[q][r * count:(r + 1) * count] for q in range(n)])
     real = cma.read
     results = []
     try:
         if r == n - 1:
             cma.read = lambda *a: False  # type: ignore[assignment]
         for _ in range(2):
-            g = comm.all_gather(ins[r], algorithm="direct")
-            results.append((bool(np.array_equal(g, np.stack(ins))), f.cma, f.cma_off))
+            got = comm.all_to_all(ins[r], algorithm="direct")
+            results.append((bool(np.array_equal(got, want)), f.cma, f.cma_off))
     finally:
         cma.read = real  # type: ignore[assignment]
         f.cma, f.cma_off = True, ""   # this world's later tests use it again

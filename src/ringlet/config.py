@@ -87,20 +87,20 @@ class Settings:
     shm_stage_bytes: int = field(default=4 << 20, metadata={
         "doc": "Bytes of each rank's staging area (x2) for the pipelined shared-memory "
                "paths; larger messages go through it in pieces. Accepts K/M/G."})
-    shm_piece_bytes: int = field(default=1 << 20, metadata={
+    shm_piece_bytes: int = field(default=512 << 10, metadata={
         "doc": "Bytes of one rank's block in one piece of a pipelined staged collective "
                "(capped so a piece fits the staging area). Accepts K/M/G."})
     fused: bool = field(default=True, metadata={
         "doc": "Run the shared-memory transport's fused implementations of the one-shot "
                "and direct algorithms (off: the generic step executor runs them)."})
-    cma_bytes: int = field(default=4 << 20, metadata={
-        "doc": "Blocks of all_gather and all_to_all on one host of at least this many "
-               "bytes are read from each peer's own array in one copy (cross-memory "
-               "attach, process_vm_readv) instead of being staged through shared memory "
-               "(two copies); 0: never. Below about 4 MiB, and for broadcast, the staged "
-               "path is faster here (benchmarks/ab_cma.py). Where the kernel refuses the "
-               "call, every rank falls back to the staged path. Every rank must have the "
-               "same setting. Accepts K/M/G."})
+    cma_bytes: int = field(default=2 << 20, metadata={
+        "doc": "Blocks of all_to_all on one host of at least this many bytes are read "
+               "from each peer's own array in one copy (cross-memory attach, "
+               "process_vm_readv) instead of being staged through shared memory (two "
+               "copies); 0: never. Smaller blocks, all_gather and broadcast are faster "
+               "staged here (benchmarks/ab_cma.py). Where the kernel refuses the call, "
+               "every rank falls back to the staged path. Every rank must have the same "
+               "setting. Accepts K/M/G."})
     lean: bool = field(default=True, metadata={
         "doc": "Run small all_reduce calls on the compiled path (ringlet._lean, built by "
                "pip install when a C compiler is there) where it applies; off: the Python "

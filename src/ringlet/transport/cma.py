@@ -4,13 +4,14 @@ The staged shared-memory paths move a block twice: its owner copies it into
 its stage area, the reader copies it out.  With cross-memory attach the
 reader copies it straight from the owner's own array (the kernel pins the
 owner's pages and copies once), as MPICH's and Open MPI's CMA modes do for
-large messages: all_gather and all_to_all then cost one copy per block
-instead of two (see :class:`~ringlet.transport.fused.Fused`).  The kernel's
-copy is slower per byte than a user-space one (8 MiB: 325 us against 180 us
-for memcpy on this project's machine, ``benchmarks/ab_cma.py``), so it pays
-only where it saves a whole copy that misses the caches: blocks from
-``RINGLET_CMA_BYTES`` (4 MiB) up; broadcast, whose staged copies overlap
-across the pipeline, stays staged.
+large messages (see :class:`~ringlet.transport.fused.Fused`).  The kernel's
+copy is slower per byte than a user-space one (8 MiB: 271-315 us against
+138-179 us for memcpy on this project's machine), so it pays only where it
+saves a copy that misses the caches: all_to_all blocks from
+``RINGLET_CMA_BYTES`` (2 MiB) up, 1.11-1.35x faster than staged with blocks
+of 2-8 MiB on 2 and 4 ranks (0.56-0.91x with blocks of 256 KiB-1 MiB);
+all_gather and broadcast, whose staged copies overlap across the pipeline,
+were 0.36-1.01x as fast with it and stay staged (``benchmarks/ab_cma.py``).
 
 It needs Linux 3.2+ and permission to read the peer (the same user and, under
 Yama's ``ptrace_scope`` 1, a process that allowed it: every rank calls
