@@ -346,3 +346,25 @@ def _nan_payloads(comm: ringlet.Communicator) -> str:
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_nan_payloads_are_the_same_on_both_paths(n: int) -> None:
     assert len(set(get_world(n).run(_nan_payloads))) == 1
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 15, 16, 63, 64, 65, 1000, 4099, 1 << 16, (1 << 20) + 7])
+@pytest.mark.parametrize("shift", [0, 1, 8, 13])
+def test_copy_stream_copies_any_size_and_alignment(nbytes: int, shift: int) -> None:
+    """The streaming copy (non-temporal stores past an unaligned head, plain tail) writes
+    exactly the source's bytes and nothing around them, whatever the alignment."""
+    from ringlet import _lean  # type: ignore[attr-defined]
+
+    rng = np.random.default_rng(nbytes + shift)
+    src = rng.integers(0, 256, nbytes + 3 + shift, np.uint8)[3:3 + nbytes]
+    dst_buf = np.full(nbytes + 32, 0xAB, np.uint8)
+    dst = dst_buf[shift:shift + nbytes]
+    _lean.copy_stream(dst, src)
+    assert np.array_equal(dst, src)
+    assert (dst_buf[:shift] == 0xAB).all() and (dst_buf[shift + nbytes:] == 0xAB).all()
+    with pytest.raises(ValueError, match="different sizes"):
+        _lean.copy_stream(dst_buf, src)
+    f = np.ones(5, np.float64)
+    g = np.zeros(10, np.float32)   # the same bytes, another type: a byte copy
+    _lean.copy_stream(g, f)
+    assert np.array_equal(g.view(np.float64), f)

@@ -159,10 +159,68 @@ static PyObject *module_add(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* n bytes from s to d with non-temporal stores where the CPU has them (SSE2): the
+ * destination's lines are written without being read first and without displacing the
+ * caches, a third less memory traffic than a plain copy into memory that is not cached */
+static void copy_stream(char *d, const char *s, Py_ssize_t n) {
+#ifdef __SSE2__
+    Py_ssize_t head = (Py_ssize_t)((16 - ((uintptr_t)d & 15)) & 15);
+    if (head > n)
+        head = n;
+    memcpy(d, s, (size_t)head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    _mm_sfence();
+#endif
+    memcpy(d, s, (size_t)n);
+}
+
+/* copy_stream(dst, src): dst[:] = src for two C-contiguous buffers of the same size in bytes
+ * (any element type), with non-temporal stores; the GIL is released while it copies */
+static PyObject *module_copy_stream(PyObject *Py_UNUSED(m), PyObject *const *args,
+                                    Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "copy_stream(dst, src)");
+        return NULL;
+    }
+    Py_buffer d, s;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &s, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (s.len != d.len) {
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&d);
+        PyErr_SetString(PyExc_ValueError, "copy_stream: buffers of different sizes");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    copy_stream(d.buf, s.buf, d.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&d);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"add", (PyCFunction)(void (*)(void))module_add, METH_FASTCALL,
      "add(dst, src): dst += src elementwise (float32, float64, int32, int64), as the "
      "compiled one-shot all_reduce adds"},
+    {"copy_stream", (PyCFunction)(void (*)(void))module_copy_stream, METH_FASTCALL,
+     "copy_stream(dst, src): dst[:] = src (same size in bytes) with non-temporal stores"},
     {NULL, NULL, 0, NULL},
 };
 

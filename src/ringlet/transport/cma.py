@@ -5,13 +5,14 @@ its stage area, the reader copies it out.  With cross-memory attach the
 reader copies it straight from the owner's own array (the kernel pins the
 owner's pages and copies once), as MPICH's and Open MPI's CMA modes do for
 large messages (see :class:`~ringlet.transport.fused.Fused`).  The kernel's
-copy is slower per byte than a user-space one (8 MiB: 271-315 us against
-138-179 us for memcpy on this project's machine), so it pays only where it
-saves a copy that misses the caches: all_to_all blocks from
-``RINGLET_CMA_BYTES`` (2 MiB) up, 1.11-1.35x faster than staged with blocks
-of 2-8 MiB on 2 and 4 ranks (0.56-0.91x with blocks of 256 KiB-1 MiB);
-all_gather and broadcast, whose staged copies overlap across the pipeline,
-were 0.36-1.01x as fast with it and stay staged (``benchmarks/ab_cma.py``).
+copy is slower per byte than a user-space one (8 MiB: 271-342 us against
+138-212 us for memcpy on this project's machine), so it can only pay where it
+saves a copy that misses the caches.  Measured A/B in one job
+(``benchmarks/ab_cma.py``): all_to_all 1.11-1.35x faster than staged with
+blocks of 2-8 MiB before the staged path's copies into the output streamed
+(non-temporal stores), 0.89-1.06x after; all_gather 0.43-1.01x and
+broadcast 0.36-0.92x.  So it is off by default (``RINGLET_CMA_BYTES`` 0):
+set a block size to use it for all_to_all where it is faster.
 
 It needs Linux 3.2+ and permission to read the peer (the same user and, under
 Yama's ``ptrace_scope`` 1, a process that allowed it: every rank calls
