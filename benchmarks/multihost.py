@@ -194,6 +194,7 @@ def rank_main(argv: list[str]) -> int:
                      **eng.versions}}
     bad: list[str] = []
     if a.mode == "sweep":
+        report["costs"] = _engine_costs(comm, eng, np)
         methods = [*RINGLET_METHODS, "peer"]
         results: dict[str, dict[str, Any]] = {m: {} for m in methods}
         auto: dict[str, str] = {}
@@ -231,6 +232,36 @@ def rank_main(argv: list[str]) -> int:
     if a.engine == "torch":
         dist.destroy_process_group()
     return 1 if bad else 0
+
+
+def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str, float]:
+    """What ringlet's calls cost on this engine besides the link's bytes, for the
+    prediction: half the round trip of an 8 B ``comm.send``/``comm.recv`` between each
+    local rank and its peer on the other host (both pairs at once, as hierarchical's
+    inter-node phase runs), and the time of a ``comm.barrier()`` (a call's agreement
+    alone).  Rank 0's medians."""
+    x, y = np.ones(2, np.float32), np.empty(2, np.float32)
+    first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
+    trips = []
+    eng.barrier()
+    for i in range(reps + 10):
+        t0 = time.perf_counter()
+        if first:
+            comm.send(x, eng.peer)
+            comm.recv(y, eng.peer)
+        else:
+            comm.recv(y, eng.peer)
+            comm.send(x, eng.peer)
+        if i >= 10:
+            trips.append(time.perf_counter() - t0)
+    eng.barrier()
+    barriers = []
+    for i in range(reps + 10):
+        t0 = time.perf_counter()
+        comm.barrier()
+        if i >= 10:
+            barriers.append(time.perf_counter() - t0)
+    return {"half_rtt_s": statistics.median(trips) / 2, "barrier_s": statistics.median(barriers)}
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
@@ -396,14 +427,24 @@ def calibrate() -> dict[str, Any]:
 
 
 def predict_args(nbytes: int, algorithm: str, intra: dict[str, Any], inter_Bps: float,
-                 inter_alpha: float) -> list[str]:
+                 inter_alpha: float, call: float = 0.0) -> list[str]:
     args = ["all_reduce", "--bytes", str(nbytes), "--nodes", "2", "--gpus-per-node", "2",
             "--intra", f"{intra['bandwidth_Bps'] / 1e9:.4g}GB/s,{intra['alpha_s'] * 1e6:.3g}us",
             "--inter", f"{inter_Bps / 1e6:.4g}MB/s,{inter_alpha * 1e6:.3g}us",
             "--algorithm", algorithm, "--no-crossovers", "--json"]
+    if call:
+        args[-2:-2] = ["--call", f"{call * 1e6:.3g}us"]
     if intra.get("gamma_Bps"):
         args[-2:-2] = ["--gamma", f"{intra['gamma_Bps'] / 1e9:.4g}GB/s"]
     return args
+
+
+def _predicted(args: list[str], alg: str) -> float:
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "predict", *args],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"ringlet predict {shlex.join(args)}: {p.stderr}")
+    return float(next(x for x in json.loads(p.stdout) if x["algorithm"] == alg)["seconds"])
 
 
 def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dict[str, Any]:
@@ -421,19 +462,28 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
               "ring": min(link["goodput_bps"]) / 8}
     out: dict[str, Any] = {"inter_alpha_s": alpha, "inter_Bps": shares, "commands": {}}
     for alg, bps in shares.items():
-        out[alg] = {}
-        for nbytes in sizes:
-            args = predict_args(nbytes, alg, intra, bps, alpha)
-            p = subprocess.run([sys.executable, "-m", "ringlet.cli", "predict", *args],
-                               capture_output=True, text=True, timeout=120, cwd=ROOT,
-                               check=False)
-            if p.returncode != 0:
-                raise RuntimeError(f"ringlet predict {shlex.join(args)}: {p.stderr}")
-            row = next(x for x in json.loads(p.stdout) if x["algorithm"] == alg)
-            out[alg][str(nbytes)] = row["seconds"]
+        out[alg] = {str(nbytes): _predicted(predict_args(nbytes, alg, intra, bps, alpha), alg)
+                    for nbytes in sizes}
         out["commands"][alg] = shlex.join(["ringlet", "predict", *[
             "<S>" if a == str(sizes[-1]) else a
             for a in predict_args(sizes[-1], alg, intra, bps, alpha)]])
+    # with each engine's own costs, measured in its job (_engine_costs): the inter-node
+    # latency a message of ringlet's sees through that engine, and a call's agreement
+    out["engines"] = {}
+    for eng in ("mpi", "torch"):
+        costs = run.get(eng, {}).get("costs")
+        if not costs:
+            continue
+        ea, call = max(alpha, costs["half_rtt_s"]), costs["barrier_s"]
+        bps = shares["hierarchical"]
+        out["engines"][eng] = {
+            "inter_alpha_s": ea, "call_s": call,
+            "hierarchical": {str(nbytes): _predicted(
+                predict_args(nbytes, "hierarchical", intra, bps, ea, call), "hierarchical")
+                for nbytes in sizes},
+            "command": shlex.join(["ringlet", "predict", *[
+                "<S>" if a == str(sizes[-1]) else a
+                for a in predict_args(sizes[-1], "hierarchical", intra, bps, ea, call)]])}
     return out
 
 
@@ -534,11 +584,25 @@ def targets_for(run: dict[str, Any]) -> list[tuple[str, str, str]]:
                          lambda v: v >= GLOO_SPEEDUP)))
     for eng in ("mpi", "torch"):
         pe = [s for s in sizes if s >= PREDICT_FROM]
-        errs = [None if (t := _t(run.get(eng, {}), "hierarchical", s)) is None
-                or str(s) not in pred else pred[str(s)] / t - 1 for s in pe]
-        shown = ", ".join(f"{human(s)}: {v * 100:+.0f}%" for s, v in zip(pe, errs, strict=True)
-                          if v is not None)
-        rows.append((f"ringlet predict within {PREDICT_ERROR:.0%} of hierarchical "
+
+        def errors(table: dict[str, float], eng: str = eng, pe: list[int] = pe
+                   ) -> list[float | None]:
+            return [None if (t := _t(run.get(eng, {}), "hierarchical", s)) is None
+                    or str(s) not in table else table[str(s)] / t - 1 for s in pe]
+
+        def text(errs: list[float | None], pe: list[int] = pe) -> str:
+            return ", ".join(f"{human(s)}: {v * 100:+.0f}%"
+                             for s, v in zip(pe, errs, strict=True) if v is not None)
+
+        cal = run.get("predict", {}).get("engines", {}).get(eng, {}).get("hierarchical")
+        link_only = errors(pred)
+        if cal:
+            errs = errors(cal)
+            shown = text(errs) + f" (the link alone: {text(link_only)})"
+            what = "the link and the engine's measured costs"
+        else:
+            errs, shown, what = link_only, text(link_only), "the link alone"
+        rows.append((f"ringlet predict ({what}) within {PREDICT_ERROR:.0%} of hierarchical "
                      f"({eng} engine) from {human(PREDICT_FROM)}", shown or "-",
                      verdict(errs, lambda v: abs(v) <= PREDICT_ERROR)))
     return rows
@@ -569,17 +633,21 @@ def tables(run: dict[str, Any]) -> list[str]:
                   f"{job['seconds']:.0f} s; host0's eth0 sent "
                   f"{job['host0_eth0']['tx_bytes'] / 1e9:.2f} GB)", "",
                   "| size | bound | hierarchical (auto) | ring | native | " + peer +
-                  " | hier / bound | " + peer + " / hier | predicted hier | error |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  " | hier / bound | " + peer + " / hier | predicted hier | error | "
+                  "predicted, the link alone | error |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        cal = pred.get("engines", {}).get(eng, {}).get("hierarchical", {})
         for s in sizes:
             h = _t(job, "hierarchical", s)
             p = _t(job, "peer", s)
             b = s / rate_Bps
-            pr = pred.get("hierarchical", {}).get(str(s))
+            pr = cal.get(str(s))
+            pl = pred.get("hierarchical", {}).get(str(s))
             cells = [human(s), ms(b), ms(h), ms(_t(job, "ring", s)), ms(_t(job, "native", s)),
                      ms(p), "-" if h is None else f"{h / b:.2f}",
                      "-" if h is None or p is None else f"{p / h:.2f}",
-                     ms(pr), "-" if pr is None or h is None else f"{(pr / h - 1) * 100:+.0f}%"]
+                     ms(pr), "-" if pr is None or h is None else f"{(pr / h - 1) * 100:+.0f}%",
+                     ms(pl), "-" if pl is None or h is None else f"{(pl / h - 1) * 100:+.0f}%"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if pred:
@@ -645,7 +713,9 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
              "`algorithm=\"ring\"` over the routed transport (shared memory inside a host, the "
              "engine between); *native*: `algorithm=\"native\"`, the engine's own collective "
              "called by ringlet.  *hier / bound*: time over S / rate.  *predicted hier*: "
-             "`ringlet predict` (commands below), *error*: predicted / measured - 1.", ""]
+             "`ringlet predict` with the link and the engine's costs measured in the job "
+             "(commands below), *predicted, the link alone*: with the link's own latency and "
+             "no per-call cost; *error*: predicted / measured - 1.", ""]
     for run in data["runs"]:
         lines += [f"## Targets at {run['rate']}", "", "| target | measured | verdict |",
                   "|---|---|---|"]
@@ -678,6 +748,14 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                       f"rank per host crosses).", "", "```"]
             lines += [f"{v}" for v in pr["commands"].values()]
             lines += ["```", ""]
+            for eng, e in pr.get("engines", {}).items():
+                c = run.get(eng, {}).get("costs", {})
+                lines += [f"With the {eng} engine's costs, measured in its job: an 8 B "
+                          f"`comm.send`/`comm.recv` between the hosts takes "
+                          f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
+                          f"once), the inter-node alpha; a `comm.barrier()` (a call's "
+                          f"agreement alone) {c.get('barrier_s', 0) * 1e6:.0f} us, the fixed "
+                          f"cost per call (`--call`):", "", "```", e["command"], "```", ""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 

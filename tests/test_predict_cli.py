@@ -86,6 +86,26 @@ def test_custom_links(capsys: pytest.CaptureFixture[str]) -> None:
     assert two["nranks"] == 16 and two["busbw"] == pytest.approx(48e9, rel=0.02)  # one NIC
 
 
+def test_a_fixed_cost_per_call(capsys: pytest.CaptureFixture[str]) -> None:
+    """--call adds the same seconds to every algorithm (the agreement and an engine's
+    per-call costs), counted with the latency terms; bandwidths follow."""
+    argv = ["predict", "all_reduce", "--bytes", "64MB", "--nodes", "2", "--gpus-per-node",
+            "2", "--intra", "30GB/s,17us", "--inter", "60MB/s,300us", "--json",
+            "--no-crossovers"]
+    assert main(argv) == 0
+    plain = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out) if r["applicable"]}
+    assert main([*argv, "--call", "1.5ms"]) == 0
+    more = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out) if r["applicable"]}
+    assert plain.keys() == more.keys() and len(plain) > 3
+    for name, p in plain.items():
+        q = more[name]
+        assert q["seconds"] == pytest.approx(p["seconds"] + 1.5e-3)
+        assert q["alpha_seconds"] == pytest.approx(p["alpha_seconds"] + 1.5e-3)
+        assert q["busbw"] == pytest.approx(p["busbw"] * p["seconds"] / q["seconds"])
+    assert main([*argv[:-2], "--call", "1.5ms", "--algorithm", "ring"]) == 0
+    assert "a fixed 1.5 ms per call on top of the schedule (--call)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--bytes", "14G", "--ranks", "8", "--link", "nvlink4"], "'14G' is not a size"),
     (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink9"], "unknown link 'nvlink9'"),

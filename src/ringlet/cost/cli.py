@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import textwrap
 import time
@@ -110,6 +111,12 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
                         "e.g. 1us; 0 turns it off. Default: each preset's (NCCL's figures, "
                         "see docs/nccl.md), a calibrated profile's, 0 for --bandwidth and "
                         "BW[,LATENCY] links")
+    g.add_argument("--call", metavar="TIME",
+                   help="a fixed cost of every call on top of its schedule, e.g. 1.2ms: "
+                        "ringlet's agreement on the call and the engine's own per-call "
+                        "costs, which the links do not describe (measure it as the time of "
+                        "comm.barrier() on the job: benchmarks/multihost.py does); the same "
+                        "for every algorithm, so it changes no choice. Default 0")
     g.add_argument("--line-rate", action="store_true",
                    help="use the presets' raw line rates, not their achievable efficiency")
     g.add_argument("--profile", metavar="PATH",
@@ -425,6 +432,12 @@ def main(args: argparse.Namespace) -> int:
     paths = Paths.from_settings(Settings.from_env())
     preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
                         args.algorithm, params, args.rails, paths)
+    call = parse_time(args.call, "--call") if getattr(args, "call", None) else 0.0
+    if call:
+        preds = [with_call(p, call) if isinstance(p, Prediction) else p for p in preds]
+        links = dataclasses.replace(links, description=[
+            *links.description, f"a fixed {format_seconds(call)} per call on top of the "
+                                f"schedule (--call)"])
     ok = [p for p in preds if isinstance(p, Prediction)]
     bad = [p for p in preds if isinstance(p, Inapplicable)]
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
@@ -504,6 +517,15 @@ def main(args: argparse.Namespace) -> int:
               f"(the largest block bounds each round)", file=out)
     print(f"\n(answered in {elapsed:.2f} s)", file=out)
     return 0
+
+
+def with_call(p: Prediction, call: float) -> Prediction:
+    """``p`` with a fixed ``call`` seconds more (counted with the latency terms)."""
+    seconds = p.seconds + call
+    algbw = p.nbytes / seconds if seconds > 0 else math.inf
+    factor = p.busbw / p.algbw if p.algbw and math.isfinite(p.algbw) else 0.0
+    return dataclasses.replace(p, seconds=seconds, alpha_seconds=p.alpha_seconds + call,
+                               algbw=algbw, busbw=algbw * factor)
 
 
 def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
