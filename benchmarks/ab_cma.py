@@ -1,7 +1,7 @@
 """Single-copy reads (cross-memory attach) against the staged path, A/B in one job.
 
-The figures behind ``RINGLET_CMA_BYTES`` (ringlet.transport.cma): all_to_all
-uses single copies from 1 MiB blocks, all_gather does not.
+The figures behind ``RINGLET_CMA_BYTES`` (ringlet.transport.cma): off by
+default, since with the staged path's streaming stores no size gains here.
 
     python benchmarks/ab_cma.py [-n 2]        # about a minute on 2 cores
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
+from abtimer import timer
 
 import ringlet
 from ringlet.config import Settings
@@ -35,15 +35,7 @@ def body(comm: ringlet.Communicator, blocks: int) -> dict[str, list[float]]:
     n, f = comm.size, comm._fused
     out: dict[str, list[float]] = {}
 
-    def timed(label: str, fn: Callable[[], object], reps: int) -> None:
-        fn()
-        comm.barrier()
-        ts = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - a)
-        out.setdefault(label, []).append(statistics.median(ts) * 1e6)
+    timed = timer(comm, out)
 
     r, peers = comm.rank, f.peers
     cases = []

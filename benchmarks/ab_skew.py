@@ -12,29 +12,18 @@ default), alternating, and prints the median time of each and the ratio.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
+from abtimer import timer
 
 import ringlet
 import ringlet.transport.shm as shm
 
 
-def body(comm: ringlet.Communicator) -> dict[str, float]:
-    out: dict[str, float] = {}
+def body(comm: ringlet.Communicator) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
     n = comm.size
-
-    def timed(label: str, fn: Callable[[], object], reps: int) -> None:
-        for _ in range(3):
-            fn()
-        comm.barrier()
-        ts = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - a)
-        out[label] = statistics.median(ts) * 1e6
+    timed = timer(comm, out, warmup=3)
 
     for nb in (64 << 10, 256 << 10, 1 << 20, 16 << 20):
         x = np.empty(nb // 4, np.float32)
@@ -55,14 +44,14 @@ def body(comm: ringlet.Communicator) -> dict[str, float]:
 
 
 def main() -> None:
-    res: dict[int, list[dict[str, float]]] = {0: [], 2048: []}
+    res: dict[int, list[dict[str, list[float]]]] = {0: [], 2048: []}
     for rnd in range(3):
         for skew in ((0, 2048) if rnd % 2 == 0 else (2048, 0)):
             shm.SKEW = skew   # the ranks are forked: they build their layout with it
             res[skew].append(ringlet.spawn(body, 2)[0])
     for k in res[0][0]:
-        a = statistics.median(r[k] for r in res[0])
-        b = statistics.median(r[k] for r in res[2048])
+        a = statistics.median(r[k][0] for r in res[0])
+        b = statistics.median(r[k][0] for r in res[2048])
         print(f"{k:24s} skew 0: {a:9.1f} us   skew 2048: {b:9.1f} us   ratio {a / b:5.2f}")
 
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
+from abtimer import timer
 
 import ringlet
 import ringlet.transport.fused as fused
@@ -28,15 +27,7 @@ from ringlet.config import parse_bytes
 def body(comm: ringlet.Communicator, sizes: list[int], blocks: int) -> dict[str, list[float]]:
     n, out = comm.size, {}
 
-    def timed(label: str, fn: Callable[[], object], reps: int = 10) -> None:
-        fn()
-        comm.barrier()
-        ts = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - a)
-        out.setdefault(label, []).append(statistics.median(ts) * 1e6)
+    timed = timer(comm, out)
 
     fused.STREAM_MIN_BYTES = 1
     cases = []
