@@ -400,15 +400,16 @@ def test_ranks_with_different_cma_settings_get_a_mismatch() -> None:
         assert kind == "MismatchError" and "disagree about the path" in msg, res
 
 
-def _streamed(comm: ringlet.Communicator) -> list[str]:
+def _streamed(comm: ringlet.Communicator, stream: bool) -> list[str]:
     """all_gather, all_to_all and broadcast whose copies into the output stream (the
-    threshold lowered in this rank for the call, odd sizes and offsets)."""
+    threshold lowered in this rank for the call, odd sizes and offsets), or, without
+    ``stream``, are plain copies as where the compiled module is not built."""
     import ringlet.transport.fused as fz
 
     n, r = comm.size, comm.rank
     bad: list[str] = []
-    keep = fz.STREAM_MIN_BYTES
-    fz.STREAM_MIN_BYTES = 1
+    keep = fz.STREAM_MIN_BYTES, fz.STREAM
+    fz.STREAM_MIN_BYTES, fz.STREAM = 1, stream and keep[1]
     try:
         for dtype in ("int8", "float32", "complex128"):
             for count in (1, 17, 1025, 3001):
@@ -429,12 +430,13 @@ def _streamed(comm: ringlet.Communicator) -> list[str]:
                     if not np.array_equal(a2a, want):
                         bad.append(f"all_to_all {dtype} {count} offset {offset}")
     finally:
-        fz.STREAM_MIN_BYTES = keep
+        fz.STREAM_MIN_BYTES, fz.STREAM = keep
     return bad[:8]
 
 
-def test_streamed_copies_into_the_output(small: World) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_streamed_copies_into_the_output(small: World, stream: bool) -> None:
     """The staged path's copies into users' outputs with non-temporal stores (the
-    compiled module's, where built; plain copies otherwise) give numpy's answer."""
-    for r, bad in enumerate(small.run(_streamed)):
+    compiled module's, where built) and without give numpy's answer."""
+    for r, bad in enumerate(small.run(_streamed, stream)):
         assert not bad, f"rank {r}: {bad}"
