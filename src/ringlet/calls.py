@@ -319,7 +319,9 @@ class Calls:
         self._broken = msg
         self._lean = None
         self._t.discard_pending()
-        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError))
+        # the ranks a timed-out wait still waited for may be dead: an engine may spare them
+        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError),
+                      spare=tuple(getattr(exc, "waiting_on", ()) or ()))
         kind = "timeout" if isinstance(exc, CommTimeoutError) else \
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
         recorder.dump(f"{kind}: {msg}")

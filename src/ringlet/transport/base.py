@@ -226,8 +226,13 @@ class Transport(ABC):
         """Raise if a peer aborted the communicator, or a watched peer closed or died."""
 
     @abstractmethod
-    def abort(self, message: str, timeout: bool = False) -> None:
-        """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``)."""
+    def abort(self, message: str, timeout: bool = False, tell: bool = True,
+              spare: Sequence[int] = ()) -> None:
+        """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``).
+        ``tell`` False: this rank was told already (by a transport it serves beside,
+        e.g. its node's shared memory) and only marks the communicator failed.
+        ``spare``: peers an engine need not tell (the ranks a timed-out wait still
+        waited for, which may be dead: see MpiTransport)."""
 
     @abstractmethod
     def mark_closed(self) -> None:

@@ -524,6 +524,8 @@ class MpiTransport(Transport):
         self._lock = threading.RLock()
         self._status = MPI.Status()
         self._pending: list[MpiSend | MpiRecv] = []     # collective requests not yet done
+        #: peers whose collective messages were still in flight when they were discarded
+        self._inflight: set[int] = set()
         # every message not yet done, held here: mpi4py frees the MPI request of a
         # collected Request object, and MPI would then write into (or read) freed memory
         self._recvs: set[MpiRecv] = set()
@@ -594,6 +596,7 @@ class MpiTransport(Transport):
         """Forget pending collective requests: their receives are cancelled, and close()
         finishes them (MPI may still write into their buffers until then)."""
         with self._lock:
+            self._inflight.update(r.peer for r in self._pending)
             for r in self._pending:
                 if isinstance(r, MpiRecv):
                     self._cancel(r)
@@ -646,19 +649,26 @@ class MpiTransport(Transport):
                         f"{what or self.describe()} waited for it: every rank must make the "
                         f"same calls")
 
-    def abort(self, message: str, timeout: bool = False) -> None:
-        """Tell every remote peer to fail with ``message``; this rank's own ``check``
-        raises it from now on too (as shared memory's abort mailbox does)."""
+    def abort(self, message: str, timeout: bool = False, tell: bool = True,
+              spare: Sequence[int] = ()) -> None:
+        """Tell every remote peer but ``spare`` to fail with ``message``; this rank's
+        own ``check`` raises it from now on too (as shared memory's abort mailbox does).
+
+        A send to a peer that died can crash MPICH (SIGSEGV in MPI_Isend while a large
+        message to or from it was in flight).  So nothing is sent, now or at close,
+        when a peer's notice, MPI or (``tell`` False) the node's shared memory told
+        this rank: the rank that failed first told every rank already.  And of the
+        ranks a timed-out wait still waited for (``spare``), which may be dead, those
+        with a message of the call still in flight are not told (they reach their own
+        deadline if they are alive); a rank that never came to the call hears of it.
+        The peers keep their duplicate of the communicator (a failure path)."""
         with self._lock:
             if self._closed:
                 return
-            if self.board.error is None and self._error is None:
-                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
+            if self.board.error is None and self._error is None and tell:
+                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message,
+                           [q for q in spare if q in self._inflight])
             else:
-                # a peer's notice (or MPI) told this rank: the rank that failed first
-                # told every rank already, and a send to a peer that died may crash
-                # MPICH (SIGSEGV in MPI_Isend), so this rank says nothing more.
-                # The peers keep their duplicate of the communicator (a failure path)
                 self._said = True
             if self.board.error is None:
                 self.board.error = (CommTimeoutError if timeout else PeerError)(message)
@@ -669,7 +679,7 @@ class MpiTransport(Transport):
             if not self._closed and not self.MPI.Is_finalized():
                 self._tell(CLOSED, "")
 
-    def _tell(self, kind: int, text: str) -> None:
+    def _tell(self, kind: int, text: str, spare: Sequence[int] = ()) -> None:
         """This rank's last word on the communicator (an abort or a close), to every
         remote peer, closed ones included: a peer frees its duplicate of the
         communicator only once every peer's last word has arrived (see close())."""
@@ -678,7 +688,7 @@ class MpiTransport(Transport):
         self._said = True
         frame = _frame([], kind, text, STATUS_BYTES)
         for q in self.remote:
-            if q in self._dead:
+            if q in self._dead or q in spare:
                 continue
             try:
                 r = self.isend(q, [frame], STATUS)

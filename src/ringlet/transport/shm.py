@@ -485,8 +485,10 @@ class ShmTransport(Transport):
 
     # --- failure ------------------------------------------------------------------
 
-    def abort(self, message: str, timeout: bool = False) -> None:
-        """Tell every rank of this communicator to fail with ``message``.
+    def abort(self, message: str, timeout: bool = False, tell: bool = True,
+              spare: Sequence[int] = ()) -> None:
+        """Tell every rank of this communicator to fail with ``message`` (always: a
+        write to shared memory reaches a dead peer's segment harmlessly).
 
         They raise CommTimeoutError if ``timeout``, else PeerError."""
         data = message.encode()[:ABORT_BYTES]
