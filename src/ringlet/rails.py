@@ -46,7 +46,6 @@ from .transport.base import Transport
 #: element types and ops whose gloo all_reduce equals ringlet's (see the module docs)
 RAIL_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 RAIL_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG})
-MODES = ("auto", "ring", "native")
 
 
 def wanted(mode: str, engine: str | None, native: bool, op: ReduceOp | None,
