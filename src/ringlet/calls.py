@@ -301,13 +301,14 @@ class Calls:
                 raise
             except BaseException as exc:
                 recorder.failed(rec, exc)
-                self._fail(exc)
+                self._fail(exc, seq)
                 if isinstance(exc, RingletError) or not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and SystemExit reach the caller as they are
                 raise PeerError(self._broken) from exc
 
-    def _fail(self, exc: BaseException) -> None:
-        """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""
+    def _fail(self, exc: BaseException, seq: int | None = None) -> None:
+        """Abort the communicator on every rank after ``exc`` (this rank's own failure
+        in call ``seq``, if a collective's)."""
         if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
             msg = str(exc)  # already names the rank it started on
         elif isinstance(exc, KeyboardInterrupt):
@@ -319,9 +320,14 @@ class Calls:
         self._broken = msg
         self._lean = None
         self._t.discard_pending()
-        # the ranks a timed-out wait still waited for may be dead: an engine may spare them
-        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError),
-                      spare=tuple(getattr(exc, "waiting_on", ()) or ()))
+        # after a timeout, the ranks that had come to the call (or the peer a point-to-point
+        # wait waited for) may have died in it: an engine may spare them its notice
+        spare: tuple[int, ...] = ()
+        if isinstance(exc, CommTimeoutError):
+            spare = tuple(getattr(exc, "waiting_on", ()) or ()) if seq is None else tuple(
+                q for q in range(self.size)
+                if q != self.rank and self._t.peer_desc(q, seq) is not None)
+        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError), spare=spare)
         kind = "timeout" if isinstance(exc, CommTimeoutError) else \
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
         recorder.dump(f"{kind}: {msg}")

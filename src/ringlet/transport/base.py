@@ -231,8 +231,8 @@ class Transport(ABC):
         """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``).
         ``tell`` False: this rank was told already (by a transport it serves beside,
         e.g. its node's shared memory) and only marks the communicator failed.
-        ``spare``: peers an engine need not tell (the ranks a timed-out wait still
-        waited for, which may be dead: see MpiTransport)."""
+        ``spare``: peers an engine need not tell (after a timeout, the ranks that had
+        come to the call, which may have died in it: see MpiTransport)."""
 
     @abstractmethod
     def mark_closed(self) -> None:

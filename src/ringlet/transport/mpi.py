@@ -524,8 +524,6 @@ class MpiTransport(Transport):
         self._lock = threading.RLock()
         self._status = MPI.Status()
         self._pending: list[MpiSend | MpiRecv] = []     # collective requests not yet done
-        #: peers whose collective messages were still in flight when they were discarded
-        self._inflight: set[int] = set()
         # every message not yet done, held here: mpi4py frees the MPI request of a
         # collected Request object, and MPI would then write into (or read) freed memory
         self._recvs: set[MpiRecv] = set()
@@ -596,7 +594,6 @@ class MpiTransport(Transport):
         """Forget pending collective requests: their receives are cancelled, and close()
         finishes them (MPI may still write into their buffers until then)."""
         with self._lock:
-            self._inflight.update(r.peer for r in self._pending)
             for r in self._pending:
                 if isinstance(r, MpiRecv):
                     self._cancel(r)
@@ -657,17 +654,16 @@ class MpiTransport(Transport):
         A send to a peer that died can crash MPICH (SIGSEGV in MPI_Isend while a large
         message to or from it was in flight).  So nothing is sent, now or at close,
         when a peer's notice, MPI or (``tell`` False) the node's shared memory told
-        this rank: the rank that failed first told every rank already.  And of the
-        ranks a timed-out wait still waited for (``spare``), which may be dead, those
-        with a message of the call still in flight are not told (they reach their own
-        deadline if they are alive); a rank that never came to the call hears of it.
-        The peers keep their duplicate of the communicator (a failure path)."""
+        this rank: the rank that failed first told every rank already.  And a rank
+        that timed out does not tell the ranks in ``spare``: those that had come to
+        the call, which may have died in it (if they are alive they wait for the same
+        missing rank and reach their own deadline); a rank that never came hears of
+        it.  The peers keep their duplicate of the communicator (a failure path)."""
         with self._lock:
             if self._closed:
                 return
             if self.board.error is None and self._error is None and tell:
-                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message,
-                           [q for q in spare if q in self._inflight])
+                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message, spare)
             else:
                 self._said = True
             if self.board.error is None:
