@@ -32,10 +32,10 @@ peer that died while a large message to or from it was in flight
 ringlet's MPI transport sends nothing more once the communicator failed unless
 this rank is the first to fail: a rank told of the failure (by a peer's notice,
 by MPI, or by its node's shared memory) neither relays it nor says it closed,
-and a rank that timed out does not tell the ranks it still waited for that had a
-message of the call in flight with it (they may be the dead ones; if not, they
-reach their own deadline).  Both dead-rank tests under MPI check that every
-survivor raised and closed.
+and a rank that timed out tells no rank over MPI (any of them may be dead, and a
+dead rank and a late one look the same; its node hears through shared memory,
+the other nodes' ranks reach their own deadline).  Both dead-rank tests under
+MPI check that every survivor raised and closed.
 
 The whole file is skipped, with netbed's reason, where a bed cannot be built (not
 root, no ``ip``, no network namespaces...); each launcher's tests are skipped

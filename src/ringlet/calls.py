@@ -301,14 +301,13 @@ class Calls:
                 raise
             except BaseException as exc:
                 recorder.failed(rec, exc)
-                self._fail(exc, seq)
+                self._fail(exc)
                 if isinstance(exc, RingletError) or not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and SystemExit reach the caller as they are
                 raise PeerError(self._broken) from exc
 
-    def _fail(self, exc: BaseException, seq: int | None = None) -> None:
-        """Abort the communicator on every rank after ``exc`` (this rank's own failure
-        in call ``seq``, if a collective's)."""
+    def _fail(self, exc: BaseException) -> None:
+        """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""
         if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
             msg = str(exc)  # already names the rank it started on
         elif isinstance(exc, KeyboardInterrupt):
@@ -320,14 +319,13 @@ class Calls:
         self._broken = msg
         self._lean = None
         self._t.discard_pending()
-        # after a timeout, the ranks that had come to the call (or the peer a point-to-point
-        # wait waited for) may have died in it: an engine may spare them its notice
-        spare: tuple[int, ...] = ()
-        if isinstance(exc, CommTimeoutError):
-            spare = tuple(getattr(exc, "waiting_on", ()) or ()) if seq is None else tuple(
-                q for q in range(self.size)
-                if q != self.rank and self._t.peer_desc(q, seq) is not None)
-        self._t.abort(msg, timeout=isinstance(exc, CommTimeoutError), spare=spare)
+        # after a timeout any rank may be dead, and over MPI a dead rank and a late one look
+        # the same, while a send to a dead one can crash MPICH (SIGSEGV in MPI_Isend): an
+        # engine that honours ``spare`` tells nobody (the node hears through shared memory;
+        # the others wait for the same missing rank and reach their own deadline)
+        timeout = isinstance(exc, CommTimeoutError)
+        spare = tuple(q for q in range(self.size) if q != self.rank) if timeout else ()
+        self._t.abort(msg, timeout=timeout, spare=spare)
         kind = "timeout" if isinstance(exc, CommTimeoutError) else \
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
         recorder.dump(f"{kind}: {msg}")

@@ -231,8 +231,9 @@ class Transport(ABC):
         """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``).
         ``tell`` False: this rank was told already (by a transport it serves beside,
         e.g. its node's shared memory) and only marks the communicator failed.
-        ``spare``: peers an engine need not tell (after a timeout, the ranks that had
-        come to the call, which may have died in it: see MpiTransport)."""
+        ``spare``: peers an engine need not tell (after a timeout, every other rank:
+        one of them may be dead, and a send to a dead rank can crash MPICH; see
+        MpiTransport)."""
 
     @abstractmethod
     def mark_closed(self) -> None:

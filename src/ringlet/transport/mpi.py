@@ -654,11 +654,11 @@ class MpiTransport(Transport):
         A send to a peer that died can crash MPICH (SIGSEGV in MPI_Isend while a large
         message to or from it was in flight).  So nothing is sent, now or at close,
         when a peer's notice, MPI or (``tell`` False) the node's shared memory told
-        this rank: the rank that failed first told every rank already.  And a rank
-        that timed out does not tell the ranks in ``spare``: those that had come to
-        the call, which may have died in it (if they are alive they wait for the same
-        missing rank and reach their own deadline); a rank that never came hears of
-        it.  The peers keep their duplicate of the communicator (a failure path)."""
+        this rank: the rank that failed first told every rank already.  The ranks in
+        ``spare`` are not told either: a communicator that timed out spares every
+        rank (see Communicator._fail), since a rank it waited for may be dead and
+        over MPI a dead rank and a late one look the same.  The peers keep their
+        duplicate of the communicator (a failure path)."""
         with self._lock:
             if self._closed:
                 return
