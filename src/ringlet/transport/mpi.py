@@ -81,6 +81,14 @@ that vanishes with nothing outstanding is caught by the deadline
 (``RINGLET_TIMEOUT``), whose message names the ranks that did not arrive.
 An engine's own collective (``native``) cannot say which rank is missing.
 
+So that a survivor never sends to a dead rank (MPICH 5.0.2 with UCX crashes in
+``MPI_Isend`` then), a rank that was told of a failure (a peer's notice, MPI,
+its node's shared memory) sends nothing more, not even its closed notice, and a
+rank that timed out tells nobody over MPI: any rank it waited for may be dead,
+and a late rank looks the same.  The ranks on other nodes then reach their own
+deadline, and a late rank that comes afterwards times out naming the ranks that
+left (``tests/test_netns_jobs.py``, ``tests/scripts/mpi_errors.py``).
+
 Threads
 -------
 ringlet calls a communicator from its owner thread and, for asynchronous
