@@ -320,13 +320,12 @@ class Calls:
         self._lean = None
         self._t.discard_pending()
         # after a timeout any rank may be dead, and over MPI a dead rank and a late one look
-        # the same, while a send to a dead one can crash MPICH (SIGSEGV in MPI_Isend): an
-        # engine that honours ``spare`` tells nobody (the node hears through shared memory;
-        # the others wait for the same missing rank and reach their own deadline)
+        # the same, while a send to a dead one can crash MPICH (SIGSEGV in MPI_Isend): the
+        # MPI engine then tells nobody (the node hears through shared memory; the others
+        # wait for the same missing rank and reach their own deadline)
         timeout = isinstance(exc, CommTimeoutError)
-        spare = tuple(q for q in range(self.size) if q != self.rank) if timeout else ()
-        self._t.abort(msg, timeout=timeout, spare=spare)
-        kind = "timeout" if isinstance(exc, CommTimeoutError) else \
+        self._t.abort(msg, timeout=timeout, unsure=timeout)
+        kind = "timeout" if timeout else \
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
         recorder.dump(f"{kind}: {msg}")
 

@@ -227,13 +227,13 @@ class Transport(ABC):
 
     @abstractmethod
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
-              spare: Sequence[int] = ()) -> None:
+              unsure: bool = False) -> None:
         """Make every peer fail with ``message`` (CommTimeoutError if ``timeout``).
         ``tell`` False: this rank was told already (by a transport it serves beside,
         e.g. its node's shared memory) and only marks the communicator failed.
-        ``spare``: peers an engine need not tell (after a timeout, every other rank:
-        one of them may be dead, and a send to a dead rank can crash MPICH; see
-        MpiTransport)."""
+        ``unsure``: whether the peers are alive is in doubt (this rank timed out: one
+        of them may be dead); an engine that cannot send to a dead rank safely then
+        tells nobody (see MpiTransport)."""
 
     @abstractmethod
     def mark_closed(self) -> None:

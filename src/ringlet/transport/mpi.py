@@ -655,23 +655,22 @@ class MpiTransport(Transport):
                         f"same calls")
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
-              spare: Sequence[int] = ()) -> None:
-        """Tell every remote peer but ``spare`` to fail with ``message``; this rank's
-        own ``check`` raises it from now on too (as shared memory's abort mailbox does).
+              unsure: bool = False) -> None:
+        """Tell every remote peer to fail with ``message``; this rank's own ``check``
+        raises it from now on too (as shared memory's abort mailbox does).
 
         A send to a peer that died can crash MPICH (SIGSEGV in MPI_Isend while a large
         message to or from it was in flight).  So nothing is sent, now or at close,
         when a peer's notice, MPI or (``tell`` False) the node's shared memory told
-        this rank: the rank that failed first told every rank already.  The ranks in
-        ``spare`` are not told either: a communicator that timed out spares every
-        rank (see Communicator._fail), since a rank it waited for may be dead and
-        over MPI a dead rank and a late one look the same.  The peers keep their
+        this rank: the rank that failed first told every rank already; nor when
+        ``unsure`` (a communicator that timed out: a rank it waited for may be dead,
+        and over MPI a dead rank and a late one look the same).  The peers keep their
         duplicate of the communicator (a failure path)."""
         with self._lock:
             if self._closed:
                 return
-            if self.board.error is None and self._error is None and tell:
-                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message, spare)
+            if self.board.error is None and self._error is None and tell and not unsure:
+                self._tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
             else:
                 self._said = True
             if self.board.error is None:
@@ -683,7 +682,7 @@ class MpiTransport(Transport):
             if not self._closed and not self.MPI.Is_finalized():
                 self._tell(CLOSED, "")
 
-    def _tell(self, kind: int, text: str, spare: Sequence[int] = ()) -> None:
+    def _tell(self, kind: int, text: str) -> None:
         """This rank's last word on the communicator (an abort or a close), to every
         remote peer, closed ones included: a peer frees its duplicate of the
         communicator only once every peer's last word has arrived (see close())."""
@@ -692,7 +691,7 @@ class MpiTransport(Transport):
         self._said = True
         frame = _frame([], kind, text, STATUS_BYTES)
         for q in self.remote:
-            if q in self._dead or q in spare:
+            if q in self._dead:
                 continue
             try:
                 r = self.isend(q, [frame], STATUS)

@@ -150,14 +150,14 @@ class RoutedTransport(Transport):
         self.engine.check([q for q in peers if q not in self.lidx], what)
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
-              spare: Sequence[int] = ()) -> None:
+              unsure: bool = False) -> None:
         # told through shared memory: the rank that failed first told every other node
         # over the engine itself, so this rank does not repeat it there, nor say it
         # closed later (a send to a rank that died can crash MPICH)
         told = self.local is not None and self.local.aborted() is not None
         if self.local is not None:
             self.local.abort(message, timeout)
-        self.engine.abort(message, timeout, tell=tell and not told, spare=spare)
+        self.engine.abort(message, timeout, tell=tell and not told, unsure=unsure)
 
     def mark_closed(self) -> None:
         if self.local is not None:

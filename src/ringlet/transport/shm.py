@@ -486,7 +486,7 @@ class ShmTransport(Transport):
     # --- failure ------------------------------------------------------------------
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
-              spare: Sequence[int] = ()) -> None:
+              unsure: bool = False) -> None:
         """Tell every rank of this communicator to fail with ``message`` (always: a
         write to shared memory reaches a dead peer's segment harmlessly).
 

@@ -820,11 +820,11 @@ class TorchTransport(Transport):
                         f"{gap:.0f} s; {what or self.describe()} cannot complete")
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
-              spare: Sequence[int] = ()) -> None:
+              unsure: bool = False) -> None:
         """Tell every remote peer to fail with ``message`` (CommTimeoutError if
         ``timeout``); with ``tell`` False (the node's shared memory told this rank,
         whose first failing rank told the others) nothing is sent.  gloo fails a send
-        to a dead peer cleanly, so ``spare`` ranks are told too."""
+        to a dead peer cleanly, so it tells them when ``unsure`` too."""
         if not self._closed and tell:
             self._status.tell(ABORT_TIMEOUT if timeout else ABORT_PEER, message)
 
