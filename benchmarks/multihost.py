@@ -238,8 +238,11 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     """What ringlet's calls cost on this engine besides the link's bytes, for the
     prediction: half the round trip of an 8 B ``comm.send``/``comm.recv`` between each
     local rank and its peer on the other host (both pairs at once, as hierarchical's
-    inter-node phase runs), and the time of a ``comm.barrier()`` (a call's agreement
-    alone).  Rank 0's medians."""
+    inter-node phase runs), the time of a ``comm.barrier()`` (a call's agreement
+    alone), and, where hierarchical crosses nodes on the engine's own all_reduce
+    (``ringlet.rails``: the torch engine), the engine's 8 B all_reduce on each pair
+    (both at once): its two rounds are then what a message between the nodes costs.
+    Rank 0's medians."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
     trips = []
@@ -261,7 +264,20 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
         comm.barrier()
         if i >= 10:
             barriers.append(time.perf_counter() - t0)
-    return {"half_rtt_s": statistics.median(trips) / 2, "barrier_s": statistics.median(barriers)}
+    res = {"half_rtt_s": statistics.median(trips) / 2, "barrier_s": statistics.median(barriers)}
+    from ringlet.ops import DTYPES, ReduceOp
+
+    if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
+        t = eng.buf(x)
+        eng.barrier()
+        pairs = []
+        for i in range(reps + 10):
+            t0 = time.perf_counter()
+            eng.all_reduce(x, t, pair=True)
+            if i >= 10:
+                pairs.append(time.perf_counter() - t0)
+        res["rail_round_s"] = statistics.median(pairs) / 2
+    return res
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
@@ -474,7 +490,10 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         costs = run.get(eng, {}).get("costs")
         if not costs:
             continue
-        ea, call = max(alpha, costs["half_rtt_s"]), costs["barrier_s"]
+        # a message between the nodes: ringlet's own over the engine, or a round of the
+        # engine's all_reduce where hierarchical runs that across nodes (rails)
+        ea = max(alpha, costs.get("rail_round_s", costs["half_rtt_s"]))
+        call = costs["barrier_s"]
         bps = shares["hierarchical"]
         out["engines"][eng] = {
             "inter_alpha_s": ea, "call_s": call,
@@ -753,7 +772,11 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                 lines += [f"With the {eng} engine's costs, measured in its job: an 8 B "
                           f"`comm.send`/`comm.recv` between the hosts takes "
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
-                          f"once), the inter-node alpha; a `comm.barrier()` (a call's "
+                          f"once), the inter-node alpha" + (
+                              f" of ringlet's own messages; hierarchical crosses on the "
+                              f"engine's all_reduce (rails), whose 8 B call on each pair takes "
+                              f"two rounds of {c['rail_round_s'] * 1e6:.0f} us, its alpha"
+                              if "rail_round_s" in c else "") + f"; a `comm.barrier()` (a call's "
                           f"agreement alone) {c.get('barrier_s', 0) * 1e6:.0f} us, the fixed "
                           f"cost per call (`--call`):", "", "```", e["command"], "```", ""]
     lines.append(END)
