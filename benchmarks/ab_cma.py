@@ -1,7 +1,7 @@
 """Single-copy reads (cross-memory attach) against the staged path, A/B in one job.
 
-The figures behind ``RINGLET_CMA_BYTES`` (ringlet.transport.cma): off by
-default, since with the staged path's streaming stores no size gains here.
+The figures behind ``RINGLET_CMA_BYTES`` (ringlet.transport.cma; off by
+default: the cost model does not know the kernel's copy yet).
 
     python benchmarks/ab_cma.py [-n 2]        # about a minute on 2 cores
 

@@ -5,14 +5,16 @@ its stage area, the reader copies it out.  With cross-memory attach the
 reader copies it straight from the owner's own array (the kernel pins the
 owner's pages and copies once), as MPICH's and Open MPI's CMA modes do for
 large messages (see :class:`~ringlet.transport.fused.Fused`).  The kernel's
-copy is slower per byte than a user-space one (8 MiB: 271-342 us against
+copy is slower per byte than a user-space one (8 MiB: 243-342 us against
 138-212 us for memcpy on this project's machine), so it can only pay where it
 saves a copy that misses the caches.  Measured A/B in one job
-(``benchmarks/ab_cma.py``): all_to_all 1.11-1.35x faster than staged with
-blocks of 2-8 MiB before the staged path's copies into the output streamed
-(non-temporal stores), 0.89-1.06x after; all_gather 0.43-1.01x and
-broadcast 0.36-0.92x.  So it is off by default (``RINGLET_CMA_BYTES`` 0):
-set a block size to use it for all_to_all where it is faster.
+(``benchmarks/ab_cma.py``, 2 ranks), with the staged path's streaming stores:
+all_to_all 1.02-1.47x faster than staged with 8 MiB blocks and 0.99-1.09x
+with 2 MiB; all_gather 1.00-1.21x and 0.79-0.90x; broadcast 0.68-0.80x
+(``benchmarks/profile_large.py`` puts it beside MPICH, which reads the same
+way).  It is off by default (``RINGLET_CMA_BYTES`` 0) because the cost model
+(``ringlet predict``, the tuner) does not know the kernel's copy yet: set a
+block size to use it for all_to_all where it is faster.
 
 It needs Linux 3.2+ and permission to read the peer (the same user and, under
 Yama's ``ptrace_scope`` 1, a process that allowed it: every rank calls
