@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve()
@@ -92,16 +93,12 @@ def rank_main(out: str, sizes: list[int], pieces: list[int]) -> None:
 
     comm = ringlet.init()
 
+    from multihost import _timed  # this script's directory is on the path
+
+    engine = SimpleNamespace(barrier=dist.barrier)
+
     def loops(call: Any, k: int) -> float:
-        ts = []
-        for _ in range(5):
-            dist.barrier()
-            t = time.perf_counter()
-            for _ in range(k):
-                call()
-            ts.append((time.perf_counter() - t) / k)
-        dist.barrier()
-        return statistics.median(ts) * 1e3
+        return statistics.median(_timed(engine, call, k, 5)) * 1e3   # type: ignore[arg-type]
 
     res: dict[str, Any] = {"sizes": {}}
     for nbytes in sizes:
