@@ -7,6 +7,7 @@ import pytest
 
 from ringlet import rails
 from ringlet.algorithms import build
+from ringlet.errors import ConfigError
 from ringlet.ops import DTYPES, ReduceOp
 from ringlet.schedule import Kind
 
@@ -27,6 +28,21 @@ from ringlet.schedule import Kind
 def test_wanted(mode: str, engine: str | None, native: bool, op: ReduceOp, dtype: str,
                 want: bool) -> None:
     assert rails.wanted(mode, engine, native, op, DTYPES[dtype]) is want
+
+
+def test_only_a_transport_across_nodes_has_rails() -> None:
+    """The communicator asks ``caps.rails`` before it asks for a rail; a transport
+    without nodes says why it has none."""
+    from ringlet.transport.base import Transport
+    from ringlet.transport.mpi import MpiTransport
+    from ringlet.transport.routed import RoutedTransport
+    from ringlet.transport.shm import ShmTransport
+    from ringlet.transport.torch import TorchTransport
+
+    assert not any(t.caps.rails for t in (ShmTransport, MpiTransport, TorchTransport))
+    assert "rail" in RoutedTransport.__dict__
+    with pytest.raises(ConfigError, match="no nodes, so no rails"):
+        Transport.rail(object(), 2)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("n,g", [(4, 2), (6, 2), (6, 3), (8, 4), (9, 3), (8, 1), (4, 4)])

@@ -498,7 +498,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
     def _rail_group(self, name: str, op: ReduceOp | None, dt: Any) -> bool:
         """Whether a hierarchical all_reduce crosses nodes on the engine's all_reduce."""
         return name == "hierarchical" and len(self.topology.nodes) > 1 and \
-            self.topology.ranks_per_node is not None and hasattr(self._t, "rail") and \
+            self.topology.ranks_per_node is not None and self._t.caps.rails and \
             rails.wanted(self.settings.rails, self._t.caps.engine, self._t.caps.native, op, dt)
 
     def _tmp(self, key: str, dtype: np.dtype[Any], count: int) -> np.ndarray:
@@ -529,7 +529,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         sched = _build(collective, name, self.size, root, **params)
         if collective == "all_reduce" and op is not None and g is not None \
                 and self._rail_group(name, op, dt):
-            rails.run(sched, self.rank, m, g, self._t, self._t.rail(g),  # type: ignore
+            rails.run(sched, self.rank, m, g, self._t, self._t.rail(g),
                       bufs[Buf.OUT], reducer(op, dt), lambda: self._current, dt)
             return
         prog = compile_program(sched, self.rank, m)

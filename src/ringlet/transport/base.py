@@ -143,6 +143,8 @@ class Caps:
     engine: str | None = None
     #: the engine's own collectives can run a call (algorithm "native")
     native: bool = False
+    #: ranks on several nodes, with the engine's groups per rail (:meth:`Transport.rail`)
+    rails: bool = False
 
 
 class Transport(ABC):
@@ -260,6 +262,12 @@ class Transport(ABC):
         raise ConfigError(f"this transport has no native collectives ({collective})")
 
     # --- groups -----------------------------------------------------------------------
+
+    def rail(self, g: int) -> Transport:
+        """The engine's group of this rank's rail (``caps.rails``): local rank
+        ``rank % g`` of every group of ``g`` consecutive ranks, for a two-level
+        schedule's inter-node phase (:mod:`ringlet.rails`)."""
+        raise ConfigError("this transport has no nodes, so no rails")
 
     @abstractmethod
     def split(self, ranks: Sequence[int], token: str,

@@ -51,7 +51,7 @@ class RoutedTransport(Transport):
         # shared memory's spinning ones
         self.settings = engine.settings if local is None or engine.caps.engine == "torch" \
             else local.settings
-        self.caps = Caps(engine=engine.caps.engine, native=engine.caps.native)
+        self.caps = Caps(engine=engine.caps.engine, native=engine.caps.native, rails=True)
         #: waits for node-local requests only: shared memory's spin, then sleep (no
         #: yielding: other ranks' engine threads need the cores, 4 ranks on 2 here)
         self._local_wait = self.settings if local is None else \
