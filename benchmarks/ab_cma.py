@@ -8,8 +8,8 @@ default: the cost model does not know the kernel's copy yet).
 all_gather, all_to_all and broadcast at 1, 4 and 16 MiB (the nccl-tests
 size: the gathered or exchanged vector) with fresh ``np.empty`` arrays, the
 staged shared-memory path and the single-copy one (``process_vm_readv``, at
-every size here: ``cma_bytes`` 1; for all_gather and broadcast, which the
-communicator runs staged, the same single-copy step called directly)
+every size here: ``cma_bytes`` 1; for broadcast, which the communicator
+runs staged, the same single-copy step called directly)
 alternating in blocks within one job (every rank switches together), and
 the raw speed of one process_vm_readv of 8 MiB against one memcpy of 8 MiB.
 Prints the median time of each and the ratio.
@@ -37,25 +37,17 @@ def body(comm: ringlet.Communicator, blocks: int) -> dict[str, list[float]]:
 
     timed = timer(comm, out)
 
-    r, peers = comm.rank, f.peers
+    r = comm.rank
     cases = []
     for nb in SIZES:
         part, whole = np.ones(nb // 4 // n, np.float32), np.empty(nb // 4, np.float32)
         x, y = np.ones(nb // 4, np.float32), np.empty(nb // 4, np.float32)
-        m = part.size
-
-        def gather(p: np.ndarray = part, w: np.ndarray = whole, m: int = m) -> None:
-            # all_gather by the same single-copy step, called directly (the communicator
-            # runs all_gather staged): every rank reads every peer's block
-            def own() -> None:
-                w[r * m:(r + 1) * m] = p
-            f._single_copy(p, [(q, 0, w[q * m:(q + 1) * m]) for q in peers], own)
 
         def bcast(x: np.ndarray = x) -> None:
             f._single_copy(x if r == 0 else None, [] if r == 0 else [(0, 0, x)])
 
         cases += [(f"all_gather {nb >> 20}M", lambda p=part, w=whole: comm.all_gather(p, out=w),
-                   gather),
+                   None),
                   (f"all_to_all {nb >> 20}M", lambda x=x, y=y: comm.all_to_all(x, out=y), None),
                   (f"broadcast {nb >> 20}M", lambda x=x: comm.broadcast(x, 0), bcast)]
     for b in range(blocks):

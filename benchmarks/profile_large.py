@@ -137,15 +137,10 @@ def ringlet_body(comm: Any, nbytes: int, reps: int) -> dict[str, Any] | None:
              "all_to_all": lambda: comm.all_to_all(x, out=y),
              "broadcast": lambda: comm.broadcast(x, ROOT)}
 
-    def gather_single() -> None:
-        def own() -> None:
-            whole[r * m:(r + 1) * m] = part
-        f._single_copy(part, [(q, 0, whole[q * m:(q + 1) * m]) for q in f.peers], own)
-
     def bcast_single() -> None:
         f._single_copy(x if r == ROOT else None, [] if r == ROOT else [(ROOT, 0, x)])
 
-    singles = {"all_gather": gather_single, "all_to_all": calls["all_to_all"],
+    singles = {"all_gather": calls["all_gather"], "all_to_all": calls["all_to_all"],
                "broadcast": bcast_single}
     spent = {"put": 0.0, "wait": 0.0}
     real_put, real_wait = fused._put, fused.Fused._wait

@@ -328,7 +328,9 @@ def _single_copy(comm: ringlet.Communicator) -> list[Any]:
         for count in counts:
             for offset in (False, True):
                 ins = [make(dtype, count, q, salt=7) for q in range(n)]
+                before = f.piece
                 g = comm.all_gather(_fresh_or_offset(ins[r], offset), algorithm="direct")
+                single.append((count * ins[r].itemsize >= CMA_MIN_BYTES, f.piece - before))
                 if not np.array_equal(g, np.stack(ins)):
                     bad.append(f"all_gather {dtype} {count} offset {offset}")
                 for root in sorted({0, n - 1}):
@@ -347,10 +349,10 @@ def _single_copy(comm: ringlet.Communicator) -> list[Any]:
 
 
 def test_single_copy_collectives(small: World) -> None:
-    """all_to_all (and all_gather and broadcast, which stay staged) with blocks around
-    the single-copy threshold, fresh and offset arrays: numpy's answer; all_to_all in
-    one step (a piece) per call from the threshold where the kernel allows cross-memory
-    attach, in staged pieces below it."""
+    """all_gather and all_to_all (and broadcast, which stays staged) with blocks around
+    the single-copy threshold, fresh and offset arrays: numpy's answer; all_gather and
+    all_to_all in one step (a piece) per call from the threshold where the kernel
+    allows cross-memory attach, in staged pieces below it."""
     for r, (bad, single, on) in enumerate(small.run(_single_copy)):
         assert not bad, f"rank {r}: {bad}"
         if small.size == 1 or not cma.AVAILABLE:

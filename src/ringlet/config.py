@@ -94,14 +94,15 @@ class Settings:
         "doc": "Run the shared-memory transport's fused implementations of the one-shot "
                "and direct algorithms (off: the generic step executor runs them)."})
     cma_bytes: int = field(default=0, metadata={
-        "doc": "Blocks of all_to_all on one host of at least this many bytes are read "
-               "from each peer's own array in one copy (cross-memory attach, "
-               "process_vm_readv) instead of being staged through shared memory (two "
-               "copies); 0 (the default): never. On this project's machines the kernel's "
-               "copy is slower per byte than the staged path's (benchmarks/ab_cma.py "
-               "measures both on yours). Where the kernel refuses the call, every rank "
-               "falls back to the staged path. Every rank must have the same setting. "
-               "Accepts K/M/G."})
+        "doc": "Blocks of all_gather and all_to_all on one host of at least this many "
+               "bytes are read from each peer's own array in one copy (cross-memory "
+               "attach, process_vm_readv) instead of being staged through shared memory "
+               "(two copies); 0 (the default): never, since the cost model does not know "
+               "the kernel's copy. It is slower per byte than memcpy, so it pays for "
+               "large blocks only (8 MiB on this project's machines; "
+               "benchmarks/ab_cma.py measures both on yours). Where the kernel refuses "
+               "the call, every rank falls back to the staged path. Every rank must have "
+               "the same setting. Accepts K/M/G."})
     lean: bool = field(default=True, metadata={
         "doc": "Run small all_reduce calls on the compiled path (ringlet._lean, built by "
                "pip install when a C compiler is there) where it applies; off: the Python "

@@ -10,11 +10,13 @@ copy is slower per byte than a user-space one (8 MiB: 243-342 us against
 saves a copy that misses the caches.  Measured A/B in one job
 (``benchmarks/ab_cma.py``, 2 ranks), with the staged path's streaming stores:
 all_to_all 1.02-1.47x faster than staged with 8 MiB blocks and 0.99-1.09x
-with 2 MiB; all_gather 1.00-1.21x and 0.79-0.90x; broadcast 0.68-0.80x
+with 2 MiB; all_gather 1.00-1.21x and 0.73-0.90x; broadcast 0.64-0.80x
 (``benchmarks/profile_large.py`` puts it beside MPICH, which reads the same
-way).  It is off by default (``RINGLET_CMA_BYTES`` 0) because the cost model
+way).  At 4 ranks on 2 cores, with 4 MiB blocks, all_to_all 1.46x and
+all_gather 0.58x (``-n 4``): where it pays depends on the collective and the
+ranks, not only on the block.  It is off by default (``RINGLET_CMA_BYTES`` 0) because the cost model
 (``ringlet predict``, the tuner) does not know the kernel's copy yet: set a
-block size to use it for all_to_all where it is faster.
+block size to use it for all_gather and all_to_all where it is faster.
 
 It needs Linux 3.2+ and permission to read the peer (the same user and, under
 Yama's ``ptrace_scope`` 1, a process that allowed it: every rank calls

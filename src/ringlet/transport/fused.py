@@ -24,7 +24,7 @@ same name with fewer copies and almost no per-step Python:
     finished the piece that used it last.  Each reduced block is computed by
     one rank and copied by the others, so all ranks hold the same bits.
 
-*Single copy* (all_to_all, blocks of ``RINGLET_CMA_BYTES`` and up): instead
+*Single copy* (all_gather and all_to_all, blocks of ``RINGLET_CMA_BYTES`` and up): instead
     of staging, every rank publishes the address of its own
     array and reads each peer's block straight out of the peer's array with
     ``process_vm_readv`` (:mod:`ringlet.transport.cma`), one copy instead of
@@ -335,7 +335,14 @@ class Fused:
         n, r, m, dt = self.t.size, self.t.rank, x.size, x.dtype
         stage, isz = self.t.stage, x.itemsize
         nt = out.nbytes >= STREAM_MIN_BYTES
-        _put(out[r * m:(r + 1) * m], x, nt)
+
+        def own() -> None:
+            _put(out[r * m:(r + 1) * m], x, nt)
+
+        if self._single(m * isz) and self._single_copy(
+                x, [(q, 0, out[q * m:(q + 1) * m]) for q in self.peers], own):
+            return
+        own()
 
         def write(h: int, a: int, b: int) -> None:
             stage[r][h][:(b - a) * isz].view(dt)[...] = x[a:b]
