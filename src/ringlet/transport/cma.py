@@ -14,9 +14,10 @@ with 2 MiB; all_gather 1.00-1.21x and 0.73-0.90x; broadcast 0.64-0.80x
 (``benchmarks/profile_large.py`` puts it beside MPICH, which reads the same
 way).  At 4 ranks on 2 cores, with 4 MiB blocks, all_to_all 1.46x and
 all_gather 0.58x (``-n 4``): where it pays depends on the collective and the
-ranks, not only on the block.  It is off by default (``RINGLET_CMA_BYTES`` 0) because the cost model
-(``ringlet predict``, the tuner) does not know the kernel's copy yet: set a
-block size to use it for all_gather and all_to_all where it is faster.
+ranks, not only on the block.  It is off by default (``RINGLET_CMA_BYTES``
+0) because the cost model (``ringlet predict``, the tuner) does not know the
+kernel's copy yet: set a block size to use it for all_gather and all_to_all
+where it is faster.
 
 It needs Linux 3.2+ and permission to read the peer (the same user and, under
 Yama's ``ptrace_scope`` 1, a process that allowed it: every rank calls
