@@ -245,38 +245,32 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     Rank 0's medians."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
-    trips = []
-    eng.barrier()
-    for i in range(reps + 10):
-        t0 = time.perf_counter()
+
+    def median(call: Any) -> float:
+        """The median seconds of ``reps`` calls after 10 unmeasured ones."""
+        eng.barrier()
+        times = []
+        for i in range(reps + 10):
+            t0 = time.perf_counter()
+            call()
+            if i >= 10:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def trip() -> None:
         if first:
             comm.send(x, eng.peer)
             comm.recv(y, eng.peer)
         else:
             comm.recv(y, eng.peer)
             comm.send(x, eng.peer)
-        if i >= 10:
-            trips.append(time.perf_counter() - t0)
-    eng.barrier()
-    barriers = []
-    for i in range(reps + 10):
-        t0 = time.perf_counter()
-        comm.barrier()
-        if i >= 10:
-            barriers.append(time.perf_counter() - t0)
-    res = {"half_rtt_s": statistics.median(trips) / 2, "barrier_s": statistics.median(barriers)}
+
+    res = {"half_rtt_s": median(trip) / 2, "barrier_s": median(comm.barrier)}
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
         t = eng.buf(x)
-        eng.barrier()
-        pairs = []
-        for i in range(reps + 10):
-            t0 = time.perf_counter()
-            eng.all_reduce(x, t, pair=True)
-            if i >= 10:
-                pairs.append(time.perf_counter() - t0)
-        res["rail_round_s"] = statistics.median(pairs) / 2
+        res["rail_round_s"] = median(lambda: eng.all_reduce(x, t, pair=True)) / 2
     return res
 
 

@@ -42,7 +42,6 @@ the generic path.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -82,7 +81,8 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
 try:   # the compiled module's copy with non-temporal stores, where it was built
-    _copy_stream = importlib.import_module("ringlet._lean").copy_stream
+    from .. import _lean  # type: ignore[attr-defined]
+    _copy_stream = _lean.copy_stream
 except ImportError:
     _copy_stream = None
 
