@@ -342,6 +342,7 @@ class Calls:
         if s is None:
             return
         t = self._t
+        seen = t.events()
         missing = [q for q in range(self.size) if q != self.rank and t.peer_desc(q, s) is None]
         waiter = None
         while missing:
@@ -350,7 +351,8 @@ class Calls:
                     f"{self._current}, waiting for the peers to reach call #{s} (which rank "
                     f"{self.rank} rejected)", missing), lambda: missing,
                     lambda: t.check(missing))
-            waiter.pause()
+            t.idle(seen, waiter, missing)
+            seen = t.events()
             missing[:] = [q for q in missing if t.peer_desc(q, s) is None]
         self._pending_reject = None
 
@@ -375,6 +377,7 @@ class Calls:
         missing = [q for q in range(self.size) if q != self.rank]
         waiter = None
         while missing:
+            seen = t.events()
             for q in list(missing):
                 d = t.peer_desc(q, seq)
                 if d is not None:
@@ -385,7 +388,7 @@ class Calls:
                     waiter = Waiter(t.settings,
                                     lambda: self._whereabouts(self._current, missing),
                                     lambda: missing, lambda: t.check(missing))
-                waiter.pause()
+                t.idle(seen, waiter, missing)
         agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
 

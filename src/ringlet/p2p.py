@@ -169,11 +169,12 @@ class P2PEngine:
             waiter = Waiter(t.settings, lambda: what, lambda: watch,
                             lambda: t.check(watch, what))
             while True:
+                seen = t.events()
                 got = self.iprobe(src, tag)
                 if got is not None:
                     return got
                 if not self._progress():
-                    waiter.pause()
+                    t.idle(seen, waiter, self._in_flight(None if src == ANY_SOURCE else src))
 
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
                  data: np.ndarray | None) -> Request | None:
@@ -271,9 +272,10 @@ class P2PEngine:
                             timeout=timeout, advice=lambda: self._advice(w, True))
             try:
                 while not w._done.is_set():
+                    seen = t.events()
                     if not self._progress():
                         try:
-                            waiter.pause()
+                            t.idle(seen, waiter, self._in_flight(w._peer))
                         except CommTimeoutError as exc:
                             if timeout is not None:
                                 return
@@ -288,6 +290,14 @@ class P2PEngine:
                 # a message may be half sent or received: the channels are out of step
                 self.c._fail(exc)
                 raise
+
+    def _in_flight(self, peer: int | None) -> list[int] | None:
+        """The peers a wait for ``peer`` (None: any rank) needs polled: ``peer`` and
+        those with a message still moving (for :meth:`Transport.idle`)."""
+        if peer is None:
+            return None
+        return [peer, *(q for q in range(self.c.size) if q != peer and
+                        (self.sends[q] or self.active[q] is not None))]
 
     def _check(self, watch: list[int], w: Work) -> None:
         try:

@@ -94,21 +94,8 @@ class Waiter:
         if self._polls & 15:
             return  # pure spin between clock reads
         now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + self._liveness
-            if self._check is not None:
-                try:
-                    self._check()
-                except PeerError:
-                    # a peer that ended may have done what we wait for just before it
-                    # ended: the caller polls once more before this becomes an error
-                    if self._rechecked:
-                        raise
-                    self._rechecked = True
-                    self._next_check = now
-                    return
-            if now >= self._deadline:
-                raise self.timeout_error()
+        if not self.tick(now):
+            return
         if now < self._spin_end:
             return
         if now < self._yield_end:
@@ -116,6 +103,29 @@ class Waiter:
             return
         time.sleep(self._sleep)
         self._sleep = min(self._sleep * 2, self._sleep_max)
+
+    def tick(self, now: float | None = None) -> bool:
+        """Check the peers (every ``liveness_s``) and the deadline, without pausing: for
+        a wait that blocks by other means (:meth:`ringlet.transport.base.Transport.idle`).
+        False if a peer was found gone just now: the caller polls once more (a peer
+        that ended may have done what we wait for just before it ended), and the next
+        tick raises."""
+        if now is None:
+            now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + self._liveness
+            if self._check is not None:
+                try:
+                    self._check()
+                except PeerError:
+                    if self._rechecked:
+                        raise
+                    self._rechecked = True
+                    self._next_check = now
+                    return False
+            if now >= self._deadline:
+                raise self.timeout_error()
+        return True
 
     def moved(self) -> None:
         """Something happened: the next pauses sleep briefly again (the sleeps grow only

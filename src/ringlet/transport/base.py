@@ -188,12 +188,30 @@ class Transport(ABC):
         waiter = Waiter(self.wait_settings(reqs), what, missing,
                         lambda: self.check(missing()))
         while True:
+            seen = self.events()
             if self.progress():
                 waiter.moved()
             else:
                 if all(r.done for r in reqs):
                     return
-                waiter.pause()
+                self.idle(seen, waiter, missing())
+
+    def events(self) -> int:
+        """A counter of the completions this transport was told of (by an engine's
+        threads), for :meth:`idle`; 0 where nothing tells (the caller polls)."""
+        return 0
+
+    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+        """A poll found nothing to do: pause until something may have moved.
+
+        ``seen`` is what :meth:`events` returned before the poll; ``peers`` the
+        peers whose messages the caller waits for (None: any).  By default
+        the waiter spins, yields or sleeps (shared memory and MPI are polled);
+        an engine whose completions are reported by threads (torch's gloo)
+        blocks until the next report instead, unless one came since ``seen``.
+        Every wait loop of the communicator, the executor and p2p idles here,
+        so the waits of such an engine never sleep past a completion."""
+        waiter.pause()
 
     def wait_settings(self, reqs: Sequence[Request]) -> Settings:
         """How :meth:`wait` waits for ``reqs`` (spin, yield, sleep): ``settings``."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Settings
+from ..wait import Waiter
 from .base import COLL, Caps, Reducer, Request, Transport
 from .shm import ShmTransport
 
@@ -112,6 +113,20 @@ class RoutedTransport(Transport):
         if self.local is not None and all(r.done or r.peer in self.lidx for r in reqs):
             return self._local_wait
         return self.settings
+
+    def events(self) -> int:
+        return self.engine.events()
+
+    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+        """The engine's idle while the caller waits only for peers on other nodes and
+        nothing is in flight in shared memory; otherwise the waiter's pause (shared
+        memory is polled)."""
+        if self.local is not None and (
+                peers is None or self.local.pending_peers() or
+                any(q in self.lidx for q in peers)):
+            waiter.pause()
+        else:
+            self.engine.idle(seen, waiter, peers)
 
     def discard_pending(self) -> None:
         self.engine.discard_pending()

@@ -39,12 +39,13 @@ finishes once the receiver's point-to-point engine runs (any p2p call there).
 
 A lane needs the GIL for a moment to report a message, and a thread that
 polls in a loop holds it (a waiting thread gets it after the interpreter's
-switch interval, 5 ms).  So this transport's waits block on the lanes'
-events, its ``settings`` (which the communicator's waits use) never spin or
-yield, and ``progress`` and ``peer_desc``, which other loops poll, nap on the
-lanes' events (at most 0.2 ms) when they find nothing.  A 2-rank barrier
-takes about 0.25 ms on one host, an 8 B ring all_reduce about 0.75 ms (gloo's
-own round trip is 0.13 ms).
+switch interval, 5 ms); a wait that sleeps between polls sleeps past the
+reports.  So every wait loop over this transport idles in
+:meth:`TorchTransport.idle`, which naps (at most 0.2 ms) until a lane, or
+gloo's completion callback for the engine's own collectives, reports, and
+its ``settings`` never spin or yield.  A 2-rank point-to-point round trip
+takes about 0.5 ms on one host (gloo's own, blocking in ``wait``, 0.13 ms),
+a 2-rank barrier about 0.25 ms.
 
 *Liveness.*  Agreement and status are messages
 (:class:`~ringlet.transport.base.MessageAgreement`,
@@ -127,7 +128,7 @@ _IDLE_S = 5.0
 #: how long a lane waits for one request: "forever" (a wait whose timeout expires
 #: closes every connection of the group; ringlet's deadlines are the Waiter's)
 _FOREVER = timedelta(days=3650)
-#: the longest nap of a poll that found nothing (see TorchTransport._nap)
+#: the longest nap of a wait that found nothing (see TorchTransport.idle)
 _NAP_S = 200e-6
 #: the tag of the receive close() lets time out (nobody sends on it)
 _KILL_TAG = 15
@@ -583,8 +584,6 @@ class TorchTransport(Transport):
         self._dead: dict[int, str] = {}
         self._closed = False
         self.describe: Callable[[], str] = lambda: "a collective"
-        # waits block on the lanes' events, so the Waiter never sleeps by itself
-        self._block = settings.replace(spin_us=1e12)
         self._given = settings
         self._keys = dist.PrefixStore(f"{prefix}/", store)
         self._keys.set(f"here/{rank}", "1")     # for the message if some rank never comes
@@ -706,15 +705,8 @@ class TorchTransport(Transport):
         return [functools.partial(op, [tensor[lo:hi]], peer, channel) for lo, hi in msg.ranges]
 
     def progress(self) -> bool:
-        """Finish every collective request that gloo has finished; True if any.
-
-        If some are pending and none finished, it naps (at most _NAP_S, less if a lane
-        reports): a caller that polls in a loop holds the GIL the lanes need."""
-        seen = self._events
-        moved = self._progress()
-        if not moved and self._coll:
-            self._nap(seen)
-        return moved
+        """Finish every collective request that gloo has finished; True if any."""
+        return self._progress()
 
     def _progress(self) -> bool:
         moved = False
@@ -727,20 +719,27 @@ class TorchTransport(Transport):
             self._coll = pending
         return moved
 
-    def _nap(self, seen: int) -> None:
-        """Release the GIL until a lane reports (or _NAP_S passed), unless one has since
-        ``seen``.  Waits that poll (the communicator's agreement, a routed transport's
-        waits) spin or yield with the GIL held: a lane thread that finished a message
-        waits for it up to the interpreter's switch interval (5 ms)."""
+    def events(self) -> int:
+        return self._events
+
+    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+        """Nap until a lane (or gloo's completion callback) reports, at most _NAP_S,
+        unless one has since ``seen``; then the waiter's checks.  A wait that polled
+        instead holds the GIL the lanes need, or sleeps past their reports (a 2-rank
+        point-to-point round trip took 0.95 ms with sleeps, 0.51 ms with naps); one
+        that blocked until the report made 4 ranks on 2 cores slower (an 8 B
+        hierarchical all_reduce 3.6 ms, against 2.3 ms with naps: on this virtual
+        machine a core that went idle wakes late)."""
         with self._cv:
             if self._events == seen:
                 self._cv.wait(_NAP_S)
+        waiter.tick()
 
     def wait(self, reqs: Sequence[Request], what: Callable[[], str]) -> None:
         """Finish the requests as their lanes report them, within the deadline."""
         if all(r.done for r in reqs):
             return
-        waiter = Waiter(self._block, what, lambda: [r.peer for r in reqs if not r.done],
+        waiter = Waiter(self.settings, what, lambda: [r.peer for r in reqs if not r.done],
                         lambda: self.check([r.peer for r in reqs if not r.done]))
         while True:
             seen = self._events
@@ -751,10 +750,7 @@ class TorchTransport(Transport):
             if all(r.done for r in reqs):
                 return
             if not moved:
-                with self._cv:
-                    if self._events == seen:
-                        self._cv.wait(0.002)
-                waiter.pause()
+                self.idle(seen, waiter)
 
     def discard_pending(self) -> None:
         """Forget pending collective requests (the communicator is being aborted).
@@ -768,11 +764,7 @@ class TorchTransport(Transport):
         self._agree.publish(seq, words, note)
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
-        seen = self._events
-        desc = self._agree.peer_desc(q, seq)
-        if desc is None:
-            self._nap(seen)     # the caller polls: let the lane that has it report it
-        return desc
+        return self._agree.peer_desc(q, seq)
 
     def note(self, q: int, seq: int) -> str:
         return self._agree.note(q, seq)
@@ -1004,8 +996,15 @@ class TorchTransport(Transport):
                                 f"gloo's own {collective} did not finish although every rank "
                                 f"entered the call: a rank hangs or its connection is slow. If "
                                 f"the peers are just slow, raise RINGLET_TIMEOUT (seconds)"))
-            while not work.is_completed():
-                waiter.pause()
+            try:    # gloo's worker thread reports the completion: idle() wakes at once
+                work.get_future().add_done_callback(lambda _f: self._event())
+            except (AttributeError, RuntimeError):
+                pass    # no future: idle() looks again every _NAP_S
+            while True:
+                seen = self._events
+                if work.is_completed():
+                    break
+                self.idle(seen, waiter)
         try:
             work.wait()
         except RuntimeError as exc:
