@@ -4,7 +4,8 @@
 
 Needs root and the network-namespace test bed (``tests/netbed.py``), as
 ``benchmarks/multihost.py``: two hosts, two ranks each, under ``torchrun``,
-every host's link shaped to ``--rate``.  Per size, rank 0's figures:
+every host's link shaped to ``--rate``.  Per size (times: the slowest rank's per
+loop, medians of five loops; the phases: rank 0's):
 
 - ``comm.all_reduce(x)`` (hierarchical with the native rails) timed in loops
   between barriers, with its three phases timed inside the call: the
@@ -93,12 +94,12 @@ def rank_main(out: str, sizes: list[int], pieces: list[int]) -> None:
 
     comm = ringlet.init()
 
-    from multihost import _timed  # this script's directory is on the path
+    from multihost import _slowest, _timed  # this script's directory is on the path
 
     engine = SimpleNamespace(barrier=dist.barrier)
 
     def loops(call: Any, k: int) -> float:
-        return statistics.median(_timed(engine, call, k, 5)) * 1e3   # type: ignore[arg-type]
+        return statistics.median(_slowest(comm, _timed(engine, call, k, 5))) * 1e3  # type: ignore[arg-type]
 
     res: dict[str, Any] = {"sizes": {}}
     for nbytes in sizes:
@@ -156,7 +157,8 @@ def main() -> int:
         res = json.loads(Path(path).read_text())
     finally:
         os.unlink(path)
-    print(f"torch engine, 2 hosts x 2 ranks, link {a.rate}; rank 0's medians (ms)")
+    print(f"torch engine, 2 hosts x 2 ranks, link {a.rate}; the slowest rank's medians "
+          f"(ms; the phases: rank 0's)")
     for nbytes, row in res["sizes"].items():
         ph = row.pop("phases")
         print(f"\n{multihost.human(int(nbytes))}:")

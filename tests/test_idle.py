@@ -1,0 +1,131 @@
+"""How waits idle (:meth:`ringlet.transport.base.Transport.idle`, :meth:`Waiter.tick`): pure
+tests with stand-ins for the transports; the real waits run in every multi-process test."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from ringlet.config import Settings
+from ringlet.errors import CommTimeoutError, PeerError
+from ringlet.transport.base import Transport
+from ringlet.transport.routed import RoutedTransport
+from ringlet.transport.torch import TorchTransport
+from ringlet.wait import Waiter
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def tick(self, now: float | None = None) -> bool:
+        self.calls.append("tick")
+        return True
+
+
+def test_tick_checks_the_peers_and_the_deadline_without_pausing() -> None:
+    checks: list[int] = []
+    w = Waiter(Settings(liveness_s=0.0), lambda: "all_reduce #3 (4 x float32)", lambda: [2],
+               lambda: checks.append(1), timeout=60.0)
+    assert w.tick() and w.tick() and checks == [1, 1]     # every liveness_s (here: always)
+    rare = Waiter(Settings(liveness_s=100.0), lambda: "x", lambda: [2],
+                  lambda: checks.append(2), timeout=60.0)
+    assert rare.tick() and checks == [1, 1]   # the first check comes after at most 10 ms
+    late = Waiter(Settings(liveness_s=0.0), lambda: "all_reduce #3 (4 x float32)",
+                  lambda: [2], timeout=0.0)
+    with pytest.raises(CommTimeoutError, match=r"all_reduce #3 .*rank 2 did not arrive"):
+        late.tick()
+
+
+def test_tick_gives_a_peer_that_ended_one_more_poll() -> None:
+    def gone() -> None:
+        raise PeerError("rank 1 closed the communicator")
+
+    w = Waiter(Settings(liveness_s=0.0), lambda: "barrier #1", lambda: [1], gone, timeout=60.0)
+    assert w.tick() is False                   # poll once more: it may have finished
+    with pytest.raises(PeerError, match="rank 1 closed"):
+        w.tick()
+
+
+def test_a_polled_transport_idles_in_the_waiters_pause() -> None:
+    w = _Waiter()
+    Transport.idle(object(), 0, w, [1])  # type: ignore[arg-type]
+    assert w.calls == ["pause"]
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.idled: list[Any] = []
+
+    def idle(self, seen: int, waiter: Any, peers: Any = None) -> None:
+        self.idled.append((seen, peers))
+
+    def events(self) -> int:
+        return 7
+
+
+class _Local:
+    def __init__(self, pending: list[int]) -> None:
+        self.pending = pending
+
+    def pending_peers(self) -> list[int]:
+        return self.pending
+
+
+def _routed(pending: list[int]) -> tuple[RoutedTransport, _Engine]:
+    """Rank 0 of nodes (0, 1) and (2, 3): rank 1 is local, 2 and 3 are the engine's."""
+    t = object.__new__(RoutedTransport)
+    eng = _Engine()
+    t.engine, t.local, t.lidx = eng, _Local(pending), {0: 0, 1: 1}  # type: ignore[assignment]
+    return t, eng
+
+
+@pytest.mark.parametrize(("peers", "pending", "engine_idles"), [
+    ([2], [], True),          # only peers on other nodes: the engine blocks on its reports
+    ([2, 3], [], True),
+    ([1], [], False),         # a local peer: shared memory is polled
+    ([2, 1], [], False),
+    (None, [], False),        # any rank (a receive from ANY_SOURCE): polled
+    ([2], [1], False),        # shared memory has a message in flight: polled
+])
+def test_a_routed_transport_idles_on_the_engine_only_for_remote_peers(
+        peers: list[int] | None, pending: list[int], engine_idles: bool) -> None:
+    t, eng = _routed(pending)
+    w: Any = _Waiter()
+    assert t.events() == 7
+    t.idle(7, w, peers)
+    assert (eng.idled == [(7, peers)]) is engine_idles
+    assert w.calls == ([] if engine_idles else ["pause"])
+
+
+class _Cv:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _Cv:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        return False
+
+
+@pytest.mark.parametrize(("seen", "naps"), [(5, 1), (4, 0)])
+def test_torch_naps_only_if_no_lane_reported_since_the_poll(seen: int, naps: int) -> None:
+    t = object.__new__(TorchTransport)
+    t._cv, t._events = _Cv(), 5  # type: ignore[assignment]
+    w: Any = _Waiter()
+    t.idle(seen, w)
+    assert len(t._cv.waits) == naps  # type: ignore[attr-defined]
+    assert all(0 < s <= 1e-3 for s in t._cv.waits)  # type: ignore[attr-defined]
+    assert w.calls == ["tick"]        # the deadline and the peers are checked either way
