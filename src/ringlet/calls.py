@@ -351,7 +351,7 @@ class Calls:
                     f"{self._current}, waiting for the peers to reach call #{s} (which rank "
                     f"{self.rank} rejected)", missing), lambda: missing,
                     lambda: t.check(missing))
-            t.idle(seen, waiter, missing)
+            t.idle(seen, waiter, lambda: missing)
             seen = t.events()
             missing[:] = [q for q in missing if t.peer_desc(q, s) is None]
         self._pending_reject = None
@@ -388,7 +388,7 @@ class Calls:
                     waiter = Waiter(t.settings,
                                     lambda: self._whereabouts(self._current, missing),
                                     lambda: missing, lambda: t.check(missing))
-                t.idle(seen, waiter, missing)
+                t.idle(seen, waiter, lambda: missing)
         agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
 

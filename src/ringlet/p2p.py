@@ -168,13 +168,14 @@ class P2PEngine:
         with self.lock:
             waiter = Waiter(t.settings, lambda: what, lambda: watch,
                             lambda: t.check(watch, what))
+            peers = functools.partial(self._in_flight, None if src == ANY_SOURCE else src)
             while True:
                 seen = t.events()
                 got = self.iprobe(src, tag)
                 if got is not None:
                     return got
                 if not self._progress():
-                    t.idle(seen, waiter, self._in_flight(None if src == ANY_SOURCE else src))
+                    t.idle(seen, waiter, peers)
 
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
                  data: np.ndarray | None) -> Request | None:
@@ -270,12 +271,13 @@ class P2PEngine:
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: self._check(watch, w),
                             timeout=timeout, advice=lambda: self._advice(w, True))
+            peers = functools.partial(self._in_flight, w._peer)
             try:
                 while not w._done.is_set():
                     seen = t.events()
                     if not self._progress():
                         try:
-                            t.idle(seen, waiter, self._in_flight(w._peer))
+                            t.idle(seen, waiter, peers)
                         except CommTimeoutError as exc:
                             if timeout is not None:
                                 return

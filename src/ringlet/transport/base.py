@@ -194,18 +194,20 @@ class Transport(ABC):
             else:
                 if all(r.done for r in reqs):
                     return
-                self.idle(seen, waiter, missing())
+                self.idle(seen, waiter)
 
     def events(self) -> int:
         """A counter of the completions this transport was told of (by an engine's
         threads), for :meth:`idle`; 0 where nothing tells (the caller polls)."""
         return 0
 
-    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+    def idle(self, seen: int, waiter: Waiter,
+             peers: Callable[[], Sequence[int] | None] | None = None) -> None:
         """A poll found nothing to do: pause until something may have moved.
 
-        ``seen`` is what :meth:`events` returned before the poll; ``peers`` the
-        peers whose messages the caller waits for (None: any).  By default
+        ``seen`` is what :meth:`events` returned before the poll; ``peers``
+        gives the peers whose messages the caller waits for (None: any rank;
+        called only by a transport that needs to know).  By default
         the waiter spins, yields or sleeps (shared memory and MPI are polled);
         an engine whose completions are reported by threads (torch's gloo)
         blocks until the next report instead, unless one came since ``seen``.

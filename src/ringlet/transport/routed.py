@@ -117,16 +117,17 @@ class RoutedTransport(Transport):
     def events(self) -> int:
         return self.engine.events()
 
-    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+    def idle(self, seen: int, waiter: Waiter,
+             peers: Callable[[], Sequence[int] | None] | None = None) -> None:
         """The engine's idle while the caller waits only for peers on other nodes and
         nothing is in flight in shared memory; otherwise the waiter's pause (shared
         memory is polled)."""
-        if self.local is not None and (
-                peers is None or self.local.pending_peers() or
-                any(q in self.lidx for q in peers)):
-            waiter.pause()
-        else:
-            self.engine.idle(seen, waiter, peers)
+        if self.local is not None:
+            who = None if peers is None else peers()
+            if who is None or self.local.pending_peers() or any(q in self.lidx for q in who):
+                waiter.pause()
+                return
+        self.engine.idle(seen, waiter, peers)
 
     def discard_pending(self) -> None:
         self.engine.discard_pending()

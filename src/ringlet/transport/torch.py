@@ -722,7 +722,8 @@ class TorchTransport(Transport):
     def events(self) -> int:
         return self._events
 
-    def idle(self, seen: int, waiter: Waiter, peers: Sequence[int] | None = None) -> None:
+    def idle(self, seen: int, waiter: Waiter,
+             peers: Callable[[], Sequence[int] | None] | None = None) -> None:
         """Nap until a lane (or gloo's completion callback) reports, at most _NAP_S,
         unless one has since ``seen``; then the waiter's checks.  A wait that polled
         instead holds the GIL the lanes need, or sleeps past their reports (a 2-rank
