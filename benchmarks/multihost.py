@@ -209,12 +209,18 @@ def rank_main(argv: list[str]) -> int:
                      **eng.versions}}
     bad: list[str] = []
     if a.mode == "sweep":
-        report["costs"] = _engine_costs(comm, eng, np)
+        # the engine's costs (the prediction's inputs) at the start, halfway and at the
+        # end of the sweep, each the median of the three: one slow patch of the machine
+        # while they are measured moved a prediction by 30 % (a half round trip of
+        # 151 us at the start of one MPI job, 41-43 us in every other)
+        each = [_engine_costs(comm, eng, np)]
         methods = [*RINGLET_METHODS, "peer"]
         results: dict[str, dict[str, Any]] = {m: {} for m in methods}
         auto: dict[str, str] = {}
         want = n * (n + 1) / 2
-        for nbytes in sizes:
+        for i, nbytes in enumerate(sizes):
+            if i == len(sizes) // 2:
+                each.append(_engine_costs(comm, eng, np))
             x = np.empty(max(1, nbytes // 4), np.float32)
             t = eng.buf(x)
             auto[str(nbytes)] = comm._choose("all_reduce", None, x.nbytes)
@@ -239,6 +245,9 @@ def rank_main(argv: list[str]) -> int:
                 results[m][str(nbytes)] = {"median_s": statistics.median(times),
                                            "reps_s": times, "calls_per_rep": k,
                                            "rank0_median_s": statistics.median(own)}
+        each.append(_engine_costs(comm, eng, np))
+        report["costs"] = {key: statistics.median(c[key] for c in each) for key in each[0]}
+        report["costs_each"] = each
         report.update(auto=auto, results=results)
     else:
         report["phases"] = _phases(comm, eng, sizes, np)
@@ -781,7 +790,9 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
             lines += ["```", ""]
             for eng, e in pr.get("engines", {}).items():
                 c = run.get(eng, {}).get("costs", {})
-                lines += [f"With the {eng} engine's costs, measured in its job: an 8 B "
+                lines += [f"With the {eng} engine's costs, measured in its job (at the "
+                          f"start, halfway and at the end of the sweep; the median of the "
+                          f"three): an 8 B "
                           f"`comm.send`/`comm.recv` between the hosts takes "
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
                           f"once), the inter-node alpha" + (
