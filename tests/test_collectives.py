@@ -235,6 +235,30 @@ def test_point_to_point(world: Any) -> None:
         assert not bad, f"rank {r}: {bad}"
 
 
+def _p2p_many_small(comm: ringlet.Communicator) -> list[str]:
+    """More small messages in flight to one peer than its channel has slots (4): empty
+    ones, ones that travel inside their header (up to 192 B) and ones just past that."""
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    sizes = [0, 1, 8, 0, 48, 49, 0, 2, 100, 3]     # float32 elements: 0..400 B
+    works = [comm.isend(np.full(k, 100 * r + i, np.float32), right, tag=i)
+             for i, k in enumerate(sizes)]
+    bad = []
+    for i in reversed(range(len(sizes))):    # tags matched, not arrival order
+        got = comm.recv(np.empty(sizes[i], np.float32), left, tag=i)
+        if not (got == 100 * left + i).all():
+            bad.append(f"tag {i}: {got}")
+    for w in works:
+        w.wait()
+    comm.barrier()
+    return bad
+
+
+def test_more_small_messages_in_flight_than_slots(world: Any) -> None:
+    for r, bad in enumerate(world.run(_p2p_many_small)):
+        assert not bad, f"rank {r}: {bad}"
+
+
 def _misc(comm: ringlet.Communicator) -> list[str]:
     n, r = comm.size, comm.rank
     bad = []

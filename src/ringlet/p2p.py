@@ -25,6 +25,28 @@ if TYPE_CHECKING:
     from .comm import Communicator
 
 _P2P_MAGIC = 0x50325031
+#: a message's header: 8 words (magic, tag, bytes, dtype code, flags, 3 spare), then up to
+#: INLINE_BYTES of payload in the same transport message
+_HEAD_BYTES = 64
+#: payloads up to this size travel inside the header: one transport message instead of
+#: two, and no wait for the receiver to post the payload's receive (an engine whose sends
+#: are rendezvous, gloo, finishes a send only then)
+INLINE_BYTES = 192
+_FRAME_BYTES = _HEAD_BYTES + INLINE_BYTES
+_INLINE = 1
+
+
+class _Sent:
+    """The payload of a message that travelled inside its header: done at once."""
+
+    __slots__ = ("peer",)
+    done = True
+
+    def __init__(self, peer: int) -> None:
+        self.peer = peer
+
+    def advance(self) -> bool:
+        return False
 #: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
 ANY_SOURCE = -1
 #: ``tag`` of a receive (or probe) that takes a message with any tag, as MPI_ANY_TAG
@@ -51,8 +73,10 @@ class Status:
 class P2PEngine:
     """User point-to-point messages, on channels of their own (never mixed with collectives).
 
-    A message is a 64-byte header (magic, tag, bytes, dtype) followed by the
-    payload, both on the transport's P2P channel.  One header receive per
+    A message is a 256-byte frame, a 64-byte header (magic, tag, bytes,
+    dtype, flags) and, for a payload of up to :data:`INLINE_BYTES`, the
+    payload itself; a larger payload follows as a second message.  Both
+    travel on the transport's P2P channel.  One header receive per
     source is posted at a time, and the next only once the payload before it
     has been taken in (an engine matches receives in the order they were
     posted).  Receives match messages from a source in order by tag; a message
@@ -83,12 +107,17 @@ class P2PEngine:
         fr = self.c._fr
         if fr is not None:
             w._rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes)
-        hdr = np.array([_P2P_MAGIC, tag, xb.nbytes, xb.dt.code, 0, 0, 0, 0], np.int64)
+        frame = np.zeros(_FRAME_BYTES, np.uint8)
+        inline = xb.nbytes <= INLINE_BYTES
+        frame[:_HEAD_BYTES].view(np.int64)[:5] = (_P2P_MAGIC, tag, xb.nbytes, xb.dt.code,
+                                                  _INLINE if inline else 0)
+        if inline:
+            frame[_HEAD_BYTES:_HEAD_BYTES + xb.nbytes] = xb.flat.view(np.uint8)
         t = self.c._t
         with self.lock:
             self.c._usable()
-            h = t.isend(dst, [hdr.view(np.uint8)], P2P)
-            p = t.isend(dst, [xb.flat.view(np.uint8)], P2P)
+            h = t.isend(dst, [frame], P2P)
+            p: Request = _Sent(dst) if inline else t.isend(dst, [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
             w._driver = self._drive
             self._progress()
@@ -200,8 +229,9 @@ class P2PEngine:
             while dq:
                 h, p, w = dq[0]
                 moved |= h.advance()
-                if h.done:
-                    moved |= p.advance()
+                if not h.done:
+                    break       # the header first (a payload that is done may be empty)
+                moved |= p.advance()
                 if not p.done:
                     break
                 dq.popleft()
@@ -224,7 +254,7 @@ class P2PEngine:
                 continue
             posted = self.hdr[src]
             if posted is None:
-                buf = np.empty(64, np.uint8)
+                buf = np.empty(_FRAME_BYTES, np.uint8)
                 posted = self.hdr[src] = (t.irecv(src, [buf], None, P2P), buf)
             hreq, buf = posted
             moved |= hreq.advance()
@@ -236,6 +266,9 @@ class P2PEngine:
                 raise RingletError(f"corrupt point-to-point stream from rank {src}")
             moved = True
             tag, nbytes, code = int(hdr[1]), int(hdr[2]), int(hdr[3])
+            if int(hdr[4]) & _INLINE:   # the payload came with the header
+                self._arrived(src, tag, code, buf[_HEAD_BYTES:_HEAD_BYTES + nbytes].copy())
+                continue
             match = self._posted(src, tag)
             if match is not None:
                 xb, _, w = match
