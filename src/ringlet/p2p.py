@@ -47,6 +47,8 @@ class _Sent:
 
     def advance(self) -> bool:
         return False
+
+
 #: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
 ANY_SOURCE = -1
 #: ``tag`` of a receive (or probe) that takes a message with any tag, as MPI_ANY_TAG

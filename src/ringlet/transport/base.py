@@ -210,7 +210,8 @@ class Transport(ABC):
         called only by a transport that needs to know).  By default
         the waiter spins, yields or sleeps (shared memory and MPI are polled);
         an engine whose completions are reported by threads (torch's gloo)
-        blocks until the next report instead, unless one came since ``seen``.
+        naps until the next report instead (briefly: then the waiter checks the
+        peers and the deadline), unless one came since ``seen``.
         Every wait loop of the communicator, the executor and p2p idles here,
         so the waits of such an engine never sleep past a completion."""
         waiter.pause()

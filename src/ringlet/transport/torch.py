@@ -43,9 +43,10 @@ switch interval, 5 ms); a wait that sleeps between polls sleeps past the
 reports.  So every wait loop over this transport idles in
 :meth:`TorchTransport.idle`, which naps (at most 0.2 ms) until a lane, or
 gloo's completion callback for the engine's own collectives, reports, and
-its ``settings`` never spin or yield.  A 2-rank point-to-point round trip
-takes about 0.5 ms on one host (gloo's own, blocking in ``wait``, 0.13 ms),
-a 2-rank barrier about 0.25 ms.
+its ``settings`` never spin or yield.  A 2-rank round trip of small
+point-to-point messages (which travel inside their header: one gloo message
+each) takes 0.25-0.4 ms on one host (gloo's own, blocking in ``wait``,
+0.13 ms), a 2-rank barrier about 0.3 ms.
 
 *Liveness.*  Agreement and status are messages
 (:class:`~ringlet.transport.base.MessageAgreement`,
