@@ -1001,10 +1001,7 @@ class TorchTransport(Transport):
             # gloo's worker thread reports the completion, so idle() wakes at once.  It runs
             # the callback before is_completed() turns True (which waited for a 50 ms
             # callback in 20 of 20 calls): no callback runs after the call returned
-            try:
-                work.get_future().add_done_callback(lambda _f: self._event())
-            except (AttributeError, RuntimeError):
-                pass    # no future: idle() looks again every _NAP_S
+            work.get_future().add_done_callback(lambda _f: self._event())
             while True:
                 seen = self._events
                 if work.is_completed():
