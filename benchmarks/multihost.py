@@ -267,8 +267,11 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     inter-node phase runs), the time of a ``comm.barrier()`` (a call's agreement
     alone), and, where hierarchical crosses nodes on the engine's own all_reduce
     (``ringlet.rails``: the torch engine), the engine's 8 B all_reduce on each pair
-    (both at once): its two rounds are then what a message between the nodes costs.
-    Rank 0's medians."""
+    (both at once): its two rounds are then what a message between the nodes costs;
+    and the same all_reduce of 1 KiB, the least time that phase takes (``--rail-floor``):
+    gloo's ring cuts a vector into four segments on two ranks, so 8 B leaves two of them
+    empty and one direction idle in each half, while from 16 B every segment crosses
+    both ways; 1 KiB spends 16 us on a 1 Gbit/s wire.  Rank 0's medians."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
 
@@ -297,6 +300,9 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
         t = eng.buf(x)
         res["rail_round_s"] = median(lambda: eng.all_reduce(x, t, pair=True)) / 2
+        k = np.ones(256, np.float32)
+        tk = eng.buf(k)
+        res["rail_floor_s"] = median(lambda: eng.all_reduce(k, tk, pair=True))
     return res
 
 
@@ -463,13 +469,15 @@ def calibrate() -> dict[str, Any]:
 
 
 def predict_args(nbytes: int, algorithm: str, intra: dict[str, Any], inter_Bps: float,
-                 inter_alpha: float, call: float = 0.0) -> list[str]:
+                 inter_alpha: float, call: float = 0.0, floor: float = 0.0) -> list[str]:
     args = ["all_reduce", "--bytes", str(nbytes), "--nodes", "2", "--gpus-per-node", "2",
             "--intra", f"{intra['bandwidth_Bps'] / 1e9:.4g}GB/s,{intra['alpha_s'] * 1e6:.3g}us",
             "--inter", f"{inter_Bps / 1e6:.4g}MB/s,{inter_alpha * 1e6:.3g}us",
             "--algorithm", algorithm, "--no-crossovers", "--json"]
     if call:
         args[-2:-2] = ["--call", f"{call * 1e6:.3g}us"]
+    if floor:
+        args[-2:-2] = ["--rail-floor", f"{floor * 1e6:.3g}us"]
     if intra.get("gamma_Bps"):
         args[-2:-2] = ["--gamma", f"{intra['gamma_Bps'] / 1e9:.4g}GB/s"]
     return args
@@ -514,15 +522,18 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         # engine's all_reduce where hierarchical runs that across nodes (rails)
         ea = max(alpha, costs.get("rail_round_s", costs["half_rtt_s"]))
         call = costs["barrier_s"]
+        # the engine's own all_reduce (rails) takes at least its small-message time
+        floor = costs.get("rail_floor_s", 0.0)
         bps = shares["hierarchical"]
         out["engines"][eng] = {
-            "inter_alpha_s": ea, "call_s": call,
+            "inter_alpha_s": ea, "call_s": call, "rail_floor_s": floor,
             "hierarchical": {str(nbytes): _predicted(
-                predict_args(nbytes, "hierarchical", intra, bps, ea, call), "hierarchical")
-                for nbytes in sizes},
+                predict_args(nbytes, "hierarchical", intra, bps, ea, call, floor),
+                "hierarchical") for nbytes in sizes},
             "command": shlex.join(["ringlet", "predict", *[
                 "<S>" if a == str(sizes[-1]) else a
-                for a in predict_args(sizes[-1], "hierarchical", intra, bps, ea, call)]])}
+                for a in predict_args(sizes[-1], "hierarchical", intra, bps, ea, call,
+                                      floor)]])}
     return out
 
 
@@ -799,7 +810,11 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                               f" of ringlet's own messages; hierarchical crosses on the "
                               f"engine's all_reduce (rails), whose 8 B call on each pair takes "
                               f"two rounds of {c['rail_round_s'] * 1e6:.0f} us, its alpha"
-                              if "rail_round_s" in c else "") + f"; a `comm.barrier()` (a call's "
+                              if "rail_round_s" in c else "") + (
+                              f", and whose 1 KiB call on each pair takes "
+                              f"{c['rail_floor_s'] * 1e3:.2f} ms, the least time that phase "
+                              f"takes (`--rail-floor`)" if "rail_floor_s" in c else "")
+                          + f"; a `comm.barrier()` (a call's "
                           f"agreement alone) {c.get('barrier_s', 0) * 1e6:.0f} us, the fixed "
                           f"cost per call (`--call`):", "", "```", e["command"], "```", ""]
     lines.append(END)

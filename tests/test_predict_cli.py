@@ -106,6 +106,55 @@ def test_a_fixed_cost_per_call(capsys: pytest.CaptureFixture[str]) -> None:
     assert "a fixed 1.5 ms per call on top of the schedule (--call)" in capsys.readouterr().out
 
 
+def test_a_floor_under_the_rails_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    """--rail-floor: hierarchical's inter-node phase (a ring all_reduce of one shard,
+    S/g, among the G ranks of a rail on the inter link) costs at least the floor; the
+    excess is counted with the latency terms, other algorithms do not change, and the
+    fastest is listed first again."""
+    two = ["predict", "all_reduce", "--nodes", "2", "--gpus-per-node", "2",
+           "--intra", "30GB/s,17us", "--inter", "60MB/s,100us", "--json", "--no-crossovers"]
+
+    def rows(*argv: str) -> dict[str, dict[str, object]]:
+        assert main([*two, *argv]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got[0]["fastest"]
+        return {r["algorithm"]: r for r in got if r["applicable"]}
+
+    def phase(shard: int) -> float:   # the same ring on one level: the inter link
+        assert main(["predict", "all_reduce", "--bytes", str(shard), "--ranks", "2",
+                     "--bandwidth", "60MB/s", "--latency", "100us", "--algorithm", "ring",
+                     "--json", "--no-crossovers"]) == 0
+        return float(json.loads(capsys.readouterr().out)[0]["seconds"])
+
+    plain, floored = rows("--bytes", "64KiB"), rows("--bytes", "64KiB", "--rail-floor", "3ms")
+    short = 3e-3 - phase(32 * 1024)
+    assert 2e-3 < short < 3e-3
+    h, f = plain["hierarchical"], floored["hierarchical"]
+    assert f["seconds"] == pytest.approx(h["seconds"] + short)
+    assert f["alpha_seconds"] == pytest.approx(h["alpha_seconds"] + short)
+    assert f["beta_seconds"] == pytest.approx(h["beta_seconds"])
+    assert floored["ring"] == plain["ring"]
+    assert min(plain, key=lambda k: plain[k]["seconds"]) == "hierarchical"
+    assert min(floored, key=lambda k: floored[k]["seconds"]) != "hierarchical"
+    # a phase longer than the floor (16 MiB: 140 ms on the wire) keeps its time
+    assert rows("--bytes", "16MiB", "--rail-floor", "3ms")["hierarchical"]["seconds"] == \
+        pytest.approx(rows("--bytes", "16MiB")["hierarchical"]["seconds"])
+    assert main([*two[:-2], "--bytes", "64KiB", "--rail-floor", "3ms",
+                 "--algorithm", "hierarchical"]) == 0
+    assert "inter-node phase at least 3 ms, the engine's own all_reduce on a rail " \
+           "(--rail-floor)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["all_reduce", "--bytes", "1MB", "--ranks", "4", "--link", "nvlink4"],
+    ["broadcast", "--bytes", "1MB", "--nodes", "2", "--gpus-per-node", "2", "--intra",
+     "4GB/s", "--inter", "1GB/s"]])
+def test_a_rail_floor_needs_a_two_level_all_reduce(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", *argv, "--rail-floor", "1ms"]) == 2
+    assert "--rail-floor is for all_reduce on two levels" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--bytes", "14G", "--ranks", "8", "--link", "nvlink4"], "'14G' is not a size"),
     (["--bytes", "1GB", "--ranks", "8", "--link", "nvlink9"], "unknown link 'nvlink9'"),

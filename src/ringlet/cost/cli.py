@@ -26,6 +26,7 @@ from typing import Any
 from ..algorithms import UNEVEN
 from ..config import Settings
 from ..errors import ArgumentError
+from ..ops import DType
 from ..schedule import COLLECTIVES, UNIT
 from .host import Paths
 from .model import (
@@ -39,6 +40,7 @@ from .model import (
     compare_textbook,
     crossovers,
     dtype_of,
+    predict,
     predict_all,
     textbook_bytes,
     textbook_seconds,
@@ -325,6 +327,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="print a JSON list, one object per algorithm (with --calibrate: the "
                         "profile)")
     add_link_options(p)
+    p.add_argument("--rail-floor", metavar="TIME",
+                   help="two levels, all_reduce: the least time the hierarchical "
+                        "algorithm's inter-node phase takes when the engine's own "
+                        "all_reduce runs it (ringlet's native rails: RINGLET_RAILS, auto on "
+                        "torch.distributed), whatever the shard's size, e.g. 2ms: the "
+                        "engine's small-message cost, which the wire's time overlaps "
+                        "(measure it as the engine's all_reduce of 1 KiB on one rail, all "
+                        "rails at once: benchmarks/multihost.py does). That phase then "
+                        "costs the larger of the two. Default 0")
     c = p.add_argument_group("calibration", textwrap.fill(
         "--calibrate measures this host's shared-memory transport on live ranks (fixed "
         "costs in seconds at every rank count up to -n, ping-pong, copy and reduction "
@@ -438,6 +449,22 @@ def main(args: argparse.Namespace) -> int:
         links = dataclasses.replace(links, description=[
             *links.description, f"a fixed {format_seconds(call)} per call on top of the "
                                 f"schedule (--call)"])
+    floor = parse_time(args.rail_floor, "--rail-floor") if args.rail_floor else 0.0
+    if floor:
+        if args.collective != "all_reduce" or links.profile.levels_for(n) < 2:
+            raise ArgumentError("--rail-floor is for all_reduce on two levels (the native "
+                                "rails run its hierarchical algorithm's inter-node phase): "
+                                "give --inter with --nodes and --gpus-per-node, or a node "
+                                "shape")
+        preds = [with_rail_floor(p, floor, links.profile, d)
+                 if isinstance(p, Prediction) and p.algorithm == "hierarchical" else p
+                 for p in preds]
+        preds.sort(key=lambda p: (not isinstance(p, Prediction),
+                                  p.seconds if isinstance(p, Prediction) else 0.0))
+        links = dataclasses.replace(links, description=[
+            *links.description, f"hierarchical's inter-node phase at least "
+                                f"{format_seconds(floor)}, the engine's own all_reduce on "
+                                f"a rail (--rail-floor)"])
     ok = [p for p in preds if isinstance(p, Prediction)]
     bad = [p for p in preds if isinstance(p, Inapplicable)]
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
@@ -526,6 +553,29 @@ def with_call(p: Prediction, call: float) -> Prediction:
     factor = p.busbw / p.algbw if p.algbw and math.isfinite(p.algbw) else 0.0
     return dataclasses.replace(p, seconds=seconds, alpha_seconds=p.alpha_seconds + call,
                                algbw=algbw, busbw=algbw * factor)
+
+
+def with_rail_floor(p: Prediction, floor: float, profile: Profile, d: DType) -> Prediction:
+    """``p``, a two-level hierarchical all_reduce, with its inter-node phase costing at
+    least ``floor`` seconds per piece.
+
+    That phase is a ring all_reduce of one shard (``1/g`` of the vector, ``g`` ranks
+    per node) among the ``G`` ranks of a rail, over the inter-node link; with the
+    native rails the engine's own all_reduce runs it, and an engine's call has a
+    fixed cost of its own (torch's gloo: its threads and wake-ups for each of the
+    ring's segments, on every rank) that the link's latency and bandwidth do not
+    describe.  The time on the wire overlaps that cost, so the phase takes the larger
+    of the two: the call gains ``max(0, floor - phase)`` per piece, counted with the
+    latency terms.  The phase is counted as the same ring on one level, the inter
+    link, which is what the hierarchical schedule's inter-node rounds are."""
+    g = profile.gpus_per_node
+    G = p.nranks // g
+    pieces = max(1, p.pieces)
+    shard = max(d.itemsize, p.nbytes // (g * pieces) // d.itemsize * d.itemsize)
+    if profile.inter is None:
+        raise ArgumentError("--rail-floor needs two levels of links (--inter)")
+    phase = predict("all_reduce", "ring", G, shard, Profile(profile.inter), d).seconds
+    return with_call(p, pieces * max(0.0, floor - phase))
 
 
 def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
