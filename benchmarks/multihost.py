@@ -268,10 +268,12 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     alone), and, where hierarchical crosses nodes on the engine's own all_reduce
     (``ringlet.rails``: the torch engine), the engine's 8 B all_reduce on each pair
     (both at once): its two rounds are then what a message between the nodes costs;
-    and the same all_reduce of 1 KiB, the least time that phase takes (``--rail-floor``):
+    and the same all_reduce of 1 KiB, the least time that phase takes (``--rail-floor``;
+    the median of five loops of 20 calls, the slowest rank's, as the sweep times calls):
     gloo's ring cuts a vector into four segments on two ranks, so 8 B leaves two of them
     empty and one direction idle in each half, while from 16 B every segment crosses
-    both ways; 1 KiB spends 16 us on a 1 Gbit/s wire.  Rank 0's medians."""
+    both ways; 1 KiB spends 16 us on a 1 Gbit/s wire.  The others: rank 0's medians of
+    single calls."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
 
@@ -302,7 +304,11 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
         res["rail_round_s"] = median(lambda: eng.all_reduce(x, t, pair=True)) / 2
         k = np.ones(256, np.float32)
         tk = eng.buf(k)
-        res["rail_floor_s"] = median(lambda: eng.all_reduce(k, tk, pair=True))
+        # timed as the sweep times its calls (loops, the slowest rank): rank 0's single
+        # calls, as above, took 0.85-1.6 ms in one job at 1 Gbit/s, and the same call in
+        # loops 2.3-2.6 ms from 16 B to 128 KiB in another (/ 1.7 ms at 8 B)
+        res["rail_floor_s"] = statistics.median(_slowest(comm, _timed(
+            eng, lambda: eng.all_reduce(k, tk, pair=True), 20, 5)))
     return res
 
 

@@ -145,6 +145,20 @@ def test_a_floor_under_the_rails_phase(capsys: pytest.CaptureFixture[str]) -> No
            "(--rail-floor)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", [
+    ["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "1GB/s"],
+    ["plan", "--params", "1B", "--ranks", "8", "--link", "nvlink4"]])
+@pytest.mark.parametrize("option", ["--call", "--rail-floor"])
+def test_engine_costs_are_predicts_alone(command: list[str], option: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """simulate and plan count schedules on links: an engine's per-call costs are not
+    theirs to take, and they refuse them rather than ignore them."""
+    with pytest.raises(SystemExit) as e:
+        main([*command, option, "1ms"])
+    assert e.value.code == 2
+    assert f"unrecognized arguments: {option} 1ms" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [
     ["all_reduce", "--bytes", "1MB", "--ranks", "4", "--link", "nvlink4"],
     ["broadcast", "--bytes", "1MB", "--nodes", "2", "--gpus-per-node", "2", "--intra",

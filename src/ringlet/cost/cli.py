@@ -113,12 +113,6 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
                         "e.g. 1us; 0 turns it off. Default: each preset's (NCCL's figures, "
                         "see docs/nccl.md), a calibrated profile's, 0 for --bandwidth and "
                         "BW[,LATENCY] links")
-    g.add_argument("--call", metavar="TIME",
-                   help="a fixed cost of every call on top of its schedule, e.g. 1.2ms: "
-                        "ringlet's agreement on the call and the engine's own per-call "
-                        "costs, which the links do not describe (measure it as the time of "
-                        "comm.barrier() on the job: benchmarks/multihost.py does); the same "
-                        "for every algorithm, so it changes no choice. Default 0")
     g.add_argument("--line-rate", action="store_true",
                    help="use the presets' raw line rates, not their achievable efficiency")
     g.add_argument("--profile", metavar="PATH",
@@ -327,6 +321,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="print a JSON list, one object per algorithm (with --calibrate: the "
                         "profile)")
     add_link_options(p)
+    # what a call costs on an engine besides its links (predict only: ringlet simulate and
+    # ringlet plan count schedules on links)
+    p.add_argument("--call", metavar="TIME",
+                   help="a fixed cost of every call on top of its schedule, e.g. 1.2ms: "
+                        "ringlet's agreement on the call and the engine's own per-call "
+                        "costs, which the links do not describe (measure it as the time of "
+                        "comm.barrier() on the job: benchmarks/multihost.py does); the same "
+                        "for every algorithm, so it changes no choice. Default 0")
     p.add_argument("--rail-floor", metavar="TIME",
                    help="two levels, all_reduce: the least time the hierarchical "
                         "algorithm's inter-node phase takes when the engine's own "
@@ -443,7 +445,7 @@ def main(args: argparse.Namespace) -> int:
     paths = Paths.from_settings(Settings.from_env())
     preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
                         args.algorithm, params, args.rails, paths)
-    call = parse_time(args.call, "--call") if getattr(args, "call", None) else 0.0
+    call = parse_time(args.call, "--call") if args.call else 0.0
     if call:
         preds = [with_call(p, call) if isinstance(p, Prediction) else p for p in preds]
         links = dataclasses.replace(links, description=[
