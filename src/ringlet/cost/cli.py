@@ -445,12 +445,14 @@ def main(args: argparse.Namespace) -> int:
     paths = Paths.from_settings(Settings.from_env())
     preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
                         args.algorithm, params, args.rails, paths)
+    ok = [p for p in preds if isinstance(p, Prediction)]
+    bad = [p for p in preds if isinstance(p, Inapplicable)]
+    # an engine's own costs, which the links do not describe (measured on the job)
+    notes: list[str] = []
     call = parse_time(args.call, "--call") if args.call else 0.0
     if call:
-        preds = [with_call(p, call) if isinstance(p, Prediction) else p for p in preds]
-        links = dataclasses.replace(links, description=[
-            *links.description, f"a fixed {format_seconds(call)} per call on top of the "
-                                f"schedule (--call)"])
+        ok = [with_call(p, call) for p in ok]
+        notes.append(f"a fixed {format_seconds(call)} per call on top of the schedule (--call)")
     floor = parse_time(args.rail_floor, "--rail-floor") if args.rail_floor else 0.0
     if floor:
         if args.collective != "all_reduce" or links.profile.levels_for(n) < 2:
@@ -458,17 +460,13 @@ def main(args: argparse.Namespace) -> int:
                                 "rails run its hierarchical algorithm's inter-node phase): "
                                 "give --inter with --nodes and --gpus-per-node, or a node "
                                 "shape")
-        preds = [with_rail_floor(p, floor, links.profile, d)
-                 if isinstance(p, Prediction) and p.algorithm == "hierarchical" else p
-                 for p in preds]
-        preds.sort(key=lambda p: (not isinstance(p, Prediction),
-                                  p.seconds if isinstance(p, Prediction) else 0.0))
-        links = dataclasses.replace(links, description=[
-            *links.description, f"hierarchical's inter-node phase at least "
-                                f"{format_seconds(floor)}, the engine's own all_reduce on "
-                                f"a rail (--rail-floor)"])
-    ok = [p for p in preds if isinstance(p, Prediction)]
-    bad = [p for p in preds if isinstance(p, Inapplicable)]
+        ok = sorted((with_rail_floor(p, floor, links.profile, d)
+                     if p.algorithm == "hierarchical" else p for p in ok),
+                    key=lambda p: (p.seconds, p.algorithm))   # predict_all's order
+        notes.append(f"hierarchical's inter-node phase at least {format_seconds(floor)}, "
+                     f"the engine's own all_reduce on a rail (--rail-floor)")
+    if notes:
+        links = dataclasses.replace(links, description=[*links.description, *notes])
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
                        else 1)
     hi = max(1 << 40, 4 * nbytes)
@@ -570,12 +568,12 @@ def with_rail_floor(p: Prediction, floor: float, profile: Profile, d: DType) -> 
     of the two: the call gains ``max(0, floor - phase)`` per piece, counted with the
     latency terms.  The phase is counted as the same ring on one level, the inter
     link, which is what the hierarchical schedule's inter-node rounds are."""
+    if profile.inter is None:
+        raise ArgumentError("--rail-floor needs two levels of links (--inter)")
     g = profile.gpus_per_node
     G = p.nranks // g
     pieces = max(1, p.pieces)
     shard = max(d.itemsize, p.nbytes // (g * pieces) // d.itemsize * d.itemsize)
-    if profile.inter is None:
-        raise ArgumentError("--rail-floor needs two levels of links (--inter)")
     phase = predict("all_reduce", "ring", G, shard, Profile(profile.inter), d).seconds
     return with_call(p, pieces * max(0.0, floor - phase))
 
