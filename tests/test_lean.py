@@ -131,6 +131,7 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
         out[label] = keep.calls > before
 
     x = np.ones(4, np.float32)
+    comm.all_reduce(x.copy())   # on a fresh communicator: the call that makes this its thread
     comm.all_reduce(x.copy())   # the size's first call: the automatic choice is asked
     took("plain", lambda: comm.all_reduce(np.ones(4, np.float32)), np.full(4, n, np.float32))
     took("op=max", lambda: comm.all_reduce(np.ones(4, np.float32), op="max"),
