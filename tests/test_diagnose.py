@@ -169,6 +169,17 @@ def test_the_ring_is_bounded_and_records_state(tmp_path: Path) -> None:
         assert all(o["t_end_us"] >= o["t_start_us"] for o in ops[3:])
         assert ops[0]["bytes"] == 12 and ops[0]["dtype"] == "float32" and ops[0]["op"] == "SUM"
         assert ops[3]["tag"] == 3 and ops[3]["peer"] == 0
+        # a blocking send and recv that need no wait are recorded as well, and a
+        # receive that fails as failed
+        comm.send(x, 0, tag=4)
+        comm.recv(x, 0, tag=4)
+        comm.send(x, 0, tag=5)
+        with pytest.raises(ringlet.ArgumentError, match="holds 3 x float32"):
+            comm.recv(np.empty(2, np.float32), 0, tag=5)
+        ops = comm._fr.records()[-3:]
+        assert [(o["kind"], o["seq"], o["tag"], o["state"]) for o in ops] == [
+            ("recv", 4, 4, "done"), ("send", 5, 5, "done"), ("recv", 6, 5, "failed")]
+        assert all(o["t_end_us"] >= o["t_start_us"] for o in ops[:2])
     off = ringlet.Settings(flight_records=0)
     with ringlet.init(settings=off, rank=0, size=1) as comm:
         assert comm._fr is None

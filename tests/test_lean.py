@@ -369,3 +369,60 @@ def test_copy_stream_copies_any_size_and_alignment(nbytes: int, shift: int) -> N
     g = np.zeros(10, np.float32)   # the same bytes, another type: a byte copy
     _lean.copy_stream(g, f)
     assert np.array_equal(g.view(np.float64), f)
+
+
+# --- small point-to-point messages ----------------------------------------------------------
+
+
+def test_blocking_p2p_takes_the_compiled_path_and_leaves_the_rest_to_python() -> None:
+    """Blocking send and recv of inline messages go through the compiled push and take
+    (one rank sending to itself); a message that is not the one the receive wants (another
+    tag, another size) stays for the Python path, which keeps it aside or says it does not
+    fit; a large one never takes the compiled path."""
+    from ringlet.transport.base import EMPTY, OTHER, TAKEN
+
+    with ringlet.init(rank=0, size=1, settings=Settings(timeout=0.5)) as comm:
+        t = comm._t
+        pushed: list[bool] = []
+        taken: list[int] = []
+        push, take = t.push_inline, t.take_inline
+
+        def spy_push(*a: Any) -> bool:
+            pushed.append(push(*a))
+            return pushed[-1]
+
+        def spy_take(*a: Any) -> int:
+            taken.append(take(*a))
+            return taken[-1]
+
+        t.push_inline, t.take_inline = spy_push, spy_take  # type: ignore[method-assign]
+        for dtype in ("float32", "float64", "int8", "int64"):
+            x = np.arange(6).astype(dtype).reshape(3, 2)
+            comm.send(x, 0, tag=4)
+            got = comm.recv(np.empty_like(x), 0, tag=4)
+            assert np.array_equal(got, x), dtype
+        assert pushed == [True] * 4 and taken == [TAKEN] * 4
+        # another tag first: kept aside by Python, then taken from there
+        comm.send(np.full(2, 1.0), 0, tag=1)
+        comm.send(np.full(2, 2.0), 0, tag=2)
+        y = comm.recv(np.empty(2), 0, tag=2)
+        z = comm.recv(np.empty(2), 0, tag=1)
+        assert y.tolist() == [2.0, 2.0] and z.tolist() == [1.0, 1.0]
+        assert taken[4:] == [OTHER]   # tag 1 came from what Python kept aside
+        # a size that does not fit: Python's error, and the channel goes on
+        comm.send(np.ones(4, np.float32), 0, tag=3)
+        with pytest.raises(ringlet.ArgumentError, match="holds 4 x float32"):
+            comm.recv(np.empty(3, np.float32), 0, tag=3)
+        assert taken[-1] == OTHER
+        # nothing there: the compiled path says so after its spin, and Python waits
+        with pytest.raises(ringlet.CommTimeoutError, match="recv from rank 0"):
+            comm.recv(np.empty(1), 0, tag=8)
+        assert taken[-1] == EMPTY
+    # large: the usual two messages, never the compiled path
+    with ringlet.init(rank=0, size=1) as comm:
+        t = comm._t
+        t.push_inline = t.take_inline = None  # type: ignore[assignment]
+        big = np.arange(1000, dtype=np.float64)
+        w = comm.isend(big, 0, tag=5)
+        assert np.array_equal(comm.recv(np.empty_like(big), 0, tag=5), big)
+        w.wait()

@@ -85,6 +85,64 @@ def test_matching_order() -> None:
         assert not bad, f"rank {r}: {bad}"
 
 
+def _blocking(comm: ringlet.Communicator) -> list[str]:
+    """Blocking send and recv take a message that is already there without a wait; a
+    receive posted before them still comes first, and a message that does not fit is
+    an error at the receiver that leaves the stream usable."""
+    r = comm.rank
+    bad: list[str] = []
+    if r == 1:   # (a channel holds 4 messages: a fifth would wait for rank 0)
+        for k, tag in enumerate((7, 7, 5, 6)):
+            comm.send(np.array([k], np.int32), 0, tag=tag)   # eager: in the channel now
+    comm.barrier()      # rank 1's messages have all arrived at rank 0 (none taken yet)
+    if r == 0:
+        c = comm.recv(np.empty(1, np.int32), 1, 6)   # k=3: k=0..2 are kept aside
+        a, b = np.empty(1, np.int32), np.empty(1, np.int32)
+        wa = comm.irecv(a, 1, 7)            # the first kept with tag 7: k=0
+        comm.recv(b, 1, 7)                  # the next one: k=1
+        wa.wait()
+        x = np.empty(1, np.int32)
+        any_w = comm.irecv(x, ANY_SOURCE, ANY_TAG)   # what is left: k=2 (tag 5)
+        any_w.wait()
+        if (c[0], a[0], b[0], x[0], any_w.tag) != (3, 0, 1, 2, 5):
+            bad.append(f"order c={c[0]} a={a[0]} b={b[0]} x={x[0]} tag {any_w.tag}")
+    comm.barrier()
+    if r == 1:
+        comm.send(np.array([4], np.int32), 0, tag=9)
+    comm.barrier()
+    if r == 0:
+        try:
+            comm.recv(np.empty(2, np.int32), 1, tag=9)   # here already
+            bad.append("a message that does not fit was received")
+        except ringlet.ArgumentError as exc:
+            if "holds 1 x int32, but the receive buffer holds 2 x int32" not in str(exc):
+                bad.append(f"mismatch message: {exc}")
+    comm.barrier()
+    # and the stream goes on: a ping-pong
+    if r < 2 and comm.size > 1:
+        z = np.array([10 * r], np.int64)
+        for _ in range(3):
+            if r == 0:
+                comm.send(z, 1, tag=1)
+                comm.recv(z, 1, tag=2)
+            else:
+                comm.recv(z, 0, tag=1)
+                z += 1
+                comm.send(z, 0, tag=2)
+        if r == 0 and z[0] != 3:
+            bad.append(f"ping-pong after the mismatch: {z[0]}")
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_blocking_send_and_recv(n: int) -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(n).run(_blocking)):
+        assert not bad, f"rank {r}: {bad}"
+
+
 def _bad(comm: ringlet.Communicator) -> list[str]:
     out = []
     for fn in (lambda: comm.send(np.ones(1), ANY_SOURCE),

@@ -215,12 +215,126 @@ static PyObject *module_copy_stream(PyObject *Py_UNUSED(m), PyObject *const *arg
     Py_RETURN_NONE;
 }
 
+/* --- small point-to-point messages on a shared-memory channel --------------------------
+ *
+ * A channel (ringlet/transport/shm.py, _Channel) is a single-producer single-consumer ring
+ * of K slots of F bytes: the producer's count at ctrl (head), the consumer's at ctrl + 64
+ * (tail), each slot's length at ctrl + 128 + 8 i.  p2p_push and p2p_take move one whole
+ * inline message of ringlet/p2p.py (a frame of `frame` bytes: `head` bytes of header, the
+ * words magic, tag, bytes, dtype code, flags, then the payload) as the Python path's
+ * SendReq and RecvReq would, and leave everything else to it. */
+
+static inline int64_t load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* p2p_push(ctrl, data, K, F, count, frame, head, magic, flags, tag, code, payload) -> the
+ * producer's new count, or -1 when the ring is full (nothing written) */
+static PyObject *module_p2p_push(PyObject *Py_UNUSED(m), PyObject *const *args,
+                                 Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "p2p_push: 12 arguments");
+        return NULL;
+    }
+    int64_t v[11];
+    for (int i = 0; i < 11; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
+    int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[11], &b, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (b.len > frame - head || frame > F || K <= 0) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "p2p_push: the payload does not fit a frame");
+        return NULL;
+    }
+    int64_t *headp = (int64_t *)ctrl, *tailp = (int64_t *)(ctrl + 64);
+    int64_t *lens = (int64_t *)(ctrl + 128);
+    if (count - load_acq(tailp) >= K) {
+        PyBuffer_Release(&b);
+        return PyLong_FromLong(-1);
+    }
+    char *slot = data + (count % K) * F;
+    int64_t words[8] = {v[7], v[9], (int64_t)b.len, v[10], v[8], 0, 0, 0};
+    memcpy(slot, words, sizeof words);
+    memset(slot + sizeof words, 0, (size_t)(head - (int64_t)sizeof words));
+    memcpy(slot + head, b.buf, (size_t)b.len);
+    memset(slot + head + b.len, 0, (size_t)(frame - head - b.len));
+    PyBuffer_Release(&b);
+    lens[count % K] = frame;
+    store_rel(headp, count + 1);
+    return PyLong_FromLongLong(count + 1);
+}
+
+/* p2p_take(ctrl, data, K, F, count, frame, head, magic, flags, tag, code, out, spin_ns)
+ * -> the consumer's new count when the message at the head of the ring is an inline one
+ * (flags) with `tag` (-1: any) that fits `out` exactly (bytes and dtype code): copied into
+ * out and consumed; -1 when nothing arrived within spin_ns (polled with the GIL released);
+ * -2 when the message there is any other (left for the Python path) */
+static PyObject *module_p2p_take(PyObject *Py_UNUSED(m), PyObject *const *args,
+                                 Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "p2p_take: 13 arguments");
+        return NULL;
+    }
+    int64_t v[11];
+    for (int i = 0; i < 11; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    int64_t spin_ns = PyLong_AsLongLong(args[12]);
+    if (spin_ns == -1 && PyErr_Occurred())
+        return NULL;
+    char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
+    int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
+    int64_t *headp = (int64_t *)ctrl, *tailp = (int64_t *)(ctrl + 64);
+    const int64_t *lens = (const int64_t *)(ctrl + 128);
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[11], &b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (load_acq(headp) == count && spin_ns > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        int64_t end = now_ns() + spin_ns;
+        while (load_acq(headp) == count) {
+            cpu_relax();
+            if (now_ns() >= end)
+                break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (load_acq(headp) == count) {
+        PyBuffer_Release(&b);
+        return PyLong_FromLong(-1);
+    }
+    const char *slot = data + (count % K) * F;
+    int64_t w[5];
+    memcpy(w, slot, sizeof w);
+    if (lens[count % K] != frame || w[0] != v[7] || !(w[4] & v[8]) ||
+            (v[9] != -1 && w[1] != v[9]) || w[2] != (int64_t)b.len || w[3] != v[10] ||
+            w[2] > frame - head) {
+        PyBuffer_Release(&b);
+        return PyLong_FromLong(-2);
+    }
+    memcpy(b.buf, slot + head, (size_t)b.len);
+    PyBuffer_Release(&b);
+    store_rel(tailp, count + 1);
+    return PyLong_FromLongLong(count + 1);
+}
+
 static PyMethodDef module_methods[] = {
     {"add", (PyCFunction)(void (*)(void))module_add, METH_FASTCALL,
      "add(dst, src): dst += src elementwise (float32, float64, int32, int64), as the "
      "compiled one-shot all_reduce adds"},
     {"copy_stream", (PyCFunction)(void (*)(void))module_copy_stream, METH_FASTCALL,
      "copy_stream(dst, src): dst[:] = src (same size in bytes) with non-temporal stores"},
+    {"p2p_push", (PyCFunction)(void (*)(void))module_p2p_push, METH_FASTCALL,
+     "p2p_push(...): one inline point-to-point message onto a channel (see the source)"},
+    {"p2p_take", (PyCFunction)(void (*)(void))module_p2p_take, METH_FASTCALL,
+     "p2p_take(...): one inline point-to-point message off a channel (see the source)"},
     {NULL, NULL, 0, NULL},
 };
 

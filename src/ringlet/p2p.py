@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from . import recorder
 from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE, DTYPES
-from .recorder import RECV, SEND
-from .transport.base import P2P, Request, Transport
+from .recorder import RECV, SEND, T_END, T_START, now_ns
+from .transport.base import EMPTY, P2P, TAKEN, Request, Transport
 from .wait import Waiter
 from .work import Work
 
@@ -34,6 +35,8 @@ _HEAD_BYTES = 64
 INLINE_BYTES = 192
 _FRAME_BYTES = _HEAD_BYTES + INLINE_BYTES
 _INLINE = 1
+#: the frame as a transport's compiled path writes and reads it (Transport.push_inline)
+_FMT = (_FRAME_BYTES, _HEAD_BYTES, _P2P_MAGIC, _INLINE)
 #: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
 ANY_SOURCE = -1
 #: ``tag`` of a receive (or probe) that takes a message with any tag, as MPI_ANY_TAG
@@ -90,26 +93,113 @@ class P2PEngine:
         self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
 
     def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
-        w = Work(f"send to rank {dst} (tag {tag})", dst)
+        w = self._send(xb, dst, tag, False)
+        assert w is not None
+        return w
+
+    def send(self, xb: Buffer, dst: int, tag: int) -> None:
+        """A blocking send: an inline message the transport takes at once (shared memory
+        with room in the channel) needs no Work and no wait."""
+        w = self._send(xb, dst, tag, True)
+        if w is not None:
+            w.wait()
+
+    def _send(self, xb: Buffer, dst: int, tag: int, blocking: bool) -> Work | None:
+        """Start a send; None if ``blocking`` and the message is already on its way
+        whole (an inline one, nothing queued before it to ``dst``, the transport took
+        it at once: then nothing is left to wait for)."""
         fr = self.c._fr
-        if fr is not None:
-            w._rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes)
-        frame = np.zeros(_FRAME_BYTES, np.uint8)
+        rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes) if fr is not None else None
         inline = xb.nbytes <= INLINE_BYTES
+        t = self.c._t
+        if blocking and inline:
+            with self.lock:
+                self.c._usable()
+                if not self.sends[dst] and xb.flat.flags.c_contiguous and \
+                        t.push_inline(dst, _FMT, tag, xb.dt.code, xb.flat):
+                    if rec is not None:
+                        rec[T_END] = now_ns()
+                    return None
+        frame = np.zeros(_FRAME_BYTES, np.uint8)
         frame[:_HEAD_BYTES].view(np.int64)[:5] = (_P2P_MAGIC, tag, xb.nbytes, xb.dt.code,
                                                   _INLINE if inline else 0)
         if inline:
             frame[_HEAD_BYTES:_HEAD_BYTES + xb.nbytes] = xb.flat.view(np.uint8)
-        t = self.c._t
         with self.lock:
             self.c._usable()
             h = t.isend(dst, [frame], P2P)
+            if blocking and inline and not self.sends[dst]:
+                h.advance()
+                if h.done:
+                    if rec is not None:
+                        rec[T_END] = now_ns()
+                    return None
+            w = Work(f"send to rank {dst} (tag {tag})", dst)
+            w._rec = rec
             # an inline payload leaves nothing to send: an empty message is done at once
             p = t.isend(dst, [] if inline else [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
             w._driver = self._drive
             self._progress()
         return w
+
+    def recv(self, xb: Buffer, src: int, tag: int) -> None:
+        """A blocking receive: a message from ``src`` that is already here (kept aside,
+        or inline at the head of its channel) is taken without a Work or a wait, when no
+        receive posted before this one could want it."""
+        if src != ANY_SOURCE:
+            t = self.c._t
+            spin_end = 0.0
+            with self.lock:
+                self.c._usable()
+                if not self.posted[src] and not self.posted_any and \
+                        self.active[src] is None and xb.nbytes <= INLINE_BYTES and \
+                        xb.flat.flags.c_contiguous and self._unexpected(src, tag) is None:
+                    # the compiled path: the message at the head of the channel, if it is
+                    # the one (spinning as the waits do first); else as below
+                    got = t.take_inline(src, _FMT, tag, xb.dt.code, xb.flat,
+                                        t.settings.spin_us * 1e-6)
+                    if got == TAKEN:
+                        fr = self.c._fr
+                        if fr is not None:
+                            done = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
+                            done[T_END] = done[T_START]
+                        return
+                    if got == EMPTY:
+                        spin_end = -1.0   # spun already
+                while not self.posted[src] and not self.posted_any:
+                    hit = self._unexpected(src, tag)
+                    if hit is None:
+                        try:
+                            self._progress_in(src, t)   # take in what has arrived
+                        except KeyboardInterrupt as exc:
+                            self.c._fail(exc)   # a message may be half received
+                            raise
+                        hit = self._unexpected(src, tag)
+                    if hit is None:
+                        # as the waits spin first (settings.spin_us: none when ranks
+                        # outnumber cores, nor on an engine whose threads report)
+                        now = time.perf_counter()
+                        if not spin_end:
+                            spin_end = now + t.settings.spin_us * 1e-6
+                        if now < spin_end:
+                            continue
+                        break
+                    q, i = hit
+                    utag, code, data, _ = self.unexpected[q][i]
+                    del self.unexpected[q][i]
+                    fr = self.c._fr
+                    rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes) \
+                        if fr is not None else None
+                    err = _mismatch(xb, q, utag, code, data.size)
+                    if err is not None:
+                        recorder.failed(rec, err)
+                        raise err
+                    xb.flat.view(np.uint8)[...] = data
+                    if rec is not None:
+                        rec[T_END] = now_ns()
+                    return
+        self.irecv(xb, src, tag).wait()
 
     def irecv(self, xb: Buffer, src: int, tag: int) -> Work:
         who = "any rank" if src == ANY_SOURCE else f"rank {src}"
@@ -197,12 +287,9 @@ class P2PEngine:
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
                  data: np.ndarray | None) -> Request | None:
         w.source, w.tag = src, tag
-        if code != xb.dt.code or nbytes != xb.nbytes:
-            d = DTYPE_BY_CODE.get(code)
-            n = nbytes // d.itemsize if d else nbytes
-            w._finish(error=ArgumentError(
-                f"message from rank {src} (tag {tag}) holds {n} x {d.name if d else code}, "
-                f"but the receive buffer holds {xb.count} x {xb.dt.name}"))
+        err = _mismatch(xb, src, tag, code, nbytes)
+        if err is not None:
+            w._finish(error=err)
             return None
         if data is not None:
             xb.flat.view(np.uint8)[...] = data
@@ -367,7 +454,8 @@ class PointToPoint:
         Small messages are buffered (eager); a message larger than the channel
         waits for the receiver, as MPI's rendezvous does.
         """
-        self.isend(x, dst, tag).wait()
+        xb = as_buffer(x, "x", writable=False)
+        self._p2p.send(xb, self._peer(dst, "dst"), self._tag(tag))
 
     def recv(self, x: Any, src: int = ANY_SOURCE, tag: int = 0) -> Any:
         """Receive a message from ``src`` with ``tag`` into ``x``; returns ``x``.
@@ -375,7 +463,9 @@ class PointToPoint:
         ``src=ringlet.ANY_SOURCE`` takes a message from any rank (the first to
         arrive), ``tag=ringlet.ANY_TAG`` one with any tag; :meth:`irecv`'s Work
         says who sent it (``work.source``, ``work.tag``), or :meth:`probe` first."""
-        return self.irecv(x, src, tag).wait()
+        xb = as_buffer(x, "x", writable=True)
+        self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
+        return xb.obj
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``x``; ``wait()`` the returned :class:`Work` before reusing ``x``."""
@@ -435,6 +525,17 @@ class PointToPoint:
             raise ArgumentError("tag must be an int >= 0" +
                                 (" or ringlet.ANY_TAG" if any_ok else "") + f", got {tag!r}")
         return int(tag)
+
+
+def _mismatch(xb: Buffer, src: int, tag: int, code: int, nbytes: int) -> ArgumentError | None:
+    """The error of a message that does not fit the receive buffer ``xb`` (None: fits)."""
+    if code == xb.dt.code and nbytes == xb.nbytes:
+        return None
+    d = DTYPE_BY_CODE.get(code)
+    n = nbytes // d.itemsize if d else nbytes
+    return ArgumentError(f"message from rank {src} (tag {tag}) holds {n} x "
+                         f"{d.name if d else code}, but the receive buffer holds {xb.count} x "
+                         f"{xb.dt.name}")
 
 
 def _nothing() -> None:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import ringlet
+from ringlet import lean
 from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError
 
 COLLS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
@@ -99,6 +100,40 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     w2.wait()
     if not (ga == (r - 1) % n).all() or not (gb == 10 + (r - 1) % n).all():
         bad.append("p2p ring")
+    # blocking small sends and receives: between two ranks of a node on the compiled path
+    # (the messages wait in the channel: nothing runs this rank's p2p engine before the
+    # recv), between nodes on the engine
+    t, mine = comm._t, next(nd for nd in comm.topology.nodes if r in nd)
+    taken: list[int] = []
+    take = getattr(t, "take_inline", None)
+    if take is not None:
+        def spy(*a: object) -> int:
+            taken.append(take(*a))
+            return taken[-1]
+        t.take_inline = spy
+    comm.barrier()   # every rank is done with the waits above (which take in what arrives)
+    if len(mine) > 1 and r == mine[1]:
+        for tag in (3, 4):
+            comm.send(np.full(2, 100 * tag + r, np.float64), mine[0], tag=tag)
+    comm.barrier()
+    if len(mine) > 1 and r == mine[0]:
+        got3 = comm.recv(np.empty(2, np.float64), mine[1], tag=3)
+        got4 = comm.recv(np.empty(2, np.float64), mine[1], tag=4)
+        if got3.tolist() != [300.0 + mine[1]] * 2 or got4.tolist() != [400.0 + mine[1]] * 2:
+            bad.append("blocking p2p inside a node")
+        if lean.BUILT and os.environ.get("RINGLET_LEAN") != "0" and taken != [1, 1]:
+            bad.append(f"blocking p2p inside a node: not on the compiled path {taken}")
+    nodes = comm.topology.nodes
+    if len(nodes) > 1 and r in (0, nodes[1][0]):
+        del taken[:]
+        if r == 0:
+            comm.send(np.full(2, 7.0), nodes[1][0], tag=5)
+        elif comm.recv(np.empty(2), 0, tag=5).tolist() != [7.0, 7.0]:
+            bad.append("blocking p2p between nodes")
+        if 1 in taken:
+            bad.append("blocking p2p between nodes: on shared memory's compiled path")
+    if take is not None:
+        del t.take_inline
     # the pipelined two-level all_reduce in several pieces (pipeline_pieces: 8 MiB on nodes
     # of 2 ranks is 4 pieces); its bits go into the digest every rank compares
     if n > 1 and comm.topology.ranks_per_node:

@@ -70,6 +70,8 @@ from ..wait import Waiter
 #: channels: collective data, the user's point-to-point messages, agreement frames and
 #: status frames (abort, closed).  They never mix.
 COLL, P2P, CTRL, STATUS = 0, 1, 2, 3
+#: what Transport.take_inline found
+TAKEN, EMPTY, OTHER = 1, 0, -1
 
 #: words of a descriptor as published (see ringlet.agreement.Desc)
 DESC_WORDS = 15
@@ -215,6 +217,22 @@ class Transport(ABC):
         Every wait loop of the communicator, the executor and p2p idles here,
         so the waits of such an engine never sleep past a completion."""
         waiter.pause()
+
+    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    payload: np.ndarray) -> bool:
+        """Put a small point-to-point message whole on the P2P channel to ``peer`` at once
+        (a compiled path), as :mod:`ringlet.p2p` would send its frame: ``fmt`` is the
+        frame's (bytes, header bytes, magic, inline flag).  False: not done (no room, or
+        no such path here): the caller sends it as usual."""
+        return False
+
+    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    out: np.ndarray, spin_s: float) -> int:
+        """Take the message at the head of the P2P channel from ``peer`` into ``out`` (a
+        compiled path), if it is an inline frame with ``tag`` (-1: any) that fits ``out``
+        exactly: TAKEN; EMPTY: none arrived within ``spin_s``; OTHER: any other message
+        is there, or no such path here (the caller takes it in as usual)."""
+        return OTHER
 
     def wait_settings(self, reqs: Sequence[Request]) -> Settings:
         """How :meth:`wait` waits for ``reqs`` (spin, yield, sleep): ``settings``."""

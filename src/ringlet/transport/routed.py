@@ -24,7 +24,7 @@ import numpy as np
 
 from ..config import Settings
 from ..wait import Waiter
-from .base import COLL, Caps, Reducer, Request, Transport
+from .base import COLL, OTHER, Caps, Reducer, Request, Transport
 from .shm import ShmTransport
 
 
@@ -87,6 +87,21 @@ class RoutedTransport(Transport):
         r = self.local.irecv(i, parts, reducer, channel)  # type: ignore[union-attr]
         r.peer = peer
         return r
+
+    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    payload: np.ndarray) -> bool:
+        i = self.lidx.get(peer)
+        if i is None:   # the engine has no such path: the frame goes through isend
+            return False
+        return self.local.push_inline(i, fmt, tag, code, payload)  # type: ignore[union-attr]
+
+    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    out: np.ndarray, spin_s: float) -> int:
+        i = self.lidx.get(peer)
+        if i is None:
+            return OTHER
+        return self.local.take_inline(i, fmt, tag, code, out,  # type: ignore[union-attr]
+                                      spin_s)
 
     def progress(self) -> bool:
         moved = self.engine.progress()

@@ -33,7 +33,12 @@ import numpy as np
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
 from ..procs import alive
-from .base import COLL, P2P, Caps, Transport
+from .base import COLL, EMPTY, OTHER, P2P, TAKEN, Caps, Transport
+
+try:
+    from .. import _lean  # type: ignore[attr-defined]
+except ImportError:   # built without a C compiler
+    _lean = None
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else os.path.join(
     os.environ.get("TMPDIR", "/tmp"), "ringlet-shm")
@@ -94,10 +99,13 @@ class _Layout:
 class _Channel:
     """One direction between two ranks; lives in the producer's segment."""
 
-    __slots__ = ("head", "tail", "lens", "slots", "count", "K", "F")
+    __slots__ = ("head", "tail", "lens", "slots", "count", "K", "F", "addrs")
 
     def __init__(self, mm: mmap.mmap, lay: _Layout, kind: int, consumer: int) -> None:
         c = lay.ctrl_off(kind, consumer)
+        base = np.frombuffer(mm, np.uint8, 1).ctypes.data
+        #: the control words' and the slots' addresses, for the compiled path (ringlet._lean)
+        self.addrs = (base + c, base + lay.data_off(kind, consumer))
         mv = memoryview(mm)
         self.head = mv[c:c + 8].cast("q")
         self.tail = mv[c + 64:c + 72].cast("q")
@@ -236,6 +244,8 @@ class ShmTransport(Transport):
         self.rank, self.size, self.prefix = rank, size, prefix
         #: the settings every wait of this communicator uses (see oversubscribed())
         self.settings = oversubscribed(settings, size)
+        #: the compiled small point-to-point path (RINGLET_LEAN=0: the Python path alone)
+        self._lean_p2p = _lean if settings.lean else None
         self.lay = _Layout(size, settings.shm_slots, settings.shm_slot_bytes,
                            settings.shm_post_bytes, settings.shm_stage_bytes)
         self.maps: list[mmap.mmap | None] = [None] * size
@@ -584,6 +594,29 @@ class ShmTransport(Transport):
             self._recvq[peer].append(req)
             self._active_recv.add(peer)
         return req
+
+    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    payload: np.ndarray) -> bool:
+        if self._lean_p2p is None:
+            return False
+        ch = self.out[P2P][peer]
+        n = self._lean_p2p.p2p_push(*ch.addrs, ch.K, ch.F, ch.count, *fmt, tag, code, payload)
+        if n < 0:
+            return False
+        ch.count = n
+        return True
+
+    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                    out: np.ndarray, spin_s: float) -> int:
+        if self._lean_p2p is None:
+            return OTHER
+        ch = self.inn[P2P][peer]
+        n = self._lean_p2p.p2p_take(*ch.addrs, ch.K, ch.F, ch.count, *fmt, tag, code, out,
+                                    int(spin_s * 1e9))
+        if n < 0:
+            return EMPTY if n == -1 else OTHER
+        ch.count = n
+        return TAKEN
 
     def progress(self) -> bool:
         """Advance every queued collective request; True if any byte moved."""
