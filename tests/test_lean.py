@@ -375,17 +375,17 @@ def test_copy_stream_copies_any_size_and_alignment(nbytes: int, shift: int) -> N
 
 
 def test_blocking_p2p_takes_the_compiled_path_and_leaves_the_rest_to_python() -> None:
-    """Blocking send and recv of inline messages go through the compiled push and take
+    """Blocking send and recv of whole messages go through the compiled push and take
     (one rank sending to itself); a message that is not the one the receive wants (another
     tag, another size) stays for the Python path, which keeps it aside or says it does not
-    fit; a large one never takes the compiled path."""
+    fit; one larger than a channel never takes the compiled path."""
     from ringlet.transport.base import EMPTY, OTHER, TAKEN
 
     with ringlet.init(rank=0, size=1, settings=Settings(timeout=0.5)) as comm:
         t = comm._t
         pushed: list[bool] = []
         taken: list[int] = []
-        push, take = t.push_inline, t.take_inline
+        push, take = t.push_message, t.take_message
 
         def spy_push(*a: Any) -> bool:
             pushed.append(push(*a))
@@ -395,7 +395,7 @@ def test_blocking_p2p_takes_the_compiled_path_and_leaves_the_rest_to_python() ->
             taken.append(take(*a))
             return taken[-1]
 
-        t.push_inline, t.take_inline = spy_push, spy_take  # type: ignore[method-assign]
+        t.push_message, t.take_message = spy_push, spy_take  # type: ignore[method-assign]
         for dtype in ("float32", "float64", "int8", "int64"):
             x = np.arange(6).astype(dtype).reshape(3, 2)
             comm.send(x, 0, tag=4)
@@ -418,11 +418,19 @@ def test_blocking_p2p_takes_the_compiled_path_and_leaves_the_rest_to_python() ->
         with pytest.raises(ringlet.CommTimeoutError, match="recv from rank 0"):
             comm.recv(np.empty(1), 0, tag=8)
         assert taken[-1] == EMPTY
-    # large: the usual two messages, never the compiled path
+    # larger: a frame and payload slots (256 KiB each, 4 in a channel), whole in one call
+    # while the channel has room for all of it; beyond that the Python path, slot by slot
     with ringlet.init(rank=0, size=1) as comm:
         t = comm._t
-        t.push_inline = t.take_inline = None  # type: ignore[assignment]
-        big = np.arange(1000, dtype=np.float64)
-        w = comm.isend(big, 0, tag=5)
+        pushed, taken = [], []
+        push, take = t.push_message, t.take_message
+        t.push_message, t.take_message = spy_push, spy_take  # type: ignore[method-assign]
+        for nbytes in (196, 4096, (256 << 10) + 4, 600 << 10, 768 << 10):
+            big = np.arange(nbytes // 4, dtype=np.int32) - 5
+            comm.send(big, 0, tag=5)
+            assert np.array_equal(comm.recv(np.empty_like(big), 0, tag=5), big), nbytes
+        assert pushed == [True] * 5 and taken == [TAKEN] * 5
+        big = np.arange((768 << 10) // 4 + 1, dtype=np.int32)
+        comm.send(big, 0, tag=5)   # to itself: its own wait takes it in, slot by slot
         assert np.array_equal(comm.recv(np.empty_like(big), 0, tag=5), big)
-        w.wait()
+        assert pushed[5:] == [False] and taken[5:] == []   # kept aside: nothing to take

@@ -143,6 +143,67 @@ def test_blocking_send_and_recv(n: int) -> None:
         assert not bad, f"rank {r}: {bad}"
 
 
+#: message sizes around the edges of the shared-memory paths: inline in the frame (up to
+#: 192 B), a frame and payload slots of 256 KiB (a channel holds 4 slots: up to 768 KiB of
+#: payload goes whole in one compiled call), and larger (pushed as slots free up)
+EDGES = [0, 8, 192, 196, 4096, (256 << 10) - 4, 256 << 10, (256 << 10) + 4, 600 << 10,
+         768 << 10, (768 << 10) + 4, 2 << 20]
+
+
+def _sizes(comm: ringlet.Communicator) -> list[str]:
+    """Every size, with each side blocking or not (so the compiled and the Python paths
+    meet in every pairing), gets the bytes it was sent: rank 1 sends one message that is
+    there before rank 0 receives it; then rank 0 sends, rank 1 sends back one more."""
+    r = comm.rank
+    bad: list[str] = []
+    for nbytes in EDGES:
+        want = (np.arange(nbytes // 4, dtype=np.int64) * 7 + nbytes).astype(np.int32)
+        # the message waits in the channel (whole if it fits) before the receive starts
+        if r == 1:
+            w = comm.isend(want, 0, tag=2)
+        comm.barrier()
+        if r == 0 and not np.array_equal(comm.recv(np.empty_like(want), 1, tag=2), want):
+            bad.append(f"{nbytes} B there before the recv: wrong data")
+        if r == 1:
+            w.wait()
+        for mode in ("send/recv", "isend/recv", "send/irecv"):
+            if r == 0:
+                if mode == "isend/recv":
+                    comm.isend(want, 1, tag=3).wait()
+                else:
+                    comm.send(want, 1, tag=3)
+                back = np.empty_like(want)
+                if mode == "send/irecv":
+                    comm.irecv(back, 1, tag=4).wait()
+                else:
+                    comm.recv(back, 1, tag=4)
+                if not np.array_equal(back, want + 1):
+                    bad.append(f"{nbytes} B {mode}: wrong data back")
+            elif r == 1:
+                got = np.empty_like(want)
+                if mode == "send/irecv":
+                    comm.irecv(got, 0, tag=3).wait()
+                else:
+                    comm.recv(got, 0, tag=3)
+                if not np.array_equal(got, want):
+                    bad.append(f"{nbytes} B {mode}: wrong data")
+                got += 1
+                if mode == "isend/recv":
+                    comm.isend(got, 0, tag=4).wait()
+                else:
+                    comm.send(got, 0, tag=4)
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_size_on_either_path(n: int) -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(n).run(_sizes)):
+        assert not bad, f"rank {r}: {bad}"
+
+
 def _bad(comm: ringlet.Communicator) -> list[str]:
     out = []
     for fn in (lambda: comm.send(np.ones(1), ANY_SOURCE),

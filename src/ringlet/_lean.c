@@ -219,16 +219,28 @@ static PyObject *module_copy_stream(PyObject *Py_UNUSED(m), PyObject *const *arg
  *
  * A channel (ringlet/transport/shm.py, _Channel) is a single-producer single-consumer ring
  * of K slots of F bytes: the producer's count at ctrl (head), the consumer's at ctrl + 64
- * (tail), each slot's length at ctrl + 128 + 8 i.  p2p_push and p2p_take move one whole
- * inline message of ringlet/p2p.py (a frame of `frame` bytes: `head` bytes of header, the
- * words magic, tag, bytes, dtype code, flags, then the payload) as the Python path's
- * SendReq and RecvReq would, and leave everything else to it. */
+ * (tail), each slot's length at ctrl + 128 + 8 i.  A point-to-point message of
+ * ringlet/p2p.py is a frame of `frame` bytes in one slot (`head` bytes of header: the words
+ * magic, tag, bytes, dtype code, flags; then an inline payload) and, when the payload is
+ * not inline, the payload in the next slots, min(F, what is left) bytes each.  p2p_push
+ * and p2p_take move one whole message as the Python path's SendReq and RecvReq would, and
+ * leave everything else to it. */
 
 static inline int64_t load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+/* the slots a message of `len` payload bytes takes: its frame, and the payload's own unless
+ * it is inline */
+static inline int64_t p2p_slots(int64_t len, int64_t frame, int64_t head, int64_t F) {
+    return len <= frame - head ? 1 : 1 + (len + F - 1) / F;
+}
+
+/* copies of more than this many bytes let other threads run */
+#define P2P_BIG (64 << 10)
+
 /* p2p_push(ctrl, data, K, F, count, frame, head, magic, flags, tag, code, payload) -> the
- * producer's new count, or -1 when the ring is full (nothing written) */
+ * producer's new count, or -1 when the ring has no room for the whole message (nothing
+ * written); `flags` is the inline flag, set in the frame when the payload is inline */
 static PyObject *module_p2p_push(PyObject *Py_UNUSED(m), PyObject *const *args,
                                  Py_ssize_t nargs) {
     if (nargs != 12) {
@@ -243,37 +255,51 @@ static PyObject *module_p2p_push(PyObject *Py_UNUSED(m), PyObject *const *args,
     }
     char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
     int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
+    if (frame > F || head < 64 || head > frame || K <= 0) {
+        PyErr_SetString(PyExc_ValueError, "p2p_push: a frame that does not fit a slot");
+        return NULL;
+    }
     Py_buffer b;
     if (PyObject_GetBuffer(args[11], &b, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
-    if (b.len > frame - head || frame > F || K <= 0) {
-        PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_ValueError, "p2p_push: the payload does not fit a frame");
-        return NULL;
-    }
+    int64_t len = (int64_t)b.len, n = p2p_slots(len, frame, head, F);
     int64_t *headp = (int64_t *)ctrl, *tailp = (int64_t *)(ctrl + 64);
     int64_t *lens = (int64_t *)(ctrl + 128);
-    if (count - load_acq(tailp) >= K) {
+    if (n > K || count + n - load_acq(tailp) > K) {
         PyBuffer_Release(&b);
         return PyLong_FromLong(-1);
     }
+    int inline_ = n == 1;
     char *slot = data + (count % K) * F;
-    int64_t words[8] = {v[7], v[9], (int64_t)b.len, v[10], v[8], 0, 0, 0};
+    int64_t words[8] = {v[7], v[9], len, v[10], inline_ ? v[8] : 0, 0, 0, 0};
     memcpy(slot, words, sizeof words);
-    memset(slot + sizeof words, 0, (size_t)(head - (int64_t)sizeof words));
-    memcpy(slot + head, b.buf, (size_t)b.len);
-    memset(slot + head + b.len, 0, (size_t)(frame - head - b.len));
-    PyBuffer_Release(&b);
+    memset(slot + sizeof words, 0, (size_t)(frame - (int64_t)sizeof words));
     lens[count % K] = frame;
-    store_rel(headp, count + 1);
-    return PyLong_FromLongLong(count + 1);
+    if (inline_) {
+        memcpy(slot + head, b.buf, (size_t)len);
+    } else {
+        const char *src = (const char *)b.buf;
+        PyThreadState *ts = len > P2P_BIG ? PyEval_SaveThread() : NULL;
+        for (int64_t i = 1, off = 0; i < n; i++) {
+            int64_t k = (count + i) % K, m = len - off < F ? len - off : F;
+            memcpy(data + k * F, src + off, (size_t)m);
+            lens[k] = m;
+            off += m;
+        }
+        if (ts != NULL)
+            PyEval_RestoreThread(ts);
+    }
+    PyBuffer_Release(&b);
+    store_rel(headp, count + n);
+    return PyLong_FromLongLong(count + n);
 }
 
 /* p2p_take(ctrl, data, K, F, count, frame, head, magic, flags, tag, code, out, spin_ns)
- * -> the consumer's new count when the message at the head of the ring is an inline one
- * (flags) with `tag` (-1: any) that fits `out` exactly (bytes and dtype code): copied into
- * out and consumed; -1 when nothing arrived within spin_ns (polled with the GIL released);
- * -2 when the message there is any other (left for the Python path) */
+ * -> the consumer's new count when the message at the head of the ring has `tag` (-1: any)
+ * and fits `out` exactly (bytes and dtype code), and all of it has arrived: copied into out
+ * and consumed; -1 when nothing arrived within spin_ns (polled with the GIL released, as
+ * is the rest of a message whose frame came); -2 when the message there is any other, or
+ * not all there: nothing consumed, it is left for the Python path */
 static PyObject *module_p2p_take(PyObject *Py_UNUSED(m), PyObject *const *args,
                                  Py_ssize_t nargs) {
     if (nargs != 13) {
@@ -291,14 +317,20 @@ static PyObject *module_p2p_take(PyObject *Py_UNUSED(m), PyObject *const *args,
         return NULL;
     char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
     int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
+    if (frame > F || head < 64 || head > frame || K <= 0) {
+        PyErr_SetString(PyExc_ValueError, "p2p_take: a frame that does not fit a slot");
+        return NULL;
+    }
     int64_t *headp = (int64_t *)ctrl, *tailp = (int64_t *)(ctrl + 64);
     const int64_t *lens = (const int64_t *)(ctrl + 128);
     Py_buffer b;
     if (PyObject_GetBuffer(args[11], &b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return NULL;
+    int64_t len = (int64_t)b.len, n = p2p_slots(len, frame, head, F);
+    int64_t end = 0;
     if (load_acq(headp) == count && spin_ns > 0) {
         Py_BEGIN_ALLOW_THREADS
-        int64_t end = now_ns() + spin_ns;
+        end = now_ns() + spin_ns;
         while (load_acq(headp) == count) {
             cpu_relax();
             if (now_ns() >= end)
@@ -313,16 +345,48 @@ static PyObject *module_p2p_take(PyObject *Py_UNUSED(m), PyObject *const *args,
     const char *slot = data + (count % K) * F;
     int64_t w[5];
     memcpy(w, slot, sizeof w);
-    if (lens[count % K] != frame || w[0] != v[7] || !(w[4] & v[8]) ||
-            (v[9] != -1 && w[1] != v[9]) || w[2] != (int64_t)b.len || w[3] != v[10] ||
-            w[2] > frame - head) {
+    int inline_ = (w[4] & v[8]) != 0;
+    if (lens[count % K] != frame || w[0] != v[7] || (v[9] != -1 && w[1] != v[9]) ||
+            w[2] != len || w[3] != v[10] || inline_ != (n == 1) || n > K) {
         PyBuffer_Release(&b);
         return PyLong_FromLong(-2);
     }
-    memcpy(b.buf, slot + head, (size_t)b.len);
+    if (inline_) {
+        memcpy(b.buf, slot + head, (size_t)len);
+    } else {
+        /* the payload follows its frame: wait for the rest within the spin, if any */
+        int whole = load_acq(headp) - count >= n;
+        if (!whole && spin_ns > 0) {
+            Py_BEGIN_ALLOW_THREADS
+            if (!end)
+                end = now_ns() + spin_ns;
+            while (!(whole = load_acq(headp) - count >= n) && now_ns() < end)
+                cpu_relax();
+            Py_END_ALLOW_THREADS
+        }
+        int ok = whole;
+        for (int64_t i = 1, off = 0; ok && i < n; i++) {
+            int64_t m = len - off < F ? len - off : F;
+            ok = lens[(count + i) % K] == m;
+            off += m;
+        }
+        if (!ok) {
+            PyBuffer_Release(&b);
+            return PyLong_FromLong(-2);
+        }
+        char *dst = (char *)b.buf;
+        PyThreadState *ts = len > P2P_BIG ? PyEval_SaveThread() : NULL;
+        for (int64_t i = 1, off = 0; i < n; i++) {
+            int64_t m = len - off < F ? len - off : F;
+            memcpy(dst + off, data + ((count + i) % K) * F, (size_t)m);
+            off += m;
+        }
+        if (ts != NULL)
+            PyEval_RestoreThread(ts);
+    }
     PyBuffer_Release(&b);
-    store_rel(tailp, count + 1);
-    return PyLong_FromLongLong(count + 1);
+    store_rel(tailp, count + n);
+    return PyLong_FromLongLong(count + n);
 }
 
 static PyMethodDef module_methods[] = {
@@ -332,9 +396,9 @@ static PyMethodDef module_methods[] = {
     {"copy_stream", (PyCFunction)(void (*)(void))module_copy_stream, METH_FASTCALL,
      "copy_stream(dst, src): dst[:] = src (same size in bytes) with non-temporal stores"},
     {"p2p_push", (PyCFunction)(void (*)(void))module_p2p_push, METH_FASTCALL,
-     "p2p_push(...): one inline point-to-point message onto a channel (see the source)"},
+     "p2p_push(...): one whole point-to-point message onto a channel (see the source)"},
     {"p2p_take", (PyCFunction)(void (*)(void))module_p2p_take, METH_FASTCALL,
-     "p2p_take(...): one inline point-to-point message off a channel (see the source)"},
+     "p2p_take(...): one whole point-to-point message off a channel (see the source)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,7 +35,7 @@ _HEAD_BYTES = 64
 INLINE_BYTES = 192
 _FRAME_BYTES = _HEAD_BYTES + INLINE_BYTES
 _INLINE = 1
-#: the frame as a transport's compiled path writes and reads it (Transport.push_inline)
+#: the frame as a transport's compiled path writes and reads it (Transport.push_message)
 _FMT = (_FRAME_BYTES, _HEAD_BYTES, _P2P_MAGIC, _INLINE)
 #: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
 ANY_SOURCE = -1
@@ -106,17 +106,17 @@ class P2PEngine:
 
     def _send(self, xb: Buffer, dst: int, tag: int, blocking: bool) -> Work | None:
         """Start a send; None if ``blocking`` and the message is already on its way
-        whole (an inline one, nothing queued before it to ``dst``, the transport took
-        it at once: then nothing is left to wait for)."""
+        whole (nothing queued before it to ``dst``, and the transport took all of it at
+        once: then nothing is left to wait for)."""
         fr = self.c._fr
         rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes) if fr is not None else None
         inline = xb.nbytes <= INLINE_BYTES
         t = self.c._t
-        if blocking and inline:
+        if blocking:
             with self.lock:
                 self.c._usable()
                 if not self.sends[dst] and xb.flat.flags.c_contiguous and \
-                        t.push_inline(dst, _FMT, tag, xb.dt.code, xb.flat):
+                        t.push_message(dst, _FMT, tag, xb.dt.code, xb.flat):
                     if rec is not None:
                         rec[T_END] = now_ns()
                     return None
@@ -145,7 +145,7 @@ class P2PEngine:
 
     def recv(self, xb: Buffer, src: int, tag: int) -> None:
         """A blocking receive: a message from ``src`` that is already here (kept aside,
-        or inline at the head of its channel) is taken without a Work or a wait, when no
+        or whole at the head of its channel) is taken without a Work or a wait, when no
         receive posted before this one could want it."""
         if src != ANY_SOURCE:
             t = self.c._t
@@ -153,12 +153,12 @@ class P2PEngine:
             with self.lock:
                 self.c._usable()
                 if not self.posted[src] and not self.posted_any and \
-                        self.active[src] is None and xb.nbytes <= INLINE_BYTES and \
+                        self.active[src] is None and \
                         xb.flat.flags.c_contiguous and self._unexpected(src, tag) is None:
                     # the compiled path: the message at the head of the channel, if it is
                     # the one (spinning as the waits do first); else as below
-                    got = t.take_inline(src, _FMT, tag, xb.dt.code, xb.flat,
-                                        t.settings.spin_us * 1e-6)
+                    got = t.take_message(src, _FMT, tag, xb.dt.code, xb.flat,
+                                         t.settings.spin_us * 1e-6)
                     if got == TAKEN:
                         fr = self.c._fr
                         if fr is not None:

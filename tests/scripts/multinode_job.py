@@ -105,12 +105,12 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     # recv), between nodes on the engine
     t, mine = comm._t, next(nd for nd in comm.topology.nodes if r in nd)
     taken: list[int] = []
-    take = getattr(t, "take_inline", None)
+    take = getattr(t, "take_message", None)
     if take is not None:
         def spy(*a: object) -> int:
             taken.append(take(*a))
             return taken[-1]
-        t.take_inline = spy
+        t.take_message = spy
     comm.barrier()   # every rank is done with the waits above (which take in what arrives)
     if len(mine) > 1 and r == mine[1]:
         for tag in (3, 4):
@@ -133,7 +133,7 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
         if 1 in taken:
             bad.append("blocking p2p between nodes: on shared memory's compiled path")
     if take is not None:
-        del t.take_inline
+        del t.take_message
     # the pipelined two-level all_reduce in several pieces (pipeline_pieces: 8 MiB on nodes
     # of 2 ranks is 4 pieces); its bits go into the digest every rank compares
     if n > 1 and comm.topology.ranks_per_node:

@@ -70,7 +70,7 @@ from ..wait import Waiter
 #: channels: collective data, the user's point-to-point messages, agreement frames and
 #: status frames (abort, closed).  They never mix.
 COLL, P2P, CTRL, STATUS = 0, 1, 2, 3
-#: what Transport.take_inline found
+#: what Transport.take_message found
 TAKEN, EMPTY, OTHER = 1, 0, -1
 
 #: words of a descriptor as published (see ringlet.agreement.Desc)
@@ -218,20 +218,22 @@ class Transport(ABC):
         so the waits of such an engine never sleep past a completion."""
         waiter.pause()
 
-    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    payload: np.ndarray) -> bool:
-        """Put a small point-to-point message whole on the P2P channel to ``peer`` at once
-        (a compiled path), as :mod:`ringlet.p2p` would send its frame: ``fmt`` is the
-        frame's (bytes, header bytes, magic, inline flag).  False: not done (no room, or
-        no such path here): the caller sends it as usual."""
+    def push_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     payload: np.ndarray) -> bool:
+        """Put a whole point-to-point message on the P2P channel to ``peer`` at once (a
+        compiled path), as :mod:`ringlet.p2p` would send it: its frame (``fmt``: bytes,
+        header bytes, magic, inline flag), then the payload unless it is inline.  False:
+        not done (no room for all of it, or no such path here): the caller sends it as
+        usual."""
         return False
 
-    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    out: np.ndarray, spin_s: float) -> int:
+    def take_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     out: np.ndarray, spin_s: float) -> int:
         """Take the message at the head of the P2P channel from ``peer`` into ``out`` (a
-        compiled path), if it is an inline frame with ``tag`` (-1: any) that fits ``out``
-        exactly: TAKEN; EMPTY: none arrived within ``spin_s``; OTHER: any other message
-        is there, or no such path here (the caller takes it in as usual)."""
+        compiled path), if it has ``tag`` (-1: any), fits ``out`` exactly and has arrived
+        whole: TAKEN; EMPTY: none arrived within ``spin_s``; OTHER: any other message is
+        there, or not all of it, or no such path here (nothing taken: the caller takes it
+        in as usual)."""
         return OTHER
 
     def wait_settings(self, reqs: Sequence[Request]) -> Settings:

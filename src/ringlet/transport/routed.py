@@ -88,19 +88,19 @@ class RoutedTransport(Transport):
         r.peer = peer
         return r
 
-    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    payload: np.ndarray) -> bool:
+    def push_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     payload: np.ndarray) -> bool:
         i = self.lidx.get(peer)
         if i is None:   # the engine has no such path: the frame goes through isend
             return False
-        return self.local.push_inline(i, fmt, tag, code, payload)  # type: ignore[union-attr]
+        return self.local.push_message(i, fmt, tag, code, payload)  # type: ignore[union-attr]
 
-    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    out: np.ndarray, spin_s: float) -> int:
+    def take_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     out: np.ndarray, spin_s: float) -> int:
         i = self.lidx.get(peer)
         if i is None:
             return OTHER
-        return self.local.take_inline(i, fmt, tag, code, out,  # type: ignore[union-attr]
+        return self.local.take_message(i, fmt, tag, code, out,  # type: ignore[union-attr]
                                       spin_s)
 
     def progress(self) -> bool:

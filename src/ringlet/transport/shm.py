@@ -595,8 +595,8 @@ class ShmTransport(Transport):
             self._active_recv.add(peer)
         return req
 
-    def push_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    payload: np.ndarray) -> bool:
+    def push_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     payload: np.ndarray) -> bool:
         if self._lean_p2p is None:
             return False
         ch = self.out[P2P][peer]
@@ -606,8 +606,8 @@ class ShmTransport(Transport):
         ch.count = n
         return True
 
-    def take_inline(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
-                    out: np.ndarray, spin_s: float) -> int:
+    def take_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
+                     out: np.ndarray, spin_s: float) -> int:
         if self._lean_p2p is None:
             return OTHER
         ch = self.inn[P2P][peer]
