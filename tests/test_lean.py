@@ -125,10 +125,16 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
     out: dict[str, bool] = {}
 
     def took(label: str, call: Any, want: Any) -> None:
-        before = keep.calls
-        got = call()
-        assert np.array_equal(np.asarray(got), want), label
-        out[label] = keep.calls > before
+        # a few tries: a call the compiled path takes still goes to the Python path when
+        # a peer is not there within 200 us (3 ranks on 2 busy cores)
+        out[label] = False
+        for _ in range(5):
+            before = keep.calls
+            got = call()
+            assert np.array_equal(np.asarray(got), want), label
+            if comm.all_reduce(np.array([keep.calls > before], np.int32))[0] == n:
+                out[label] = True   # every rank took it, in the same try
+                break
 
     x = np.ones(4, np.float32)
     comm.all_reduce(x.copy())   # on a fresh communicator: the call that makes this its thread
