@@ -455,8 +455,9 @@ class PointToPoint:
         than the channel waits for the receiver, as MPI's rendezvous does.  Across
         nodes on torch.distributed every send waits for the receiver to run
         point-to-point (gloo's sends are rendezvous): as with MPI, a correct
-        program never counts on a send being buffered.  Up to 192 B to a rank on
-        this node it is one compiled call where ``ringlet._lean`` is built.
+        program never counts on a send being buffered.  To a rank on this node,
+        a message the channel has room for (up to 768 KiB by default) goes whole
+        in one compiled call where ``ringlet._lean`` is built.
         """
         xb = as_buffer(x, "x", writable=False)
         self._p2p.send(xb, self._peer(dst, "dst"), self._tag(tag))
@@ -467,8 +468,8 @@ class PointToPoint:
         ``src=ringlet.ANY_SOURCE`` takes a message from any rank (the first to
         arrive), ``tag=ringlet.ANY_TAG`` one with any tag; :meth:`irecv`'s Work
         says who sent it (``work.source``, ``work.tag``), or :meth:`probe` first.
-        A message of up to 192 B from a rank on this node that is already there is
-        taken in one compiled call where ``ringlet._lean`` is built."""
+        A message from a rank on this node that is already there whole is taken in
+        one compiled call where ``ringlet._lean`` is built."""
         xb = as_buffer(x, "x", writable=True)
         self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
         return xb.obj
