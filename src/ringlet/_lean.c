@@ -238,27 +238,36 @@ static inline int64_t p2p_slots(int64_t len, int64_t frame, int64_t head, int64_
 /* copies of more than this many bytes let other threads run */
 #define P2P_BIG (64 << 10)
 
+/* the arguments p2p_push and p2p_take share: (ctrl, data, K, F, count, frame, head, magic,
+ * flags, tag, code) into v, after a check of their number; -1 with an exception set */
+static int p2p_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                    const char *name, int64_t v[11]) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s: %zd arguments", name, want);
+        return -1;
+    }
+    for (int i = 0; i < 11; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    if (v[5] > v[3] || v[6] < 64 || v[6] > v[5] || v[2] <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a frame that does not fit a slot", name);
+        return -1;
+    }
+    return 0;
+}
+
 /* p2p_push(ctrl, data, K, F, count, frame, head, magic, flags, tag, code, payload) -> the
  * producer's new count, or -1 when the ring has no room for the whole message (nothing
  * written); `flags` is the inline flag, set in the frame when the payload is inline */
 static PyObject *module_p2p_push(PyObject *Py_UNUSED(m), PyObject *const *args,
                                  Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "p2p_push: 12 arguments");
-        return NULL;
-    }
     int64_t v[11];
-    for (int i = 0; i < 11; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    if (p2p_args(args, nargs, 12, "p2p_push", v) < 0)
+        return NULL;
     char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
     int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
-    if (frame > F || head < 64 || head > frame || K <= 0) {
-        PyErr_SetString(PyExc_ValueError, "p2p_push: a frame that does not fit a slot");
-        return NULL;
-    }
     Py_buffer b;
     if (PyObject_GetBuffer(args[11], &b, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -302,25 +311,14 @@ static PyObject *module_p2p_push(PyObject *Py_UNUSED(m), PyObject *const *args,
  * not all there: nothing consumed, it is left for the Python path */
 static PyObject *module_p2p_take(PyObject *Py_UNUSED(m), PyObject *const *args,
                                  Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "p2p_take: 13 arguments");
-        return NULL;
-    }
     int64_t v[11];
-    for (int i = 0; i < 11; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    if (p2p_args(args, nargs, 13, "p2p_take", v) < 0)
+        return NULL;
     int64_t spin_ns = PyLong_AsLongLong(args[12]);
     if (spin_ns == -1 && PyErr_Occurred())
         return NULL;
     char *ctrl = (char *)(intptr_t)v[0], *data = (char *)(intptr_t)v[1];
     int64_t K = v[2], F = v[3], count = v[4], frame = v[5], head = v[6];
-    if (frame > F || head < 64 || head > frame || K <= 0) {
-        PyErr_SetString(PyExc_ValueError, "p2p_take: a frame that does not fit a slot");
-        return NULL;
-    }
     int64_t *headp = (int64_t *)ctrl, *tailp = (int64_t *)(ctrl + 64);
     const int64_t *lens = (const int64_t *)(ctrl + 128);
     Py_buffer b;
