@@ -16,7 +16,7 @@ from .errors import ArgumentError
 from .ops import DTYPES, DType, dtype_of_numpy
 
 
-@dataclass
+@dataclass(slots=True)
 class Buffer:
     obj: Any             # what the user passed (or what ringlet allocated for them)
     flat: np.ndarray     # 1-D view of the same memory, storage dtype
@@ -39,6 +39,10 @@ def _is_tensor(x: Any) -> bool:
 
 def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
     """Validate ``x`` and view it flat.  Raises ArgumentError before anything is sent."""
+    if type(x) is np.ndarray:   # the common case, checked first and cheaply
+        flags = x.flags
+        if flags.c_contiguous and (flags.writeable or not writable):
+            return Buffer(x, x.reshape(-1), dtype_of_numpy(x.dtype), x.shape, False)
     if isinstance(x, np.ndarray):
         if type(x) is not np.ndarray and not isinstance(x, np.memmap):
             # np.matrix stays 2-D when flattened, a masked array's mask would be ignored:

@@ -515,6 +515,8 @@ class PointToPoint:
                 for send, xb, q, t in checked]
 
     def _peer(self, peer: Any, what: str, any_ok: bool = False) -> int:
+        if type(peer) is int and 0 <= peer < self.size:   # the common case
+            return peer
         if any_ok and isinstance(peer, (int, np.integer)) and peer == ANY_SOURCE:
             return ANY_SOURCE
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or \
@@ -525,6 +527,8 @@ class PointToPoint:
         return int(peer)
 
     def _tag(self, tag: Any, any_ok: bool = False) -> int:
+        if type(tag) is int and 0 <= tag < 2 ** 62:   # the common case
+            return tag
         if any_ok and isinstance(tag, (int, np.integer)) and tag == ANY_TAG:
             return ANY_TAG
         if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or \
