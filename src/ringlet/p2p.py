@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -93,16 +93,20 @@ class P2PEngine:
         self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
 
     def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
-        w = self._send(xb, dst, tag, False)
-        assert w is not None
-        return w
+        return self._send(xb, dst, tag, False)
 
     def send(self, xb: Buffer, dst: int, tag: int) -> None:
-        """A blocking send: an inline message the transport takes at once (shared memory
+        """A blocking send: a whole message the transport takes at once (shared memory
         with room in the channel) needs no Work and no wait."""
         w = self._send(xb, dst, tag, True)
         if w is not None:
             w.wait()
+
+    @overload
+    def _send(self, xb: Buffer, dst: int, tag: int, blocking: Literal[False]) -> Work: ...
+
+    @overload
+    def _send(self, xb: Buffer, dst: int, tag: int, blocking: bool) -> Work | None: ...
 
     def _send(self, xb: Buffer, dst: int, tag: int, blocking: bool) -> Work | None:
         """Start a send; None if ``blocking`` and the message is already on its way
@@ -168,15 +172,15 @@ class P2PEngine:
                     if got == EMPTY:
                         spin_end = -1.0   # spun already
                 while not self.posted[src] and not self.posted_any:
-                    hit = self._unexpected(src, tag)
-                    if hit is None:
+                    kept = self._take_kept(src, tag)
+                    if kept is None:
                         try:
                             self._progress_in(src, t)   # take in what has arrived
                         except KeyboardInterrupt as exc:
                             self.c._fail(exc)   # a message may be half received
                             raise
-                        hit = self._unexpected(src, tag)
-                    if hit is None:
+                        kept = self._take_kept(src, tag)
+                    if kept is None:
                         # as the waits spin first (settings.spin_us: none when ranks
                         # outnumber cores, nor on an engine whose threads report)
                         now = time.perf_counter()
@@ -185,9 +189,7 @@ class P2PEngine:
                         if now < spin_end:
                             continue
                         break
-                    q, i = hit
-                    utag, code, data, _ = self.unexpected[q][i]
-                    del self.unexpected[q][i]
+                    q, utag, code, data = kept
                     fr = self.c._fr
                     rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes) \
                         if fr is not None else None
@@ -210,11 +212,9 @@ class P2PEngine:
             w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
         with self.lock:
             self.c._usable()
-            hit = self._unexpected(src, tag)
-            if hit is not None:
-                q, i = hit
-                utag, code, data, _ = self.unexpected[q][i]
-                del self.unexpected[q][i]
+            kept = self._take_kept(src, tag)
+            if kept is not None:
+                q, utag, code, data = kept
                 self._deliver(xb, q, utag, code, data.size, w, data)
                 return w
             entry = (xb, tag, w, next(self._numbers))
@@ -222,6 +222,17 @@ class P2PEngine:
             w._driver = self._drive
             self._progress()
         return w
+
+    def _take_kept(self, src: int, tag: int) -> tuple[int, int, int, np.ndarray] | None:
+        """Remove and return (source, tag, dtype code, bytes) of the first-arrived kept
+        message that a receive of (src, tag) takes, if any."""
+        hit = self._unexpected(src, tag)
+        if hit is None:
+            return None
+        q, i = hit
+        utag, code, data, _ = self.unexpected[q][i]
+        del self.unexpected[q][i]
+        return q, utag, code, data
 
     def _unexpected(self, src: int, tag: int) -> tuple[int, int] | None:
         """(source, index) of the first-arrived kept message that a receive of (src, tag)
