@@ -67,6 +67,8 @@ PHASE_SIZES = [8, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
 #: the default runs: rate[:largest size] (at 200 Mbit/s a 64 MiB all_reduce takes 3-5 s)
 DEFAULT_RATES = ["1gbit", "200mbit:16M"]
 RINGLET_METHODS = ["hierarchical", "ring", "native"]
+#: ringlet's two-level all_reduce schedules (ringlet.rails.SCHEDULES)
+TWO_LEVEL = ("hierarchical", "hierarchical_pipelined")
 PEER = {"mpi": "MPI_Allreduce", "torch": "gloo dist.all_reduce"}
 #: the targets (issue): hierarchical / bound from 4 MiB, speed-up over gloo, prediction error
 BOUND_FROM, BOUND_RATIO, GLOO_SPEEDUP, PREDICT_FROM, PREDICT_ERROR = \
@@ -191,6 +193,7 @@ def rank_main(argv: list[str]) -> int:
     import numpy as np
 
     import ringlet
+    from ringlet.ops import DTYPES, ReduceOp
 
     if a.engine == "torch":
         from datetime import timedelta
@@ -223,7 +226,8 @@ def rank_main(argv: list[str]) -> int:
                 each.append(_engine_costs(comm, eng, np))
             x = np.empty(max(1, nbytes // 4), np.float32)
             t = eng.buf(x)
-            auto[str(nbytes)] = comm._choose("all_reduce", None, x.nbytes)
+            auto[str(nbytes)] = comm._choose("all_reduce", None, x.nbytes,
+                                             comm._rails(ReduceOp.SUM, DTYPES["float32"]))
             k, reps = schedule(nbytes)
             for m in methods:
                 if m == "peer":
@@ -480,6 +484,10 @@ def predict_args(nbytes: int, algorithm: str, intra: dict[str, Any], inter_Bps: 
             "--intra", f"{intra['bandwidth_Bps'] / 1e9:.4g}GB/s,{intra['alpha_s'] * 1e6:.3g}us",
             "--inter", f"{inter_Bps / 1e6:.4g}MB/s,{inter_alpha * 1e6:.3g}us",
             "--algorithm", algorithm, "--no-crossovers", "--json"]
+    if algorithm == "hierarchical_pipelined":   # in the pieces the communicator runs
+        from ringlet.algorithms.hierarchical import pipeline_pieces
+
+        args[-2:-2] = ["--param", f"pieces={pipeline_pieces(nbytes, 2)}"]
     if call:
         args[-2:-2] = ["--call", f"{call * 1e6:.3g}us"]
     if floor:
@@ -531,14 +539,19 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         # the engine's own all_reduce (rails) takes at least its small-message time
         floor = costs.get("rail_floor_s", 0.0)
         bps = shares["hierarchical"]
+        # the two-level algorithm the job's automatic choice ran at each size
+        auto = run.get(eng, {}).get("auto", {})
+        algs = {nbytes: a if (a := auto.get(str(nbytes))) in TWO_LEVEL else "hierarchical"
+                for nbytes in sizes}
         out["engines"][eng] = {
             "inter_alpha_s": ea, "call_s": call, "rail_floor_s": floor,
+            "algorithm": {str(nbytes): algs[nbytes] for nbytes in sizes},
             "hierarchical": {str(nbytes): _predicted(
-                predict_args(nbytes, "hierarchical", intra, bps, ea, call, floor),
-                "hierarchical") for nbytes in sizes},
+                predict_args(nbytes, algs[nbytes], intra, bps, ea, call, floor),
+                algs[nbytes]) for nbytes in sizes},
             "command": shlex.join(["ringlet", "predict", *[
                 "<S>" if a == str(sizes[-1]) else a
-                for a in predict_args(sizes[-1], "hierarchical", intra, bps, ea, call,
+                for a in predict_args(sizes[-1], algs[sizes[-1]], intra, bps, ea, call,
                                       floor)]])}
     return out
 

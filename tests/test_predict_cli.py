@@ -145,6 +145,33 @@ def test_a_floor_under_the_rails_phase(capsys: pytest.CaptureFixture[str]) -> No
            "(--rail-floor)" in capsys.readouterr().out
 
 
+def test_pieces_given_and_a_floor_per_piece(capsys: pytest.CaptureFixture[str]) -> None:
+    """--param pieces=K fixes the pipelined algorithms' pieces (others keep one); with
+    --rail-floor each of hierarchical_pipelined's pieces' inter-node phases costs at
+    least the floor."""
+    two = ["predict", "all_reduce", "--nodes", "2", "--gpus-per-node", "2",
+           "--intra", "30GB/s,17us", "--inter", "60MB/s,100us", "--json", "--no-crossovers",
+           "--algorithm", "hierarchical_pipelined", "--algorithm", "rabenseifner"]
+
+    def rows(*argv: str) -> dict[str, dict[str, object]]:
+        assert main([*two, *argv]) == 0
+        return {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)
+                if r["applicable"]}
+
+    for k in (1, 2, 8):
+        got = rows("--bytes", "4MiB", "--param", f"pieces={k}")
+        assert got["hierarchical_pipelined"]["pieces"] == k
+        assert got["rabenseifner"]["pieces"] == 1   # not pipelined: applicable, one piece
+    # 8 pieces of 256 KiB each (S/g/8): each phase ~4.5 ms on the wire; a 10 ms floor
+    # adds about 8 x 5.5 ms, a 1 ms floor nothing
+    plain = rows("--bytes", "4MiB", "--param", "pieces=8")["hierarchical_pipelined"]
+    low = rows("--bytes", "4MiB", "--param", "pieces=8", "--rail-floor", "1ms")
+    high = rows("--bytes", "4MiB", "--param", "pieces=8", "--rail-floor", "10ms")
+    assert low["hierarchical_pipelined"]["seconds"] == pytest.approx(plain["seconds"])
+    extra = high["hierarchical_pipelined"]["seconds"] - plain["seconds"]
+    assert 8 * 4e-3 < extra < 8 * 7e-3
+
+
 @pytest.mark.parametrize("command", [
     ["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "1GB/s"],
     ["plan", "--params", "1B", "--ranks", "8", "--link", "nvlink4"]])

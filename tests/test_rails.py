@@ -47,30 +47,87 @@ def test_only_a_transport_across_nodes_has_rails() -> None:
 
 @pytest.mark.parametrize("n,g", [(4, 2), (6, 2), (6, 3), (8, 4), (9, 3), (8, 1), (4, 4)])
 @pytest.mark.parametrize("m", [1, 5, 1001])
-def test_phases_stay_in_the_node_and_rails_hold_one_shard(n: int, g: int, m: int) -> None:
-    sched = build("all_reduce", "hierarchical", n, 0, group=g)
-    shards = {}
+@pytest.mark.parametrize("name,pieces", [("hierarchical", 1), ("hierarchical_pipelined", 1),
+                                         ("hierarchical_pipelined", 2),
+                                         ("hierarchical_pipelined", 4)])
+def test_phases_stay_in_the_node_and_rails_hold_one_shard(n: int, g: int, m: int, name: str,
+                                                          pieces: int) -> None:
+    sched = build("all_reduce", name, n, 0, group=g, pieces=pieces)
+    shards: dict[int, set[tuple[int, int]]] = {}
     for r in range(n):
-        p1, p3, lo, hi = rails.phases(sched, r, m, g)
-        for prog in (p1, p3):
-            for ops in prog.rounds:
-                for op in ops:
-                    if op.kind in (Kind.SEND, Kind.RECV, Kind.RRED):
-                        assert op.peer // g == r // g, (r, op.peer)   # inside the node
-        assert len(p1.rounds) == len(p3.rounds) == g - 1
-        for prog in (p1, p3):
-            assert prog.messages == sum(op.kind is Kind.SEND for ops in prog.rounds
-                                        for op in ops)
-        # every rank of a rail holds the same shard: its local rank's
-        shards.setdefault(r % g, set()).add((lo, hi))
-        # phase 1 ends with this rank's shard reduced over the node: its last receive
-        # reduces into [lo, hi), and phase 3's first send sends it
-        if g > 1 and hi > lo:
-            last = [op for op in p1.rounds[-1] if op.kind is Kind.RRED]
-            first = [op for op in p3.rounds[0] if op.kind is Kind.SEND]
-            assert [(a, b) for _, a, b in last[0].dst] == [(lo, hi)]
-            assert [(a, b) for _, a, b in first[0].src] == [(lo, hi)]
+        parts = rails.phases(sched, r, m, g)
+        assert len(parts) == pieces
+        for piece, (p1, p3, lo, hi) in enumerate(parts):
+            for prog in (p1, p3):
+                for ops in prog.rounds:
+                    for op in ops:
+                        if op.kind in (Kind.SEND, Kind.RECV, Kind.RRED):
+                            assert op.peer // g == r // g, (r, op.peer)   # inside the node
+            assert len(p1.rounds) == len(p3.rounds) == g - 1
+            for prog in (p1, p3):
+                assert prog.messages == sum(op.kind is Kind.SEND for ops in prog.rounds
+                                            for op in ops)
+            # every rank of a rail holds the same shard's piece: its local rank's
+            shards.setdefault(r % g * pieces + piece, set()).add((lo, hi))
+            # phase 1 ends with this rank's piece of its shard reduced over the node: its
+            # last receive reduces into [lo, hi), and phase 3's first send sends it
+            if g > 1 and hi > lo:
+                last = [op for op in p1.rounds[-1] if op.kind is Kind.RRED]
+                first = [op for op in p3.rounds[0] if op.kind is Kind.SEND]
+                assert [(a, b) for _, a, b in last[0].dst] == [(lo, hi)]
+                assert [(a, b) for _, a, b in first[0].src] == [(lo, hi)]
+    # the rails' ranges, one per local rank and piece, tile the vector
     assert all(len(s) == 1 for s in shards.values())
+    assert len(shards) == g * pieces
     cuts = sorted(next(iter(s)) for s in shards.values())
     edges = np.array(cuts).ravel()
     assert edges[0] == 0 and edges[-1] == m and all(edges[1:-1:2] == edges[2::2])
+
+
+@pytest.mark.parametrize("n,g,pieces", [(4, 2, 4), (6, 3, 2), (6, 2, 3), (8, 4, 2)])
+@pytest.mark.parametrize("m", [7, 1000])
+def test_pieces_on_rails_give_the_sum_on_every_rank(n: int, g: int, pieces: int,
+                                                    m: int) -> None:
+    """Every rank's parts run in lockstep on numpy (phase 1 of each piece, the rail's
+    sum of each piece, phase 3 of each piece): the vector's sum everywhere, the ranks of
+    a node bit-identical."""
+    sched = build("all_reduce", "hierarchical_pipelined", n, 0, group=g, pieces=pieces)
+    rng = np.random.default_rng(n * 100 + m)
+    xs = [rng.normal(0, 1, m) for _ in range(n)]
+    want = np.sum(xs, axis=0)
+    bufs = [x.copy() for x in xs]
+    parts = [rails.phases(sched, r, m, g) for r in range(n)]
+
+    def lockstep(progs: list) -> None:   # one round at a time, sends read before writes
+        for t in range(len(progs[0].rounds)):
+            sent = {}
+            for r, prog in enumerate(progs):
+                for op in prog.rounds[t]:
+                    if op.kind is Kind.SEND:
+                        sent.setdefault((r, op.peer), []).append(
+                            np.concatenate([bufs[r][lo:hi] for _, lo, hi in op.src]))
+            for r, prog in enumerate(progs):
+                for op in prog.rounds[t]:
+                    if op.kind in (Kind.RECV, Kind.RRED):
+                        got, pos = sent[(op.peer, r)].pop(0), 0
+                        for _, lo, hi in op.dst:
+                            if op.kind is Kind.RECV:
+                                bufs[r][lo:hi] = got[pos:pos + hi - lo]
+                            else:
+                                bufs[r][lo:hi] += got[pos:pos + hi - lo]
+                            pos += hi - lo
+
+    for p in range(pieces):
+        lockstep([parts[r][p][0] for r in range(n)])
+        for i in range(g):   # the rail of local rank i: its ranks' piece, summed
+            lo, hi = parts[i][p][2], parts[i][p][3]
+            rail = range(i, n, g)
+            total = np.sum([bufs[q][lo:hi] for q in rail], axis=0)
+            for q in rail:
+                assert (parts[q][p][2], parts[q][p][3]) == (lo, hi)
+                bufs[q][lo:hi] = total
+    for p in range(pieces):
+        lockstep([parts[r][p][1] for r in range(n)])
+    for r in range(n):
+        np.testing.assert_allclose(bufs[r], want, rtol=1e-12, atol=1e-12)
+        assert bufs[r].tobytes() == bufs[r // g * g].tobytes()

@@ -228,3 +228,24 @@ def test_across_nodes_two_level_where_it_pays() -> None:
             assert _across(coll, 6, nbytes, 2) not in ("direct", "oneshot")
     # an exclusion holds across nodes too
     assert _across("all_gather", 4, 8, 2, "all_gather:^hierarchical") != "hierarchical"
+
+
+def test_across_nodes_on_the_engines_all_reduce_pipelined_from_two_pieces() -> None:
+    """With the native rails, the pipelined two-level all_reduce from two pieces of at
+    least 1 MiB of each rank's shard (pipeline_pieces); ringlet's own ring across nodes
+    (rails=False) keeps ``hierarchical``."""
+    def pick(n: int, nbytes: int, per: int, rails: bool, setting: str = "") -> str:
+        return choose("all_reduce", n, nbytes, requested=None, setting=setting,
+                      nodes=n // per, ranks_per_node=per, rails=rails)
+
+    assert pick(4, 4 * MiB - 1, 2, True) == "hierarchical"           # one piece
+    assert pick(4, 4 * MiB, 2, True) == "hierarchical_pipelined"     # two
+    assert pick(8, 8 * MiB - 1, 4, True) == "hierarchical"
+    assert pick(8, 8 * MiB, 4, True) == "hierarchical_pipelined"
+    for nbytes in (8, 4 * MiB, 64 * MiB):
+        assert pick(4, nbytes, 2, False) == "hierarchical"
+        assert pick(4, nbytes, 1, True) != "hierarchical_pipelined"   # no node-local phase
+    assert pick(4, 64 * MiB, 2, True, "all_reduce:^hierarchical_pipelined") == "hierarchical"
+    assert pick(4, 64 * MiB, 2, True, "all_reduce:hierarchical") == "hierarchical"
+    assert choose("all_reduce", 4, 64 * MiB, requested="hierarchical", setting="", nodes=2,
+                  ranks_per_node=2, rails=True) == "hierarchical"

@@ -94,7 +94,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._broken: str | None = None
         self._closed = False
         self._scratch: dict[str, np.ndarray] = {}
-        self._chosen: dict[tuple[str, str | None, int], str] = {}
+        self._chosen: dict[tuple[str, str | None, int, bool], str] = {}
         self._descs: dict[tuple[Any, ...], Desc] = {}
         self._shm_digest = zlib.crc32(
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
@@ -151,9 +151,10 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         xb = as_buffer(x, "x", writable=out is None)
         check_op(rop, xb.dt)
         ob = self._out(out, xb, xb.count, "x")
-        name = self._choose("all_reduce", algorithm, xb.nbytes)
+        on_rails = self._rails(rop, xb.dt)
+        name = self._choose("all_reduce", algorithm, xb.nbytes, on_rails)
         path = self._path("all_reduce", name, xb.nbytes)
-        if path == GENERIC and self._rail_group(name, rop, xb.dt):
+        if path == GENERIC and on_rails and name in rails.SCHEDULES:
             path = RAILS
         fused = self._fused
         shared = self._shared_view(xb.flat) if ob is None and path & 3 == STAGE else None
@@ -451,12 +452,13 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             raise ArgumentError("out overlaps x; pass a separate buffer or leave out=None")
         return ob
 
-    def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str:
+    def _choose(self, collective: str, algorithm: str | None, nbytes: int,
+                on_rails: bool = False) -> str:
         if algorithm is not None and not isinstance(algorithm, str):
             raise ArgumentError(
                 f"algorithm must be a name (str) or None, got {algorithm!r}; valid: "
                 f"{', '.join(_algorithms(collective))}")
-        key = (collective, algorithm, nbytes)
+        key = (collective, algorithm, nbytes, on_rails)
         name = self._chosen.get(key)
         if name is None and algorithm == NATIVE:
             if not self._t.caps.native:
@@ -471,7 +473,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             topo = self.topology
             name = choose(collective, self.size, nbytes, requested=algorithm,
                           setting=self.settings.algo, nodes=len(topo.nodes),
-                          ranks_per_node=topo.ranks_per_node,
+                          ranks_per_node=topo.ranks_per_node, rails=on_rails,
                           tuner=tuner_for(self.settings) if len(topo.nodes) == 1 else None)
             if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
                     and not self._fused.fits_post(nbytes):
@@ -495,11 +497,17 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             return GENERIC
         return path | self._shm_digest << 2
 
-    def _rail_group(self, name: str, op: ReduceOp | None, dt: Any) -> bool:
-        """Whether a hierarchical all_reduce crosses nodes on the engine's all_reduce."""
-        return name == "hierarchical" and len(self.topology.nodes) > 1 and \
-            self.topology.ranks_per_node is not None and self._t.caps.rails and \
+    def _rails(self, op: ReduceOp | None, dt: Any) -> bool:
+        """Whether a two-level all_reduce of ``op`` on ``dt`` crosses nodes on the engine's
+        own all_reduce (:mod:`ringlet.rails`)."""
+        topo = self.topology
+        return len(topo.nodes) > 1 and topo.ranks_per_node is not None and \
+            self._t.caps.rails and \
             rails.wanted(self.settings.rails, self._t.caps.engine, self._t.caps.native, op, dt)
+
+    def _rail_group(self, name: str, op: ReduceOp | None, dt: Any) -> bool:
+        """Whether the all_reduce schedule ``name`` crosses nodes on the engine's all_reduce."""
+        return name in rails.SCHEDULES and self._rails(op, dt)
 
     def _tmp(self, key: str, dtype: np.dtype[Any], count: int) -> np.ndarray:
         nbytes = count * dtype.itemsize

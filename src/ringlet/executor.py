@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
-from .schedule import Buf, Kind, Ref, Schedule
+from .schedule import Buf, Kind, Ref, Schedule, Step
 from .transport.base import Request, Transport
 
 Range = tuple[int, int, int]   # (buffer, first element, stop element)
@@ -90,9 +90,16 @@ def compile_program(schedule: Schedule, rank: int, m: int) -> Program:
 def compile_bounds(schedule: Schedule, rank: int, bounds: dict[Buf, np.ndarray]) -> Program:
     """Element-level plan of ``rank``'s steps with each buffer's chunk boundaries given
     (equal blocks: :func:`compile_program`; uneven ones: :mod:`ringlet.uneven`)."""
+    return compile_steps(schedule.steps(rank), bounds)
+
+
+def compile_steps(step_rounds: Sequence[Sequence[Step]], bounds: dict[Buf, np.ndarray]
+                  ) -> Program:
+    """Element-level plan of rounds of steps (a rank's, or a part of them that its peers
+    run as the same part: :mod:`ringlet.rails`), chunk boundaries given per buffer."""
     rounds: list[list[_Op]] = []
     snap = msgs = 0
-    for steps in schedule.steps(rank):
+    for steps in step_rounds:
         ops = [_Op(st.kind, st.peer, _ranges(st.dst, bounds), _ranges(st.src, bounds),
                    st.src_first) for st in steps]
         writes = tuple(r for op in ops if op.kind is not Kind.SEND for r in op.dst)
@@ -102,12 +109,12 @@ def compile_bounds(schedule: Schedule, rank: int, bounds: dict[Buf, np.ndarray])
                 op.snapshot = _overlap(op.src, writes)
                 if op.snapshot:
                     snap += sum(hi - lo for _, lo, hi in op.src)
-                msgs += 1
             elif op.kind in (Kind.RECV, Kind.RRED):
                 op.after_recvs = _overlap(op.dst, recv_dsts)
                 recv_dsts += op.dst
         # a message of zero elements is never sent (both sides agree it is empty)
         ops = [op for op in ops if (op.src if op.kind is Kind.SEND else op.dst)]
+        msgs += sum(op.kind is Kind.SEND for op in ops)
         rounds.append(ops)
     elems = {int(b): int(bd[-1]) for b, bd in bounds.items()}
     first = any(op.src_first for ops in rounds for op in ops)

@@ -16,10 +16,17 @@ engine's all_reduce on a group per rail; phases 1 and 3 are the schedule's
 own rounds, run by the step executor as always.
 
 The schedule is unchanged: phases 1 and 3 are its first ``g - 1`` and last
-``g - 1`` rounds (``pieces`` 1), and the engine's all_reduce replaces the
-``2 (G - 1)`` rounds in between, which move the same shard among the same
-ranks.  Every rank of a node ends bit-identical (phase 3 copies each shard
-from the one rank that reduced it) and the ranks of a rail hold the same
+``g - 1`` rounds, and the engine's all_reduce replaces the ``2 (G - 1)``
+rounds in between, which move the same shard among the same ranks.
+``hierarchical_pipelined`` runs the same way piece by piece (:func:`run`):
+each piece's engine all_reduce is started without waiting, so it crosses
+the network while the next piece is reduced inside the node and earlier
+pieces are gathered there (the torch engine's gloo moves it on its own
+threads); the automatic choice takes it on the native rails from two pieces
+(:func:`ringlet.algorithms.select.multinode`).
+
+Every rank of a node ends bit-identical (phase 3 copies each shard from the
+one rank that reduced it) and the ranks of a rail hold the same
 shard after the engine's all_reduce (gloo's ring reduces each block at one
 rank and copies it on).  The choice is in the call's descriptor, so ranks
 whose settings differ get a MismatchError, not a hang.
@@ -34,15 +41,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
-from .executor import Program, compile_program, execute
+from .executor import Program, compile_steps, execute
 from .ops import DType, ReduceOp, Reducer
-from .schedule import Buf, Kind, Layout, Schedule
-from .transport.base import Transport
+from .schedule import Buf, Schedule, Step
+from .transport.base import NativeCall, Transport
 
+#: the two-level all_reduce schedules whose inter-node phase the rails can run
+SCHEDULES = frozenset({"hierarchical", "hierarchical_pipelined"})
 #: element types and ops whose gloo all_reduce equals ringlet's (see the module docs)
 RAIL_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 RAIL_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG})
@@ -60,34 +68,66 @@ def wanted(mode: str, engine: str | None, native: bool, op: ReduceOp | None,
     return mode == "native" or engine == "torch"
 
 
-def _sends(rounds: list[list[Any]]) -> int:
-    return sum(op.kind is Kind.SEND for ops in rounds for op in ops)
-
-
 @lru_cache(maxsize=64)
-def phases(sched: Schedule, rank: int, m: int, g: int) -> tuple[Program, Program, int, int]:
-    """This rank's phase 1 and phase 3 programs of the hierarchical all_reduce ``sched``
-    (groups of ``g``, one piece) at unit count ``m``, and the element range of the
-    shard its rail all-reduces in between."""
-    prog = compile_program(sched, rank, m)
+def phases(sched: Schedule, rank: int, m: int, g: int
+           ) -> tuple[tuple[Program, Program, int, int], ...]:
+    """This rank's parts of the two-level all_reduce ``sched`` (``hierarchical`` or
+    ``hierarchical_pipelined``, groups of ``g``) at unit count ``m``: per piece, its
+    phase 1 and phase 3 programs and the element range of the shard's piece its rail
+    all-reduces in between.
+
+    A piece's steps are the ones on its chunks (chunk ``c`` of the layout's ``g`` x
+    ``P G`` is in piece ``(c mod P G) // G``); its rounds come in the schedule's order,
+    ``g - 1`` of phase 1, ``2 (G - 1)`` across groups (left out), ``g - 1`` of phase 3.
+    Every rank of a group cuts its steps the same way, so the messages of a part are
+    exactly those its peers' same part sends and receives."""
+    lay = sched.layouts[Buf.OUT]
     G = sched.nranks // g
+    P = lay.pieces // G
     inner = g - 1
-    first, last = prog.rounds[:inner], prog.rounds[inner + 2 * (G - 1):]
-    p1 = Program(first, prog.elems, _sends(first), prog.snap_elems, prog.src_first)
-    p3 = Program(last, prog.elems, _sends(last), prog.snap_elems, prog.src_first)
+    parts: list[list[list[Step]]] = [[] for _ in range(P)]
+    for steps in sched.steps(rank):
+        here: dict[int, list[Step]] = {}
+        for st in steps:
+            _, c, _ = (st.src or st.dst)[0]
+            here.setdefault(c % lay.pieces // G, []).append(st)
+        for p, got in here.items():
+            parts[p].append(got)
+    bounds = {Buf.OUT: lay.bounds(m)}
     s = (rank % g + 1) % g
-    bounds = Layout(g, G).bounds(m)
-    return p1, p3, int(bounds[s * G]), int(bounds[(s + 1) * G])
+    out = []
+    for p, rounds in enumerate(parts):
+        if len(rounds) != 2 * inner + 2 * (G - 1):
+            raise AssertionError(f"{sched.algorithm}: piece {p} has {len(rounds)} rounds")
+        first = s * lay.pieces + p * G
+        out.append((compile_steps(rounds[:inner], bounds),
+                    compile_steps(rounds[len(rounds) - inner:], bounds),
+                    int(bounds[Buf.OUT][first]), int(bounds[Buf.OUT][first + G])))
+    return tuple(out)
 
 
 def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
         rail: Transport, out: np.ndarray, red: Reducer | None, what: Callable[[], str],
         dt: DType) -> None:
-    """Run the hierarchical all_reduce ``sched`` with the engine's all_reduce on ``rail``
-    (this rank's rail group) as its inter-node phase; ``out`` is the flat typed vector."""
-    p1, p3, lo, hi = phases(sched, rank, m, g)
+    """Run the two-level all_reduce ``sched`` with the engine's all_reduce on ``rail``
+    (this rank's rail group) as its inter-node phase; ``out`` is the flat typed vector.
+
+    Piece by piece: phase 1 inside the group, then the piece's engine all_reduce is
+    started and left in flight (the engine's threads move it) while the next piece's
+    phase 1 runs; then each piece's all_reduce is waited for and its phase 3 run, which
+    overlaps the later pieces' time on the network."""
     bufs = {int(Buf.OUT): out}
-    execute(p1, transport, bufs, red, what)
-    if hi > lo:
-        rail.native("all_reduce", 0, hi - lo, {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM, what, dt)
-    execute(p3, transport, bufs, red, what)
+    started: list[NativeCall] = []
+    try:
+        for p1, _, lo, hi in (parts := phases(sched, rank, m, g)):
+            execute(p1, transport, bufs, red, what)
+            started.append(rail.native_start("all_reduce", 0, hi - lo,
+                                              {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM,
+                                              what, dt))
+        for (_, p3, _, _), call in zip(parts, started, strict=True):
+            call.wait()
+            execute(p3, transport, bufs, red, what)
+    except BaseException:
+        for call in started:
+            call.abandon()
+        raise

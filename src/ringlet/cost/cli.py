@@ -27,6 +27,7 @@ from ..algorithms import UNEVEN
 from ..config import Settings
 from ..errors import ArgumentError
 from ..ops import DType
+from ..rails import SCHEDULES as RAIL_SCHEDULES
 from ..schedule import COLLECTIVES, UNIT
 from .host import Paths
 from .model import (
@@ -309,8 +310,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", action="append", metavar="NAME",
                    help="only these algorithms (repeatable; default: every registered one)")
     p.add_argument("--param", action="append", metavar="NAME=INT",
-                   help="fix an algorithm parameter where it exists, e.g. group=8 "
-                        "(pieces are chosen by the model)")
+                   help="fix an algorithm parameter where it exists, e.g. group=8, or "
+                        "pieces=4 for the pipelined ones (default: the model chooses the "
+                        "pieces)")
     p.add_argument("--textbook", action="store_true",
                    help="also give the seeds' textbook estimate (volume x S / headline "
                         "bandwidth, e.g. 2S/B for all_reduce; no latency) and how the model "
@@ -330,8 +332,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "comm.barrier() on the job: benchmarks/multihost.py does); the same "
                         "for every algorithm, so it changes no choice. Default 0")
     p.add_argument("--rail-floor", metavar="TIME",
-                   help="two levels, all_reduce: the least time the hierarchical "
-                        "algorithm's inter-node phase takes when the engine's own "
+                   help="two levels, all_reduce: the least time the two-level "
+                        "algorithms' inter-node phase takes (hierarchical_pipelined: "
+                        "each piece's) when the engine's own "
                         "all_reduce runs it (ringlet's native rails: RINGLET_RAILS, auto on "
                         "torch.distributed), whatever the shard's size, e.g. 2ms: the "
                         "engine's small-message cost, which the wire's time overlaps "
@@ -461,7 +464,7 @@ def main(args: argparse.Namespace) -> int:
                                 "give --inter with --nodes and --gpus-per-node, or a node "
                                 "shape")
         ok = sorted((with_rail_floor(p, floor, links.profile, d)
-                     if p.algorithm == "hierarchical" else p for p in ok),
+                     if p.algorithm in RAIL_SCHEDULES else p for p in ok),
                     key=lambda p: (p.seconds, p.algorithm))   # predict_all's order
         notes.append(f"hierarchical's inter-node phase at least {format_seconds(floor)}, "
                      f"the engine's own all_reduce on a rail (--rail-floor)")

@@ -964,8 +964,9 @@ def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: 
             paths: Paths | None = None) -> Prediction:
     """Predict one call: ``collective`` of ``nbytes`` (nccl-tests' size) with ``algorithm``.
 
-    ``pieces=None`` picks the best piece count for pipelined algorithms;
-    ``params`` fixes other parameters the algorithm takes (others are ignored).
+    ``pieces=None`` picks the best piece count for pipelined algorithms (or takes
+    ``params["pieces"]`` where the algorithm is pipelined); ``params`` fixes other
+    parameters the algorithm takes (others are ignored).
     On a two-level profile a ``group`` parameter defaults to the ranks per node,
     and ``rails=True`` counts the schedule as NCCL's per-NIC channels (see
     :func:`count`).  Raises ArgumentError if the algorithm cannot run on ``nranks`` ranks.
@@ -983,6 +984,11 @@ def predict(collective: str, algorithm: str, nranks: int, nbytes: int, profile: 
     """
     if nranks < 1:
         raise ArgumentError(f"nranks must be >= 1, got {nranks}")
+    if params and "pieces" in params:
+        params = dict(params)
+        given = params.pop("pieces")
+        if pieces is None and "pieces" in entry(collective, algorithm).params:
+            pieces = given
     d = dtype_of(dtype)
     if profile.uses_host(nranks):
         return _host(collective, algorithm, nranks, nbytes, profile, d, root, pieces, params,

@@ -120,6 +120,39 @@ def pieces(nbytes: int, size: int = PIECE_BYTES) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, nbytes)) for lo in range(0, nbytes, size)]
 
 
+#: engine operations that failed or timed out while in flight: an engine's collective or
+#: message cannot be cancelled, so it (and the buffers it writes) is kept for the life of
+#: the process; the communicator is aborted
+ABANDONED: list[Any] = []
+
+
+class NativeCall:
+    """An engine's own collective in flight (:meth:`Transport.native_start`).
+
+    :meth:`wait` finishes it within the deadline (once; later calls return at
+    once); :meth:`abandon`, after an error elsewhere, keeps the operation and its
+    buffers alive in :data:`ABANDONED` instead of waiting for it."""
+
+    __slots__ = ("_finish", "_keep")
+
+    def __init__(self, finish: Callable[[], None] | None, keep: Any = None) -> None:
+        self._finish, self._keep = finish, keep
+
+    def wait(self) -> None:
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            try:
+                finish()
+            except BaseException:
+                ABANDONED.append(self._keep)
+                raise
+
+    def abandon(self) -> None:
+        if self._finish is not None:
+            self._finish = None
+            ABANDONED.append(self._keep)
+
+
 class Request(Protocol):
     """One message being sent or received."""
 
@@ -300,6 +333,15 @@ class Transport(ABC):
         :class:`ringlet.ops.DType`: bfloat16 is stored as int16).  Waits within
         the deadline.
         """
+        self.native_start(collective, root, count, bufs, op, what, dtype).wait()
+
+    def native_start(self, collective: str, root: int, count: int,
+                     bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
+                     dtype: Any = None) -> NativeCall:
+        """Start :meth:`native`'s collective and return it in flight: the caller may run
+        other steps (not on this transport's engine) before its ``wait()``.  Every rank
+        starts its native collectives in the same order.  The buffers must stay
+        untouched until then."""
         raise ConfigError(f"this transport has no native collectives ({collective})")
 
     # --- groups -----------------------------------------------------------------------

@@ -459,7 +459,7 @@ def _reduction(MPI: Any, op: ReduceOp, dt: DType) -> tuple[Any, Any]:
 #: requests abandoned after an error or a timeout, kept (with their buffers) for the life
 #: of the process: MPI forbids freeing an engine collective's, and may still write into
 #: (or read) the buffers of any of them
-_ABANDONED: list[Any] = []
+_ABANDONED = base.ABANDONED
 
 #: transports not yet closed, and closed ones whose communicator waits for the peers'
 #: last words (see MpiTransport.close): held so that no posted receive's buffer is freed
@@ -860,10 +860,14 @@ class MpiTransport(Transport):
 
     # --- the engine's own collectives ---------------------------------------------------
 
-    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
-               op: Any, what: Callable[[], str], dtype: DType | str | None = None) -> None:
-        """Run ``collective`` with MPI's own nonblocking collective (see
-        :meth:`Transport.native`); waits within the deadline, watching the peers.
+    def native_start(self, collective: str, root: int, count: int,
+                     bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
+                     dtype: DType | str | None = None) -> base.NativeCall:
+        """Start ``collective`` as MPI's own nonblocking collective (see
+        :meth:`Transport.native`); its ``wait()`` tests it within the deadline, watching
+        the peers.  MPI moves its data while this rank is in an MPI call (MPICH and Open
+        MPI have no progress thread by default), so it overlaps what the rank does
+        before ``wait()`` only as far as the engine progresses on its own.
 
         ``dtype`` is ringlet's element type of the buffers (needed for bfloat16,
         whose storage is int16; inferred from the buffers otherwise).  Reductions
@@ -876,7 +880,7 @@ class MpiTransport(Transport):
             raise ArgumentError(f"the MPI engine has no native {collective}; it runs "
                                 f"{', '.join(_NATIVE)}")
         if count == 0:
-            return   # every rank agreed on the count: nothing to move
+            return base.NativeCall(None)  # every rank agreed on the count: nothing to move
         IN, OUT = bufs.get(0), bufs.get(1)
         some = OUT if OUT is not None else IN
         if some is None:
@@ -934,28 +938,29 @@ class MpiTransport(Transport):
             else:   # gather
                 req = comm.Igather(raw(IN, c), raw(OUT, c * n) if me == root else None, root)
 
-        waiter = Waiter(
-            self.settings, what, list, lambda: self.check(None, what()),
-            advice=lambda: f"MPI's {fn} has not completed on rank {self.rank}; MPI does not "
-                           f"say which ranks have not joined it (every rank agreed to this "
-                           f"call, so one is slow, stuck or gone)")
-        try:
+
+        def finish() -> None:
+            waiter = Waiter(
+                self.settings, what, list, lambda: self.check(None, what()),
+                advice=lambda: f"MPI's {fn} has not completed on rank {self.rank}; MPI does "
+                               f"not say which ranks have not joined it (every rank agreed "
+                               f"to this call, so one is slow, stuck or gone)")
             while True:
                 with self._lock:
                     try:
                         ok = req.Test()
                     except MPI.Exception as exc:
                         raise PeerError(
-                            f"rank {self.rank}: MPI's {fn} failed ({exc.Get_error_string()}); "
-                            f"{what()} cannot complete (a peer may have died)") from None
+                            f"rank {self.rank}: MPI's {fn} failed "
+                            f"({exc.Get_error_string()}); {what()} cannot complete (a "
+                            f"peer may have died)") from None
                 if ok:
                     return
                 waiter.pause()
-        except BaseException:
-            # a collective cannot be cancelled nor its request freed: keep it (and so
-            # its buffers) for the life of the process; the communicator is aborted
-            _ABANDONED.append(req)
-            raise
+
+        # a collective cannot be cancelled nor its request freed: after an error the
+        # NativeCall keeps it (and so its buffers) for the life of the process
+        return base.NativeCall(finish, req)
 
     # --- groups -----------------------------------------------------------------------
 

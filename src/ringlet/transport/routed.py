@@ -24,7 +24,7 @@ import numpy as np
 
 from ..config import Settings
 from ..wait import Waiter
-from .base import COLL, OTHER, Caps, Reducer, Request, Transport
+from .base import COLL, OTHER, Caps, NativeCall, Reducer, Request, Transport
 from .shm import ShmTransport
 
 
@@ -207,9 +207,10 @@ class RoutedTransport(Transport):
 
     # --- the engine's collectives, and groups --------------------------------------------
 
-    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
-               op: Any, what: Callable[[], str], dtype: Any = None) -> None:
-        self.engine.native(collective, root, count, bufs, op, what, dtype)
+    def native_start(self, collective: str, root: int, count: int,
+                     bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
+                     dtype: Any = None) -> NativeCall:
+        return self.engine.native_start(collective, root, count, bufs, op, what, dtype)
 
     def rail(self, g: int) -> Transport:
         """The engine's group of this rank's rail for groups of ``g`` consecutive ranks

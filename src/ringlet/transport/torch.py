@@ -905,9 +905,12 @@ class TorchTransport(Transport):
 
     # --- the engine's own collectives -----------------------------------------------------
 
-    def native(self, collective: str, root: int, count: int, bufs: dict[int, np.ndarray],
-               op: Any, what: Callable[[], str], dtype: Any = None) -> None:
-        """Run ``collective`` with gloo's own implementation (see the base class).
+    def native_start(self, collective: str, root: int, count: int,
+                     bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
+                     dtype: Any = None) -> base.NativeCall:
+        """Start ``collective`` as gloo's own implementation (see the base class); gloo's
+        threads run it while this rank goes on, and its ``wait()`` polls it within the
+        deadline.
 
         Data movement (broadcast, all_gather, all_to_all, scatter, gather)
         works for every element type (bytes are moved).  reduce_scatter runs
@@ -929,7 +932,7 @@ class TorchTransport(Transport):
             raise ArgumentError(f"no native {collective} in the torch transport; native "
                                 f"collectives: {', '.join(_NATIVE)}")
         if count == 0:
-            return
+            return base.NativeCall(None)
         torch = _torch()
         dist = self._d
         n = self.size
@@ -960,9 +963,13 @@ class TorchTransport(Transport):
                 t, top = _reduction(torch, dist, whole, op, dtype, collective)
                 opts = dist.AllreduceOptions()
                 opts.reduceOp = top
-                self._await(self._pg.allreduce([t], opts), collective, what)
-                d[...] = whole[self.rank * count:(self.rank + 1) * count]
-                return
+                rs_work = self._pg.allreduce([t], opts)
+
+                def keep_block() -> None:
+                    self._await(rs_work, collective, what)
+                    d[...] = whole[self.rank * count:(self.rank + 1) * count]
+
+                return base.NativeCall(keep_block, (rs_work, whole))
         elif collective == "broadcast":
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor = root, 0
@@ -988,7 +995,7 @@ class TorchTransport(Transport):
             outs = [_blocks(_bytes(_need(out, n * count, "OUT")), n)] if self.rank == root \
                 else []
             work = self._pg.gather(outs, [t_in], opts)
-        self._await(work, collective, what)
+        return base.NativeCall(lambda: self._await(work, collective, what), (work, bufs))
 
     def _await(self, work: Any, collective: str, what: Callable[[], str]) -> None:
         """Poll a gloo collective until it completes, within the deadline."""
