@@ -135,14 +135,6 @@ def _blocking(comm: ringlet.Communicator) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_blocking_send_and_recv(n: int) -> None:
-    from conftest import get_world
-
-    for r, bad in enumerate(get_world(n).run(_blocking)):
-        assert not bad, f"rank {r}: {bad}"
-
-
 #: message sizes around the edges of the shared-memory paths: inline in the frame (up to
 #: 192 B), a frame and payload slots of 256 KiB (a channel holds 4 slots: up to 768 KiB of
 #: payload goes whole in one compiled call), and larger (pushed as slots free up)
@@ -197,10 +189,12 @@ def _sizes(comm: ringlet.Communicator) -> list[str]:
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_every_size_on_either_path(n: int) -> None:
+@pytest.mark.parametrize("job", [_blocking, _sizes], ids=["blocking", "every_size"])
+def test_blocking_send_and_recv(n: int, job: Any) -> None:
+    """Blocking send/recv around the other calls, and every size on either path."""
     from conftest import get_world
 
-    for r, bad in enumerate(get_world(n).run(_sizes)):
+    for r, bad in enumerate(get_world(n).run(job)):
         assert not bad, f"rank {r}: {bad}"
 
 

@@ -117,9 +117,10 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
     phase 1 runs; then each piece's all_reduce is waited for and its phase 3 run, which
     overlaps the later pieces' time on the network."""
     bufs = {int(Buf.OUT): out}
+    parts = phases(sched, rank, m, g)
     started: list[NativeCall] = []
     try:
-        for p1, _, lo, hi in (parts := phases(sched, rank, m, g)):
+        for p1, _, lo, hi in parts:
             execute(p1, transport, bufs, red, what)
             started.append(rail.native_start("all_reduce", 0, hi - lo,
                                               {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM,
