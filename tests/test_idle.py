@@ -130,3 +130,38 @@ def test_torch_naps_only_if_no_lane_reported_since_the_poll(seen: int, naps: int
     assert len(t._cv.waits) == naps  # type: ignore[attr-defined]
     assert all(0 < s <= 1e-3 for s in t._cv.waits)  # type: ignore[attr-defined]
     assert w.calls == ["tick"]        # the deadline and the peers are checked either way
+
+
+@pytest.mark.parametrize(("spin_us", "yield_us", "polls_before_sleeping"), [
+    (0.0, 0.0, 0),        # nothing to spin or yield (torch's waits): every pause sleeps
+    (0.0, 2000.0, None),  # oversubscribed shared memory: yields first, sleeps after 2 ms
+    (50.0, 0.0, None),    # a node's rounds on the rails: spins 50 us, then sleeps
+])
+def test_pauses_sleep_every_time_once_past_the_spin_and_the_yield(
+        monkeypatch: pytest.MonkeyPatch, spin_us: float, yield_us: float,
+        polls_before_sleeping: int | None) -> None:
+    """Once a wait sleeps, every pause sleeps: the clock is read every 16 polls only while
+    the wait spins or yields (a wait whose polls run Python, as the agreement's across
+    nodes, spun 15 polls between its sleeps: 53 polls per 8 B barrier, 5 now)."""
+    import ringlet.wait as wait
+
+    slept: list[float] = []
+    clock = [1000.0]
+    monkeypatch.setattr(wait.time, "sleep", slept.append)
+    monkeypatch.setattr(wait.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(wait, "_sched_yield", lambda: None)
+    w = Waiter(Settings(spin_us=spin_us, yield_us=yield_us, liveness_s=100.0),
+               lambda: "barrier #1", lambda: [1], timeout=60.0)
+    if polls_before_sleeping is None:      # spinning or yielding: no sleep yet
+        for _ in range(64):
+            w.pause()
+        assert slept == []
+        clock[0] += (spin_us + yield_us) * 1e-6 + 1e-3   # past both
+        for _ in range(16):                # the next clock read finds it: it sleeps
+            w.pause()
+        assert len(slept) == 1
+    for _ in range(5):
+        w.pause()
+    # every pause slept, in steps growing from 20 us to sleep_us
+    assert slept == pytest.approx([20e-6, 40e-6, 80e-6, 160e-6, 200e-6, 200e-6][:len(slept)])
+    assert len(slept) == 5 + (polls_before_sleeping is None)

@@ -49,7 +49,7 @@ class Waiter:
     """One wait.  Call :meth:`pause` whenever a poll found nothing to do."""
 
     __slots__ = ("_what", "_missing", "_check", "_start", "_deadline", "_spin_end",
-                 "_yield_end", "_sleep", "_sleep_max", "_next_check", "_liveness",
+                 "_yield_end", "_sleeping", "_sleep", "_sleep_max", "_next_check", "_liveness",
                  "_polls", "timeout", "_rechecked", "_advice")
 
     def __init__(self, settings: Settings, what: Callable[[], str],
@@ -66,6 +66,9 @@ class Waiter:
         self._deadline = now + self.timeout
         self._spin_end = now + settings.spin_us * 1e-6
         self._yield_end = self._spin_end + (0.0 if _background.on else settings.yield_us * 1e-6)
+        #: past the spin and the yield: every poll that found nothing sleeps (a wait whose
+        #: polls run Python, as the agreement's across nodes, spun 15 polls between sleeps)
+        self._sleeping = now >= self._yield_end
         self._sleep = 20e-6
         self._sleep_max = max(settings.sleep_us * 1e-6, 20e-6)
         self._liveness = settings.liveness_s
@@ -91,7 +94,7 @@ class Waiter:
     def pause(self) -> None:
         """Nothing to do this poll: spin, yield or sleep, and check peers and the deadline."""
         self._polls += 1
-        if self._polls & 15:
+        if self._polls & 15 and not self._sleeping:
             return  # pure spin between clock reads
         now = time.monotonic()
         if not self.tick(now):
@@ -101,6 +104,7 @@ class Waiter:
         if now < self._yield_end:
             _sched_yield()
             return
+        self._sleeping = True
         time.sleep(self._sleep)
         self._sleep = min(self._sleep * 2, self._sleep_max)
 
