@@ -63,7 +63,7 @@ KiB, MiB = 1 << 10, 1 << 20
 #: 8 B .. 64 MiB: powers of 8 up to 4 KiB, then powers of 4
 SIZES = [8, 64, 512, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 #: the sizes of the breakdown of where the time goes
-PHASE_SIZES = [8, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
+PHASE_SIZES = [8, 64 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 #: the default runs: rate[:largest size] (at 200 Mbit/s a 64 MiB all_reduce takes 3-5 s)
 DEFAULT_RATES = ["1gbit", "200mbit:16M"]
 RINGLET_METHODS = ["hierarchical", "ring", "native"]
@@ -317,12 +317,14 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
-    """Where a hierarchical all_reduce's time goes, per size: the whole call, its
-    inter-node phase alone (a ring all_reduce of S/2 between the two ranks of each local
-    rank, both pairs at once, on a split communicator), the engine's own all_reduce on the
-    same pairs, the node's reduce-scatter and all-gather alone (a split communicator of
-    the node's ranks: shared memory only), and with torch, gloo exchanging S/2 with the
-    peer in one message or in 4 MiB pieces.  Five single timed loops each (k calls)."""
+    """Where a hierarchical all_reduce's time goes, per size: the whole call (the
+    automatic choice: ``hierarchical_pipelined`` from 4 MiB on torch), a call's agreement
+    alone (a barrier: the same at every size), its inter-node phase alone (a ring
+    all_reduce of S/2 between the two ranks of each local rank, both pairs at once, on a
+    split communicator), the engine's own all_reduce on the same pairs, the node's
+    reduce-scatter and all-gather alone (a split communicator of the node's ranks: shared
+    memory only), and with torch, gloo exchanging S/2 with the peer in one message or in
+    4 MiB pieces.  Five single timed loops each (k calls)."""
     topo = comm.topology
     local = comm.split(topo.node)
     cross = comm.split(eng.lr)
@@ -342,6 +344,7 @@ def _phase_row(comm: Any, eng: _Engine, local: Any, cross: Any, nbytes: int,
     k = max(1, min(50, (256 * KiB) // nbytes))
     calls: dict[str, Any] = {
         "hierarchical": lambda: comm.all_reduce(x),
+        "agreement alone (comm.barrier)": comm.barrier,
         "inter: ringlet ring, S/2 per pair": lambda: cross.all_reduce(h, algorithm="ring"),
         "inter: ringlet native, S/2 per pair": lambda: cross.all_reduce(h, algorithm="native"),
         f"inter: {eng.name}'s own all_reduce, S/2 per pair":
@@ -732,6 +735,9 @@ def phase_tables(run: dict[str, Any]) -> list[str]:
     """The breakdown of where the time goes, one table per engine (median ms, and the
     range over the five loops where it is wide)."""
     lines = [f"At {run['rate']}, in separate jobs after the sweeps (2 hosts x 2 ranks).  "
+             f"*hierarchical*: the whole call, ringlet's automatic choice (on the torch "
+             f"engine hierarchical_pipelined from 4 MiB).  *agreement alone*: a barrier, "
+             f"which is only the per-call exchange of descriptors every call starts with.  "
              f"*inter*: what hierarchical's phase 2 does alone: each local rank's all_reduce "
              f"of S/2 with its peer on the other host, both pairs at once, on a split "
              f"communicator (ringlet's ring, as in hierarchical; ringlet's native; the "
