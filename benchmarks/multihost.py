@@ -432,11 +432,14 @@ def run_rate(rate: str, sizes: list[int], limit: float,
         back = bed.measure_throughput(1, 0, seconds=1.0)
         both = _two_flows(bed)
         rtt = bed.measure_rtt(0, 1, count=300)
+        # one 64 KiB message after an idle gap: the link's rate holds for short transfers
+        msg = bed.measure_message(0, 1, 64 * KiB)
         out["link"] = {"goodput_bps": [fwd, back], "two_flows_bps": both,
-                       "rtt_min_s": rtt.min, "rtt_median_s": rtt.median}
+                       "rtt_min_s": rtt.min, "rtt_median_s": rtt.median, "message_64k_s": msg}
         print(f"[{rate}] goodput {fwd / 1e6:.0f}/{back / 1e6:.0f} Mbit/s, two flows "
               f"{both / 1e6:.0f} Mbit/s, RTT min {rtt.min * 1e6:.0f} us median "
-              f"{rtt.median * 1e6:.0f} us", file=sys.stderr, flush=True)
+              f"{rtt.median * 1e6:.0f} us, 64 KiB message {msg * 1e3:.2f} ms",
+              file=sys.stderr, flush=True)
         for engine in ("mpi", "torch"):
             out[engine] = run_job(bed, engine, "sweep", sizes, limit)
         if phase_sizes:
@@ -690,8 +693,12 @@ def tables(run: dict[str, Any]) -> list[str]:
              f"{link['goodput_bps'][0] / 1e6:.0f} Mbit/s, host1->host0 "
              f"{link['goodput_bps'][1] / 1e6:.0f} Mbit/s, two flows at once "
              f"{link['two_flows_bps'] / 1e6:.0f} Mbit/s together; RTT min "
-             f"{link['rtt_min_s'] * 1e6:.0f} us, median {link['rtt_median_s'] * 1e6:.0f} us. "
-             f"Bound = S / {run['rate']} (the shaped rate, {rate_Bps / 1e6:.1f} MB/s).", ""]
+             f"{link['rtt_min_s'] * 1e6:.0f} us, median {link['rtt_median_s'] * 1e6:.0f} us"
+             + (f"; one 64 KiB message after an idle gap {link['message_64k_s'] * 1e3:.2f} ms "
+                f"(at the rate: {64 * KiB / rate_Bps * 1e3:.2f} ms)"
+                if "message_64k_s" in link else "")
+             + f".  Bound = S / {run['rate']} (the shaped rate, {rate_Bps / 1e6:.1f} MB/s).",
+             ""]
     for eng in ("mpi", "torch"):
         job = run.get(eng, {})
         if "results" not in job:

@@ -102,6 +102,24 @@ def test_shaped_rate_each_direction_and_at_the_receiver(bed: netbed.NetBed) -> N
         assert 0.7 * rate < bps < 1.3 * rate, (what, bps / 1e9, bed.qdiscs(0))
 
 
+@needs_rate
+@pytest.mark.parametrize("nbytes", [16384, 65536])
+def test_a_message_takes_at_least_its_bytes_at_the_rate(bed: netbed.NetBed,
+                                                        nbytes: int) -> None:
+    """No burst faster than the link after an idle gap: TCP hands the veth 64 KB GSO
+    packets, which HTB sent at once (16 KiB crossed 200 Mbit/s in 0.39x its time at the
+    rate, 64 KiB in 0.73x) until the bed capped GSO packets at ~100 us of the rate."""
+    slow = "200mbit"
+    bps = netbed.parse_rate(slow)
+    bed.shape(rate=slow, hosts=[0, 1])
+    try:
+        took = bed.measure_message(0, 1, nbytes)
+    finally:
+        bed.shape(rate=RATE, hosts=[0, 1])
+    assert took >= 0.95 * nbytes * 8 / bps, (took, nbytes * 8 / bps, bed.qdiscs(0))
+    assert took < 2.0 * nbytes * 8 / bps + 0.005, (took, bed.qdiscs(0))
+
+
 @needs_delay
 def test_rtt_reflects_the_delay(bed: netbed.NetBed) -> None:
     delay = 1e-3  # per link direction: host to host crosses two links each way, RTT = 4 delays
