@@ -265,21 +265,24 @@ def rank_main(argv: list[str]) -> int:
 
 
 def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str, float]:
-    """What ringlet's calls cost on this engine besides the link's bytes, for the
-    prediction: half the round trip of an 8 B ``comm.send``/``comm.recv`` between each
-    local rank and its peer on the other host (both pairs at once, as hierarchical's
-    inter-node phase runs), the time of a ``comm.barrier()`` (a call's agreement
-    alone), and, where hierarchical crosses nodes on the engine's own all_reduce
-    (``ringlet.rails``: the torch engine), the engine's 8 B all_reduce on each pair
-    (both at once): its two rounds are then what a message between the nodes costs;
-    and the same all_reduce of 1 KiB, the least time that phase takes (``--rail-floor``;
-    the median of five loops of 20 calls, the slowest rank's, as the sweep times calls):
-    gloo's ring cuts a vector into four segments on two ranks, so 8 B leaves two of them
-    empty and one direction idle in each half, while from 16 B every segment crosses
-    both ways; 1 KiB spends 16 us on a 1 Gbit/s wire.  The others: rank 0's medians of
-    single calls."""
+    """What ringlet's calls cost on this engine besides the link's bytes, for the prediction:
+    half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local rank and
+    its peer on the other host (both pairs at once, as hierarchical's inter-node phase
+    runs), the same between the two ranks of each host (shared memory: a step inside the
+    node, with 4 ranks and the engine's threads on the cores), the time of a
+    ``comm.barrier()`` (a call's agreement alone), and, where hierarchical crosses nodes on
+    the engine's own all_reduce (``ringlet.rails``: the torch engine), the engine's 8 B
+    all_reduce on each pair (both at once): its two rounds are then what a message between
+    the nodes costs; and the same all_reduce of 1 KiB, the least time that phase takes
+    (``--rail-floor``; the median of five loops of 20 calls, the slowest rank's, as the
+    sweep times calls): gloo's ring cuts a vector into four segments on two ranks, so 8 B
+    leaves two of them empty and one direction idle in each half, while from 16 B every
+    segment crosses both ways; 1 KiB spends 16 us on a 1 Gbit/s wire. The others: rank 0's
+    medians of single calls."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
+    local = comm.topology.local_ranks
+    near = local[(local.index(comm.rank) + 1) % len(local)]   # the other rank on this node
 
     def median(call: Any) -> float:
         """The median seconds of ``reps`` calls after 10 unmeasured ones."""
@@ -300,7 +303,16 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
             comm.recv(y, eng.peer)
             comm.send(x, eng.peer)
 
-    res = {"half_rtt_s": median(trip) / 2, "barrier_s": median(comm.barrier)}
+    def near_trip() -> None:
+        if local.index(comm.rank) == 0:
+            comm.send(x, near)
+            comm.recv(y, near)
+        else:
+            comm.recv(y, near)
+            comm.send(x, near)
+
+    res = {"half_rtt_s": median(trip) / 2, "barrier_s": median(comm.barrier),
+           "intra_half_rtt_s": median(near_trip) / 2}
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
@@ -545,6 +557,8 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         # the engine's own all_reduce (rails) takes at least its small-message time
         floor = costs.get("rail_floor_s", 0.0)
         bps = shares["hierarchical"]
+        # a step inside the node as the job saw it (the calibration ran 2 ranks alone)
+        near = {**intra, "alpha_s": max(intra["alpha_s"], costs.get("intra_half_rtt_s", 0.0))}
         # the two-level algorithm the job's automatic choice ran at each size
         auto = run.get(eng, {}).get("auto", {})
         algs = {nbytes: a if (a := auto.get(str(nbytes))) in TWO_LEVEL else "hierarchical"
@@ -552,12 +566,13 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         out["engines"][eng] = {
             "inter_alpha_s": ea, "call_s": call, "rail_floor_s": floor,
             "algorithm": {str(nbytes): algs[nbytes] for nbytes in sizes},
+            "intra_alpha_s": near["alpha_s"],
             "hierarchical": {str(nbytes): _predicted(
-                predict_args(nbytes, algs[nbytes], intra, bps, ea, call, floor),
+                predict_args(nbytes, algs[nbytes], near, bps, ea, call, floor),
                 algs[nbytes]) for nbytes in sizes},
             "command": shlex.join(["ringlet", "predict", *[
                 "<S>" if a == str(sizes[-1]) else a
-                for a in predict_args(sizes[-1], algs[sizes[-1]], intra, bps, ea, call,
+                for a in predict_args(sizes[-1], algs[sizes[-1]], near, bps, ea, call,
                                       floor)]])}
     return out
 
@@ -839,6 +854,10 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                           f"`comm.send`/`comm.recv` between the hosts takes "
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
                           f"once), the inter-node alpha" + (
+                              f"; between the two ranks of a host "
+                              f"{c['intra_half_rtt_s'] * 1e6:.0f} us each way, the "
+                              f"intra-node alpha (`--intra`: the calibration ran 2 ranks "
+                              f"alone)" if "intra_half_rtt_s" in c else "") + (
                               f" of ringlet's own messages; hierarchical crosses on the "
                               f"engine's all_reduce (rails), whose 8 B call on each pair takes "
                               f"two rounds of {c['rail_round_s'] * 1e6:.0f} us, its alpha"
