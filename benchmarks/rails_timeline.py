@@ -1,0 +1,167 @@
+"""Where one two-level all_reduce on the torch engine spends its time, rank by rank.
+
+    python benchmarks/rails_timeline.py                    # 4 MiB at 1 Gbit/s, ~1 minute
+    python benchmarks/rails_timeline.py --rate 200mbit --bytes 16M
+
+Needs root and the network-namespace test bed (``tests/netbed.py``): two hosts of
+two ranks under ``torchrun``, the link shaped to ``--rate``.  Each rank times,
+from the start of ``comm.all_reduce`` (the automatic choice: on the torch engine
+``hierarchical_pipelined`` from 4 MiB), the end of the call's agreement, the end
+of each phase the native rails run (:func:`ringlet.rails.run`: phase 1 inside
+the node per piece, then per piece the wait for gloo's all_reduce on the rail
+and phase 3 inside the node), and the end of the call; beside it the same job
+times gloo's own all_reduce of each rank's shard on both rails at once (what the
+network part costs alone) and a ``comm.barrier()`` (the agreement alone).  The
+median over ``--calls`` single calls, each after ``dist.barrier()``, per rank,
+in milliseconds; the bound is S / rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def rank_main(nbytes: int, calls: int) -> None:
+    from datetime import timedelta
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    import ringlet
+    import ringlet.comm
+    import ringlet.rails
+    from ringlet.ops import DTYPES, ReduceOp
+    from ringlet.transport.base import NativeCall
+
+    marks: list[tuple[str, float]] = []
+
+    def mark(what: str) -> None:
+        marks.append((what, time.perf_counter()))
+
+    def wrap(owner: Any, name: str, label: Any) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            res = inner(*args, **kw)
+            mark(label(args))
+            return res
+
+        setattr(owner, name, timed)
+
+    pieces = {"p1": 0, "p3": 0, "wait": 0}
+
+    def count(kind: str) -> Any:
+        def label(_args: Any) -> str:
+            pieces[kind] += 1
+            return f"{kind} {pieces[kind] - 1}"
+        return label
+
+    wrap(ringlet.comm.Communicator, "_agree", lambda _a: "agreement")
+    wrap(NativeCall, "wait", count("wait"))
+    execute = ringlet.rails.execute
+
+    def phase(prog: Any, *args: Any, **kw: Any) -> None:
+        execute(prog, *args, **kw)
+        kind = "p1" if pieces["wait"] == 0 else "p3"
+        pieces[kind] += 1
+        mark(f"{kind} {pieces[kind] - 1}")
+
+    ringlet.rails.execute = phase  # type: ignore[assignment]  # rails.run calls it so
+    comm = ringlet.init()
+    r, n = comm.rank, comm.size
+    g = len(comm.topology.local_ranks)
+    x = np.ones(nbytes // 4, np.float32)
+    rail = [dist.new_group([q for q in range(n) if q % g == i]) for i in range(g)]
+    shard = torch.ones(x.size // g)
+    rows: dict[str, list[float]] = {}
+    for i in range(calls + 2):
+        for p in pieces:
+            pieces[p] = 0
+        dist.barrier()
+        marks.clear()
+        t0 = time.perf_counter()
+        comm.all_reduce(x)
+        mark("end")
+        if i >= 2:   # two warm-up calls
+            for what, t in marks:
+                rows.setdefault(what, []).append((t - t0) * 1e3)
+    alone: dict[str, list[float]] = {"gloo's all_reduce of the shard, both rails": [],
+                                     "agreement alone (comm.barrier)": []}
+    for _ in range(calls):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(shard, group=rail[comm.topology.local_ranks.index(r)])
+        alone["gloo's all_reduce of the shard, both rails"].append(
+            (time.perf_counter() - t0) * 1e3)
+        dist.barrier()
+        t0 = time.perf_counter()
+        comm.barrier()
+        alone["agreement alone (comm.barrier)"].append((time.perf_counter() - t0) * 1e3)
+    med = {k: statistics.median(v) for k, v in {**rows, **alone}.items()}
+    every = comm.all_gather_object(med)
+    if r == 0:
+        print(json.dumps({"algorithm": comm._choose(
+            "all_reduce", None, x.nbytes, comm._rails(ReduceOp.SUM, DTYPES["float32"])),
+            "ranks": every}), flush=True)
+    comm.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
+    ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = a.bytes.upper().rstrip("B")
+    nbytes = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    if a.rank:
+        rank_main(nbytes, a.calls)
+        return 0
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    sys.path.insert(0, str(HERE))
+    import multihost
+    import netbed
+
+    why = netbed.check().why_not(rate=a.rate)
+    if why:
+        print(f"rails_timeline: cannot run here: {why}", file=sys.stderr)
+        return 2
+    with netbed.NetBed(2, rate=a.rate) as bed:
+        job = bed.torchrun(__file__, ["--rank", "--bytes", str(nbytes), "--calls",
+                                      str(a.calls)],
+                           nproc_per_node=2, env=multihost._job_env())
+        codes = job.wait(timeout=900)
+        if any(codes):
+            print(job.report()[-4000:], file=sys.stderr)
+            return 1
+        out = next(line for i in range(len(codes)) for line in job.stdout(i).splitlines()
+                   if line.startswith("{"))
+    data = json.loads(out)
+    ranks = data["ranks"]
+    bound = nbytes * 8 / multihost._netbed().parse_rate(a.rate) * 1e3
+    print(f"all_reduce of {nbytes} B ({data['algorithm']}), 2 hosts x 2 ranks at {a.rate}: "
+          f"bound S/rate {bound:.2f} ms; ms from the call's start, median of {a.calls} "
+          f"calls, per rank")
+    keys = list(ranks[0])
+    print("| | " + " | ".join(f"rank {q}" for q in range(len(ranks))) + " |")
+    print("|---|" + "---:|" * len(ranks))
+    for k in keys:
+        print(f"| {k} | " + " | ".join(f"{rk.get(k, float('nan')):.2f}" for rk in ranks)
+              + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
