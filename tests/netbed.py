@@ -473,6 +473,8 @@ class NetBed:
         self.tmpdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", suffix="-bed"))
         self._created: list[str] = []
         self._procs: list[subprocess.Popen[Any]] = []
+        #: why a shaped link may still burst faster than its rate (None: it does not)
+        self.burst_reason: str | None = None
         self._port = 29500
         self._jobs = 0
         self._closed = False
@@ -588,7 +590,9 @@ class NetBed:
         for i in (range(len(self.hosts)) if hosts is None else hosts):
             h = self.hosts[i]
             for ns, dev in ((h.ns, h.ifname), (self.switch_ns, h.port)):
-                _shape_dev(ns, dev, bps, secs)
+                why = _shape_dev(ns, dev, bps, secs)
+                if why and bps is not None:
+                    self.burst_reason = why
 
     def qdiscs(self, i: int) -> str:
         """``tc -s qdisc`` of both ends of host i's link, for diagnostics."""
@@ -833,19 +837,25 @@ def gso_segments(bps: float) -> int:
     return max(1, int(bps / 8 * 100e-6) // FRAME_BYTES)
 
 
-def _gso_segments(ns: str, dev: str, segs: int | None) -> None:
-    """Cap (or, with None, restore) the segments per GSO packet of ``dev``; a kernel that
-    does not let a veth's limit be set keeps the default (the link then bursts more)."""
-    _sh([_ip(), "-n", ns, "link", "set", "dev", dev, "gso_max_segs",
-         str(GSO_MAX_SEGS if segs is None else segs)], check=False)
+def _gso_segments(ns: str, dev: str, segs: int | None) -> str | None:
+    """Cap (or, with None, restore) the segments per GSO packet of ``dev``.  A kernel that
+    does not let a veth's limit be set keeps the default, and the link then lets a GSO
+    packet through faster than its rate: returns why (None when it worked)."""
+    p = _sh([_ip(), "-n", ns, "link", "set", "dev", dev, "gso_max_segs",
+             str(GSO_MAX_SEGS if segs is None else segs)], check=False)
+    if p.returncode == 0:
+        return None
+    return (f"`ip link set dev {dev} gso_max_segs {segs}` failed "
+            f"({(p.stderr or p.stdout).strip()}): GSO packets of up to 64 KB cross at once")
 
 
-def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> None:
+def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> str | None:
+    """Shape one end of a link; returns why it may still burst (see _gso_segments)."""
     tc = _tc()
     _sh([tc, "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-    _gso_segments(ns, dev, None if bps is None else gso_segments(bps))
+    bursts = _gso_segments(ns, dev, None if bps is None else gso_segments(bps))
     if bps is None and secs is None:
-        return
+        return bursts
     if bps is not None:
         rate = f"{int(bps)}bit"
         # ~50 us of the rate, at least two frames: what leaves at once after an idle gap
@@ -863,6 +873,7 @@ def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> None
                                                                             "10:"]
         _sh([tc, "-n", ns, "qdisc", "add", "dev", dev, *where, "netem", "delay",
              f"{secs * 1e6:.0f}us", "limit", str(limit)])
+    return bursts
 
 
 # ---------------------------------------------------------------------------------------------
