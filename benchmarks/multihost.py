@@ -447,7 +447,8 @@ def run_rate(rate: str, sizes: list[int], limit: float,
         # one 64 KiB message after an idle gap: the link's rate holds for short transfers
         msg = bed.measure_message(0, 1, 64 * KiB)
         out["link"] = {"goodput_bps": [fwd, back], "two_flows_bps": both,
-                       "rtt_min_s": rtt.min, "rtt_median_s": rtt.median, "message_64k_s": msg}
+                       "rtt_min_s": rtt.min, "rtt_median_s": rtt.median, "message_64k_s": msg,
+                       "burst_reason": bed.burst_reason}
         print(f"[{rate}] goodput {fwd / 1e6:.0f}/{back / 1e6:.0f} Mbit/s, two flows "
               f"{both / 1e6:.0f} Mbit/s, RTT min {rtt.min * 1e6:.0f} us median "
               f"{rtt.median * 1e6:.0f} us, 64 KiB message {msg * 1e3:.2f} ms",
@@ -714,7 +715,9 @@ def tables(run: dict[str, Any]) -> list[str]:
              + (f"; one 64 KiB message after an idle gap {link['message_64k_s'] * 1e3:.2f} ms "
                 f"(at the rate: {64 * KiB / rate_Bps * 1e3:.2f} ms)"
                 if "message_64k_s" in link else "")
-             + f".  Bound = S / {run['rate']} (the shaped rate, {rate_Bps / 1e6:.1f} MB/s).",
+             + f".  Bound = S / {run['rate']} (the shaped rate, {rate_Bps / 1e6:.1f} MB/s)."
+             + (f"  **This link may burst faster than its rate**: {link['burst_reason']}."
+                if link.get("burst_reason") else ""),
              ""]
     for eng in ("mpi", "torch"):
         job = run.get(eng, {})
