@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import multihost  # this script's folder: parse_size, the jobs' environment
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -123,15 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = a.bytes.upper().rstrip("B")
-    nbytes = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    nbytes = multihost.parse_size(a.bytes)
     if a.rank:
         rank_main(nbytes, a.calls)
         return 0
     sys.path.insert(0, str(HERE.parent / "tests"))
-    sys.path.insert(0, str(HERE))
-    import multihost
     import netbed
 
     why = netbed.check().why_not(rate=a.rate)
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    if line.startswith("{"))
     data = json.loads(out)
     ranks = data["ranks"]
-    bound = nbytes * 8 / multihost._netbed().parse_rate(a.rate) * 1e3
+    bound = nbytes * 8 / netbed.parse_rate(a.rate) * 1e3
     print(f"all_reduce of {nbytes} B ({data['algorithm']}), 2 hosts x 2 ranks at {a.rate}: "
           f"bound S/rate {bound:.2f} ms; ms from the call's start, median of {a.calls} "
           f"calls, per rank")

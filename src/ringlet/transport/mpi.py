@@ -456,11 +456,6 @@ def _reduction(MPI: Any, op: ReduceOp, dt: DType) -> tuple[Any, Any]:
     return mtype, mop
 
 
-#: requests abandoned after an error or a timeout, kept (with their buffers) for the life
-#: of the process: MPI forbids freeing an engine collective's, and may still write into
-#: (or read) the buffers of any of them
-_ABANDONED = base.ABANDONED
-
 #: transports not yet closed, and closed ones whose communicator waits for the peers'
 #: last words (see MpiTransport.close): held so that no posted receive's buffer is freed
 _OPEN: set[MpiTransport] = set()
@@ -784,7 +779,7 @@ class MpiTransport(Transport):
                 except MPI.Exception:
                     break
             for q in self._sends:   # never received: keep their buffers alive
-                _ABANDONED.extend(q.pending())
+                base.ABANDONED.extend(q.pending())
             self._sends.clear()
             # a communicator MPI refuses to free stays allocated: nothing else holds it
             with contextlib.suppress(MPI.Exception):
@@ -816,7 +811,7 @@ class MpiTransport(Transport):
             live = left
             if live:
                 time.sleep(0.001)
-        _ABANDONED.extend(live)
+        base.ABANDONED.extend(live)
 
     # --- helpers ----------------------------------------------------------------------
 
