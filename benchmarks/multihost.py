@@ -273,8 +273,8 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     ``comm.barrier()`` (a call's agreement alone), and, where hierarchical crosses nodes on
     the engine's own all_reduce (``ringlet.rails``: the torch engine), the engine's 8 B
     all_reduce on each pair (both at once): its two rounds are then what a message between
-    the nodes costs; and the same all_reduce of 1 KiB, the least time that phase takes
-    (``--rail-floor``; the median of five loops of 20 calls, the slowest rank's, as the
+    the nodes costs; and the same all_reduce of 1 KiB, what that phase costs besides its
+    bytes (``--rail-call``; the median of five loops of 20 calls, the slowest rank's, as the
     sweep times calls): gloo's ring cuts a vector into four segments on two ranks, so 8 B
     leaves two of them empty and one direction idle in each half, while from 16 B every
     segment crosses both ways; 1 KiB spends 16 us on a 1 Gbit/s wire. The others: rank 0's
@@ -323,7 +323,7 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
         # timed as the sweep times its calls (loops, the slowest rank): rank 0's single
         # calls, as above, took 0.85-1.6 ms in one job at 1 Gbit/s, and the same call in
         # loops 2.3-2.6 ms from 16 B to 128 KiB in another (/ 1.7 ms at 8 B)
-        res["rail_floor_s"] = statistics.median(_slowest(comm, _timed(
+        res["rail_call_s"] = statistics.median(_slowest(comm, _timed(
             eng, lambda: eng.all_reduce(k, tk, pair=True), 20, 5)))
     return res
 
@@ -498,7 +498,7 @@ def calibrate() -> dict[str, Any]:
 
 
 def predict_args(nbytes: int, algorithm: str, intra: dict[str, Any], inter_Bps: float,
-                 inter_alpha: float, call: float = 0.0, floor: float = 0.0) -> list[str]:
+                 inter_alpha: float, call: float = 0.0, rail: float = 0.0) -> list[str]:
     args = ["all_reduce", "--bytes", str(nbytes), "--nodes", "2", "--gpus-per-node", "2",
             "--intra", f"{intra['bandwidth_Bps'] / 1e9:.4g}GB/s,{intra['alpha_s'] * 1e6:.3g}us",
             "--inter", f"{inter_Bps / 1e6:.4g}MB/s,{inter_alpha * 1e6:.3g}us",
@@ -509,8 +509,8 @@ def predict_args(nbytes: int, algorithm: str, intra: dict[str, Any], inter_Bps: 
         args[-2:-2] = ["--param", f"pieces={pipeline_pieces(nbytes, 2)}"]
     if call:
         args[-2:-2] = ["--call", f"{call * 1e6:.3g}us"]
-    if floor:
-        args[-2:-2] = ["--rail-floor", f"{floor * 1e6:.3g}us"]
+    if rail:
+        args[-2:-2] = ["--rail-call", f"{rail * 1e6:.3g}us"]
     if intra.get("gamma_Bps"):
         args[-2:-2] = ["--gamma", f"{intra['gamma_Bps'] / 1e9:.4g}GB/s"]
     return args
@@ -555,8 +555,8 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         # engine's all_reduce where hierarchical runs that across nodes (rails)
         ea = max(alpha, costs.get("rail_round_s", costs["half_rtt_s"]))
         call = costs["barrier_s"]
-        # the engine's own all_reduce (rails) takes at least its small-message time
-        floor = costs.get("rail_floor_s", 0.0)
+        # the engine's own all_reduce (rails): its small-message time plus its bytes
+        rail = costs.get("rail_call_s", 0.0)
         bps = shares["hierarchical"]
         # a step inside the node as the job saw it (the calibration ran 2 ranks alone)
         near = {**intra, "alpha_s": max(intra["alpha_s"], costs.get("intra_half_rtt_s", 0.0))}
@@ -565,16 +565,16 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         algs = {nbytes: a if (a := auto.get(str(nbytes))) in TWO_LEVEL else "hierarchical"
                 for nbytes in sizes}
         out["engines"][eng] = {
-            "inter_alpha_s": ea, "call_s": call, "rail_floor_s": floor,
+            "inter_alpha_s": ea, "call_s": call, "rail_call_s": rail,
             "algorithm": {str(nbytes): algs[nbytes] for nbytes in sizes},
             "intra_alpha_s": near["alpha_s"],
             "hierarchical": {str(nbytes): _predicted(
-                predict_args(nbytes, algs[nbytes], near, bps, ea, call, floor),
+                predict_args(nbytes, algs[nbytes], near, bps, ea, call, rail),
                 algs[nbytes]) for nbytes in sizes},
             "command": shlex.join(["ringlet", "predict", *[
                 "<S>" if a == str(sizes[-1]) else a
                 for a in predict_args(sizes[-1], algs[sizes[-1]], near, bps, ea, call,
-                                      floor)]])}
+                                      rail)]])}
     return out
 
 
@@ -868,8 +868,8 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                               f"two rounds of {c['rail_round_s'] * 1e6:.0f} us, its alpha"
                               if "rail_round_s" in c else "") + (
                               f", and whose 1 KiB call on each pair takes "
-                              f"{c['rail_floor_s'] * 1e3:.2f} ms, the least time that phase "
-                              f"takes (`--rail-floor`)" if "rail_floor_s" in c else "")
+                              f"{c['rail_call_s'] * 1e3:.2f} ms, what that phase costs besides "
+                              f"its bytes (`--rail-call`)" if "rail_call_s" in c else "")
                           + f"; a `comm.barrier()` (a call's "
                           f"agreement alone) {c.get('barrier_s', 0) * 1e6:.0f} us, the fixed "
                           f"cost per call (`--call`):", "", "```", e["command"], "```", ""]

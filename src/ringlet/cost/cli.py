@@ -331,16 +331,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "costs, which the links do not describe (measure it as the time of "
                         "comm.barrier() on the job: benchmarks/multihost.py does); the same "
                         "for every algorithm, so it changes no choice. Default 0")
-    p.add_argument("--rail-floor", metavar="TIME",
-                   help="two levels, all_reduce: the least time the two-level "
-                        "algorithms' inter-node phase takes (hierarchical_pipelined: "
-                        "each piece's) when the engine's own "
-                        "all_reduce runs it (ringlet's native rails: RINGLET_RAILS, auto on "
-                        "torch.distributed), whatever the shard's size, e.g. 2ms: the "
-                        "engine's small-message cost, which the wire's time overlaps "
+    p.add_argument("--rail-call", metavar="TIME",
+                   help="two levels, all_reduce: what the engine's own all_reduce of a "
+                        "tiny shard on a rail takes, e.g. 2ms, where it runs the two-level "
+                        "algorithms' inter-node phase (ringlet's native rails: "
+                        "RINGLET_RAILS, auto on torch.distributed): its fixed cost, which "
+                        "the link's latency does not describe (torch's gloo: its threads' "
+                        "wake-ups for each of its ring's segments). That phase "
+                        "(hierarchical_pipelined: each piece's) then costs TIME plus its "
+                        "bytes on the inter link, in place of the link's latency terms "
                         "(measure it as the engine's all_reduce of 1 KiB on one rail, all "
-                        "rails at once: benchmarks/multihost.py does). That phase then "
-                        "costs the larger of the two. Default 0")
+                        "rails at once: benchmarks/multihost.py does). Default: none, the "
+                        "phase is the link's ring")
     c = p.add_argument_group("calibration", textwrap.fill(
         "--calibrate measures this host's shared-memory transport on live ranks (fixed "
         "costs in seconds at every rank count up to -n, ping-pong, copy and reduction "
@@ -456,18 +458,18 @@ def main(args: argparse.Namespace) -> int:
     if call:
         ok = [with_call(p, call) for p in ok]
         notes.append(f"a fixed {format_seconds(call)} per call on top of the schedule (--call)")
-    floor = parse_time(args.rail_floor, "--rail-floor") if args.rail_floor else 0.0
-    if floor:
+    rail = parse_time(args.rail_call, "--rail-call") if args.rail_call else 0.0
+    if rail:
         if args.collective != "all_reduce" or links.profile.levels_for(n) < 2:
-            raise ArgumentError("--rail-floor is for all_reduce on two levels (the native "
+            raise ArgumentError("--rail-call is for all_reduce on two levels (the native "
                                 "rails run its hierarchical algorithm's inter-node phase): "
                                 "give --inter with --nodes and --gpus-per-node, or a node "
                                 "shape")
-        ok = sorted((with_rail_floor(p, floor, links.profile, d)
+        ok = sorted((with_rail_call(p, rail, links.profile, d)
                      if p.algorithm in RAIL_SCHEDULES else p for p in ok),
                     key=lambda p: (p.seconds, p.algorithm))   # predict_all's order
-        notes.append(f"hierarchical's inter-node phase at least {format_seconds(floor)}, "
-                     f"the engine's own all_reduce on a rail (--rail-floor)")
+        notes.append(f"hierarchical's inter-node phase {format_seconds(rail)} plus its bytes "
+                     f"on the inter link, the engine's own all_reduce on a rail (--rail-call)")
     if notes:
         links = dataclasses.replace(links, description=[*links.description, *notes])
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
@@ -558,27 +560,33 @@ def with_call(p: Prediction, call: float) -> Prediction:
                                algbw=algbw, busbw=algbw * factor)
 
 
-def with_rail_floor(p: Prediction, floor: float, profile: Profile, d: DType) -> Prediction:
-    """``p``, a two-level hierarchical all_reduce, with its inter-node phase costing at
-    least ``floor`` seconds per piece.
+def with_rail_call(p: Prediction, call: float, profile: Profile, d: DType) -> Prediction:
+    """``p``, a two-level hierarchical all_reduce, with its inter-node phase run by the
+    engine's own all_reduce, which takes ``call`` seconds plus its bytes' time.
 
     That phase is a ring all_reduce of one shard (``1/g`` of the vector, ``g`` ranks
-    per node) among the ``G`` ranks of a rail, over the inter-node link; with the
-    native rails the engine's own all_reduce runs it, and an engine's call has a
-    fixed cost of its own (torch's gloo: its threads and wake-ups for each of the
-    ring's segments, on every rank) that the link's latency and bandwidth do not
-    describe.  The time on the wire overlaps that cost, so the phase takes the larger
-    of the two: the call gains ``max(0, floor - phase)`` per piece, counted with the
-    latency terms.  The phase is counted as the same ring on one level, the inter
-    link, which is what the hierarchical schedule's inter-node rounds are."""
+    per node) among the ``G`` ranks of a rail, over the inter link: the
+    hierarchical schedule's inter-node rounds.  With the native rails the engine's
+    all_reduce runs it, and an engine's call has a fixed cost of its own (torch's
+    gloo: its threads' wake-ups at each of its ring's steps, on every rank), which
+    the link's latency does not describe and which does not overlap the bytes' time
+    (each step waits for its segment to arrive before the next starts).  So per
+    piece the ring's latency terms give way to ``call``: the call changes by
+    ``call`` minus their time per piece, counted with the latency terms; its
+    bandwidth and reduction terms stay the link's.
+
+    Until run 17 of benchmarks/MULTIHOST.md this phase cost the larger of ``call``
+    and the ring (a floor that the bytes' time overlapped): measured on a test bed
+    whose link let short transfers through faster than its rate.  On the corrected
+    bed that law put the torch engine's 64 KiB-1 MiB calls 18-39 % low."""
     if profile.inter is None:
-        raise ArgumentError("--rail-floor needs two levels of links (--inter)")
+        raise ArgumentError("--rail-call needs two levels of links (--inter)")
     g = profile.gpus_per_node
     G = p.nranks // g
     pieces = max(1, p.pieces)
     shard = max(d.itemsize, p.nbytes // (g * pieces) // d.itemsize * d.itemsize)
-    phase = predict("all_reduce", "ring", G, shard, Profile(profile.inter), d).seconds
-    return with_call(p, pieces * max(0.0, floor - phase))
+    phase = predict("all_reduce", "ring", G, shard, Profile(profile.inter), d)
+    return with_call(p, pieces * (call - phase.alpha_seconds))
 
 
 def _comparison(p: Prediction, links: Links, tb_s: float) -> TextbookComparison:
