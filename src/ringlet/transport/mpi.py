@@ -145,6 +145,9 @@ _POOL_MAX = 8
 #: the channels' MPI tags; split() derives its Create_group tag above them
 _TAGS = {COLL: 0, P2P: 1, CTRL: 2, STATUS: 3}
 _SPLIT_TAG_BASE = 16
+#: at exit, how long a transport that did not fail waits for the remote peers' last words
+#: before it cancels their receives (see MpiTransport._await_last_words)
+_EXIT_WORDS_S = 3.0
 
 _INSTALL = "pip install 'ringlet[mpi]' (or: pip install mpi4py mpich)"
 
@@ -736,7 +739,9 @@ class MpiTransport(Transport):
         _sweep()
 
     def _shutdown(self) -> None:
-        """At exit: the last word, notices flushed, every receive cancelled."""
+        """At exit: the last word, notices flushed, the remote peers' last words
+        awaited (unless the communicator failed, at most :data:`_EXIT_WORDS_S`), every
+        receive cancelled."""
         MPI = self.MPI
         with self._lock:
             if MPI.Is_finalized():
@@ -746,6 +751,10 @@ class MpiTransport(Transport):
             end = time.monotonic() + 0.5
             while self._notices and time.monotonic() < end:
                 self._notices = [r for r in self._notices if not (r.advance() or r.done)]
+            if self.board.error is None and self._error is None and not self._dead:
+                # a communicator that failed does not wait: a peer may be dead, and over
+                # MPI a dead peer and a late one look the same
+                self._await_last_words(_EXIT_WORDS_S)
             reqs: list[Any] = []
             for r in list(self._recvs):
                 self._cancel(r)
@@ -755,6 +764,26 @@ class MpiTransport(Transport):
             reqs.extend(self._orphans)
             self._finish(reqs, 1.0)
 
+    def _last_words_pending(self) -> bool:
+        """Take in what arrived on the status receives; True while one is still posted
+        (a remote peer whose close or abort notice has not arrived)."""
+        for r in [r for r in self._recvs if r.channel == STATUS]:
+            try:
+                r.advance()
+            except RingletError:
+                self._recvs.discard(r)
+        return any(r.channel == STATUS for r in self._recvs)
+
+    def _await_last_words(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every remote peer's last word.  At exit a peer
+        that closes a little later than this rank would otherwise send its notice to a
+        receive already cancelled: it arrives during MPI_Finalize as a message nobody
+        takes, and MPICH's UCX layer prints "unexpected tag-receive descriptor ...
+        was not matched" for it."""
+        end = time.monotonic() + seconds
+        while self._last_words_pending() and time.monotonic() < end:
+            time.sleep(0.002)
+
     def _quiet(self) -> bool:
         """Free the communicator if every remote peer's last word has arrived (after
         taking in whatever else is left); True once it is freed."""
@@ -762,12 +791,7 @@ class MpiTransport(Transport):
         with self._lock:
             if MPI.Is_finalized():
                 return True
-            for r in [r for r in self._recvs if r.channel == STATUS]:
-                try:
-                    r.advance()
-                except RingletError:
-                    self._recvs.discard(r)
-            if any(r.channel == STATUS for r in self._recvs):
+            if self._last_words_pending():
                 return False
             st = MPI.Status()
             while True:
