@@ -607,6 +607,19 @@ def _git(*args: str) -> str:
         return ""
 
 
+def cpu_probe() -> float:
+    """Microseconds of a pure-Python loop (``python -m timeit 'sum(range(1000))'``, the
+    best of 5 repeats): how fast this machine runs ringlet's Python right now.  A
+    virtual machine's speed can change by 2x from one minute to the next (noisy
+    neighbours); the per-call costs of the torch engine scale with it, the link does
+    not, so runs are comparable only at a similar figure."""
+    import timeit
+
+    t = timeit.Timer("sum(range(1000))")
+    n, _ = t.autorange()
+    return min(t.repeat(5, n)) / n * 1e6
+
+
 def machine(load: tuple[float, float], data: dict[str, Any]) -> list[str]:
     model = ""
     try:
@@ -627,6 +640,11 @@ def machine(load: tuple[float, float], data: dict[str, Any]) -> list[str]:
             f"{platform.system()} {platform.release()}; the 4 ranks (2 per \"host\") and "
             f"everything else share these {nproc} cores",
             f"- load average (1 min) before the runs: {load[0]:.1f}, after: {load[1]:.1f}",
+            *([f"- CPU speed, a pure-Python loop (`python -m timeit 'sum(range(1000))'`, "
+               f"best of 5) before each rate's jobs and at the end: "
+               f"{', '.join(f'{x:.1f}' for x in data['cpu_us'])} us (the lower, the "
+               f"faster; this virtual machine has measured 14-33 us)"]
+              if data.get("cpu_us") else []),
             f"- ringlet: commit {data['commit']}",
             "- " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())),
             "- hosts: network namespaces on a Linux bridge (tests/netbed.py), each host's "
@@ -934,7 +952,9 @@ def main(argv: list[str] | None = None) -> int:
             " (uncommitted changes in src/)" if _git("status", "--porcelain", "--", "src")
             else ""),
         "command": shlex.join(shown), "runs": []}
+    data["cpu_us"] = []
     for i, (rate, top) in enumerate(specs):
+        data["cpu_us"].append(cpu_probe())
         sizes = [s for s in SIZES if s <= top]
         phases = None if a.no_phases or i else [s for s in PHASE_SIZES if s <= top]
         data["runs"].append(run_rate(rate, sizes, a.limit, phases))
@@ -944,6 +964,7 @@ def main(argv: list[str] | None = None) -> int:
             run["predict"] = predict(run, run["sizes"], data["intra"])
     load1 = os.getloadavg()[0]
     data["load"] = [load0, load1]
+    data["cpu_us"].append(cpu_probe())
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(data, indent=1))
