@@ -146,7 +146,11 @@ _POOL_MAX = 8
 _TAGS = {COLL: 0, P2P: 1, CTRL: 2, STATUS: 3}
 _SPLIT_TAG_BASE = 16
 #: at exit, how long a transport that did not fail waits for the remote peers' last words
-#: before it cancels their receives (see MpiTransport._await_last_words)
+#: before it cancels their receives (see MpiTransport._await_last_words): ranks that close
+#: within this of each other leave no message behind; a peer that closes later still
+#: sends its notice to a cancelled receive (UCX then warns at MPI_Finalize), which is
+#: better than holding every finished rank until the slowest closes (or, if it died
+#: where MPI cannot tell, until the deadline)
 _EXIT_WORDS_S = 3.0
 
 _INSTALL = "pip install 'ringlet[mpi]' (or: pip install mpi4py mpich)"
