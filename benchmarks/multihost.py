@@ -11,9 +11,10 @@ of microseconds).  Two ranks per host, float32 all_reduce (sum) from 8 B to
 where one 64 MiB all_reduce takes 3-5 s), two jobs per rate:
 
 - ``mpiexec`` (MPICH Hydra from the bed's switch, UCX on TCP over eth0):
-  ringlet's automatic choice (``hierarchical`` across nodes), ringlet's flat
-  ``ring`` over the routed transport, ringlet's ``native`` (MPI's Iallreduce
-  through ringlet), and MPI's own ``Allreduce`` (mpi4py, in place);
+  ringlet's automatic choice (``hierarchical`` across nodes, pipelined from
+  4 MiB), ringlet's flat ``ring`` over the routed transport, ringlet's
+  ``native`` (MPI's Iallreduce through ringlet), and MPI's own ``Allreduce``
+  (mpi4py, in place);
 - ``torchrun`` per host: the same three ringlet methods on its torch engine
   (``native`` is gloo's allreduce on ringlet's private group) and torch's own
   ``dist.all_reduce`` on the default gloo group (``init_process_group("gloo")``
@@ -193,7 +194,6 @@ def rank_main(argv: list[str]) -> int:
     import numpy as np
 
     import ringlet
-    from ringlet.ops import DTYPES, ReduceOp
 
     if a.engine == "torch":
         from datetime import timedelta
@@ -226,8 +226,7 @@ def rank_main(argv: list[str]) -> int:
                 each.append(_engine_costs(comm, eng, np))
             x = np.empty(max(1, nbytes // 4), np.float32)
             t = eng.buf(x)
-            auto[str(nbytes)] = comm._choose("all_reduce", None, x.nbytes,
-                                             comm._rails(ReduceOp.SUM, DTYPES["float32"]))
+            auto[str(nbytes)] = comm._choose("all_reduce", None, x.nbytes)
             k, reps = schedule(nbytes)
             for m in methods:
                 if m == "peer":
@@ -330,7 +329,7 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
     """Where a hierarchical all_reduce's time goes, per size: the whole call (the
-    automatic choice: ``hierarchical_pipelined`` from 4 MiB on torch), a call's agreement
+    automatic choice: ``hierarchical_pipelined`` from 4 MiB), a call's agreement
     alone (a barrier: the same at every size), its inter-node phase alone (a ring
     all_reduce of S/2 between the two ranks of each local rank, both pairs at once, on a
     split communicator), the engine's own all_reduce on the same pairs, the node's
@@ -780,8 +779,8 @@ def phase_tables(run: dict[str, Any]) -> list[str]:
     """The breakdown of where the time goes, one table per engine (median ms, and the
     range over the five loops where it is wide)."""
     lines = [f"At {run['rate']}, in separate jobs after the sweeps (2 hosts x 2 ranks).  "
-             f"*hierarchical*: the whole call, ringlet's automatic choice (on the torch "
-             f"engine hierarchical_pipelined from 4 MiB).  *agreement alone*: a barrier, "
+             f"*hierarchical*: the whole call, ringlet's automatic choice "
+             f"(hierarchical_pipelined from 4 MiB).  *agreement alone*: a barrier, "
              f"which is only the per-call exchange of descriptors every call starts with.  "
              f"*inter*: what hierarchical's phase 2 does alone: each local rank's all_reduce "
              f"of S/2 with its peer on the other host, both pairs at once, on a split "

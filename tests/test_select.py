@@ -208,9 +208,10 @@ def _across(coll: str, n: int, nbytes: int, per: int | None, setting: str = "") 
 
 def test_across_nodes_two_level_where_it_pays() -> None:
     # all_reduce: always two-level when nodes are equal blocks of more than one rank
-    for nbytes in (8, 64 * KiB, 64 * MiB):
+    for nbytes in (8, 64 * KiB, 1 * MiB):
         assert _across("all_reduce", 8, nbytes, 4) == "hierarchical"
         assert _across("all_reduce", 4, nbytes, 2) == "hierarchical"
+    assert _across("all_reduce", 4, 64 * MiB, 2) == "hierarchical_pipelined"
     # all_gather and reduce_scatter: on two nodes, and where the flat rules pick the ring
     for coll in ("all_gather", "reduce_scatter"):
         assert _across(coll, 4, 8, 2) == "hierarchical"
@@ -230,22 +231,21 @@ def test_across_nodes_two_level_where_it_pays() -> None:
     assert _across("all_gather", 4, 8, 2, "all_gather:^hierarchical") != "hierarchical"
 
 
-def test_across_nodes_on_the_engines_all_reduce_pipelined_from_two_pieces() -> None:
-    """With the native rails, the pipelined two-level all_reduce from two pieces of at
-    least 1 MiB of each rank's shard (pipeline_pieces); ringlet's own ring across nodes
-    (rails=False) keeps ``hierarchical``."""
-    def pick(n: int, nbytes: int, per: int, rails: bool, setting: str = "") -> str:
+def test_across_nodes_all_reduce_pipelined_from_two_pieces() -> None:
+    """Across nodes, the pipelined two-level all_reduce from two pieces of at least
+    1 MiB of each rank's shard (pipeline_pieces), whatever crosses the nodes (the
+    engine's own all_reduce or ringlet's ring)."""
+    def pick(n: int, nbytes: int, per: int, setting: str = "") -> str:
         return choose("all_reduce", n, nbytes, requested=None, setting=setting,
-                      nodes=n // per, ranks_per_node=per, rails=rails)
+                      nodes=n // per, ranks_per_node=per)
 
-    assert pick(4, 4 * MiB - 1, 2, True) == "hierarchical"           # one piece
-    assert pick(4, 4 * MiB, 2, True) == "hierarchical_pipelined"     # two
-    assert pick(8, 8 * MiB - 1, 4, True) == "hierarchical"
-    assert pick(8, 8 * MiB, 4, True) == "hierarchical_pipelined"
+    assert pick(4, 4 * MiB - 1, 2) == "hierarchical"           # one piece
+    assert pick(4, 4 * MiB, 2) == "hierarchical_pipelined"     # two
+    assert pick(8, 8 * MiB - 1, 4) == "hierarchical"
+    assert pick(8, 8 * MiB, 4) == "hierarchical_pipelined"
     for nbytes in (8, 4 * MiB, 64 * MiB):
-        assert pick(4, nbytes, 2, False) == "hierarchical"
-        assert pick(4, nbytes, 1, True) != "hierarchical_pipelined"   # no node-local phase
-    assert pick(4, 64 * MiB, 2, True, "all_reduce:^hierarchical_pipelined") == "hierarchical"
-    assert pick(4, 64 * MiB, 2, True, "all_reduce:hierarchical") == "hierarchical"
+        assert pick(4, nbytes, 1) != "hierarchical_pipelined"   # no node-local phase
+    assert pick(4, 64 * MiB, 2, "all_reduce:^hierarchical_pipelined") == "hierarchical"
+    assert pick(4, 64 * MiB, 2, "all_reduce:hierarchical") == "hierarchical"
     assert choose("all_reduce", 4, 64 * MiB, requested="hierarchical", setting="", nodes=2,
-                  ranks_per_node=2, rails=True) == "hierarchical"
+                  ranks_per_node=2) == "hierarchical"

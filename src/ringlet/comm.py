@@ -94,7 +94,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._broken: str | None = None
         self._closed = False
         self._scratch: dict[str, np.ndarray] = {}
-        self._chosen: dict[tuple[str, str | None, int, bool], str] = {}
+        self._chosen: dict[tuple[str, str | None, int], str] = {}
         self._descs: dict[tuple[Any, ...], Desc] = {}
         self._shm_digest = zlib.crc32(
             f"{settings.shm_post_bytes}:{settings.shm_stage_bytes}:{settings.shm_piece_bytes}"
@@ -152,7 +152,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         check_op(rop, xb.dt)
         ob = self._out(out, xb, xb.count, "x")
         on_rails = self._rails(rop, xb.dt)
-        name = self._choose("all_reduce", algorithm, xb.nbytes, on_rails)
+        name = self._choose("all_reduce", algorithm, xb.nbytes)
         path = self._path("all_reduce", name, xb.nbytes)
         if path == GENERIC and on_rails and name in rails.SCHEDULES:
             path = RAILS
@@ -452,13 +452,12 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             raise ArgumentError("out overlaps x; pass a separate buffer or leave out=None")
         return ob
 
-    def _choose(self, collective: str, algorithm: str | None, nbytes: int,
-                on_rails: bool = False) -> str:
+    def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str:
         if algorithm is not None and not isinstance(algorithm, str):
             raise ArgumentError(
                 f"algorithm must be a name (str) or None, got {algorithm!r}; valid: "
                 f"{', '.join(_algorithms(collective))}")
-        key = (collective, algorithm, nbytes, on_rails)
+        key = (collective, algorithm, nbytes)
         name = self._chosen.get(key)
         if name is None and algorithm == NATIVE:
             if not self._t.caps.native:
@@ -473,7 +472,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             topo = self.topology
             name = choose(collective, self.size, nbytes, requested=algorithm,
                           setting=self.settings.algo, nodes=len(topo.nodes),
-                          ranks_per_node=topo.ranks_per_node, rails=on_rails,
+                          ranks_per_node=topo.ranks_per_node,
                           tuner=tuner_for(self.settings) if len(topo.nodes) == 1 else None)
             if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
                     and not self._fused.fits_post(nbytes):

@@ -22,7 +22,7 @@ rounds in between, which move the same shard among the same ranks.
 each piece's engine all_reduce is started without waiting, so it crosses
 the network while the next piece is reduced inside the node and earlier
 pieces are gathered there (the torch engine's gloo moves it on its own
-threads); the automatic choice takes it on the native rails from two pieces
+threads); the automatic choice takes it across nodes from two pieces
 (:func:`ringlet.algorithms.select.multinode`).
 
 Every rank of a node ends bit-identical (phase 3 copies each shard from the

@@ -5,7 +5,7 @@ against numpy at counts around the shard cuts (0, 1, fewer elements than
 shards, odd, large), all_reduce bit-identical on every rank, whether the
 communicator runs the engine's all_reduce across nodes exactly when
 :func:`ringlet.rails.wanted` says so, the automatic choice of the pipelined
-two-level schedule where the rails run it in two pieces or more (4 MiB), and
+two-level schedule from two pieces (4 MiB), on the rails or not, and
 a sub-communicator of one rank per node (split) too.  With ``--mismatch``
 (ranks started with different ``RINGLET_RAILS``): a good call with ``algorithm="ring"``, then the
 hierarchical call, which must raise MismatchError naming the path on every
@@ -77,16 +77,14 @@ def main() -> int:
                                            ReduceOp.parse(op), dt):
                         bad.append(f"rails choice {dtype} {op}")
         # the automatic choice at 2 pieces (4 MiB of float32 on nodes of 2 ranks): the
-        # pipelined two-level schedule exactly when the rails run it, pieces in flight
+        # pipelined two-level schedule, on the rails (pieces in flight) or not
         from ringlet.algorithms.hierarchical import pipeline_pieces
 
         big = [data(q, 1 << 20, "float32") for q in range(n)]
         x = big[r].copy()
-        f32 = DTYPES["float32"]
-        on = rails.wanted(comm.settings.rails, comm.topology.engine, True, ReduceOp.SUM, f32)
         pieces = pipeline_pieces(x.nbytes, g or 1)
-        want_alg = "hierarchical_pipelined" if on and pieces > 1 else "hierarchical"
-        got_alg = comm._choose("all_reduce", None, x.nbytes, comm._rails(ReduceOp.SUM, f32))
+        want_alg = "hierarchical_pipelined" if pieces > 1 else "hierarchical"
+        got_alg = comm._choose("all_reduce", None, x.nbytes)
         if got_alg != want_alg:
             bad.append(f"automatic choice at 4 MiB: {got_alg}, not {want_alg}")
         comm.all_reduce(x)

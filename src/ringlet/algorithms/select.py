@@ -276,7 +276,7 @@ BANDWIDTH = {"all_reduce": None, "all_gather": "ring", "reduce_scatter": "ring",
 
 
 def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str],
-              ranks_per_node: int | None, rails: bool = False) -> str:
+              ranks_per_node: int | None) -> str:
     """The automatic choice across nodes.
 
     When every node holds the same number g of consecutive ranks (1 < g < p),
@@ -286,13 +286,18 @@ def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
     - all_reduce, always: reduce-scatter inside each node, all-reduce of one
       shard per local rank across nodes, all-gather inside each node; only
       1/g of the vector per rank crosses the network, all local ranks at once
-      (NCCL's and Horovod's scheme).  With ``rails`` (its inter-node phase is
-      the engine's own all_reduce, :mod:`ringlet.rails`), in
-      ``hierarchical_pipelined``'s pieces from two of them
-      (:func:`~ringlet.algorithms.hierarchical.pipeline_pieces`): each piece's
-      engine all_reduce crosses the network on the engine's threads while the
-      node reduces the next piece and gathers the earlier ones, so the
-      node-local phases hide behind the network but for one piece's;
+      (NCCL's and Horovod's scheme).  In ``hierarchical_pipelined``'s pieces
+      from two of them
+      (:func:`~ringlet.algorithms.hierarchical.pipeline_pieces`), whatever
+      crosses the nodes (the engine's own all_reduce, :mod:`ringlet.rails`,
+      or ringlet's ring): each piece crosses the network while the node
+      reduces the next piece and gathers the earlier ones, so the node-local
+      phases hide behind the network but for one piece's.  A piece of every
+      rank's shard is at least 1 MiB, so the extra rounds (one with two
+      pieces, seven with eight) cost little beside the bytes: on the test bed
+      it was 3-9 % faster from 4 MiB on both engines (benchmarks/MULTIHOST.md),
+      and the model puts it ahead or level on fast networks too, unless a
+      round costs as much as 0.5 ms there;
     - all_gather, reduce_scatter, broadcast and reduce where the flat rules
       pick their bandwidth algorithm (:data:`BANDWIDTH`), and all_gather and
       reduce_scatter on two nodes (one round across the network, as few as
@@ -306,7 +311,7 @@ def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
     if collective in BANDWIDTH and "hierarchical" in allowed and g is not None \
             and 1 < g < nranks and nranks % g == 0:
         two_nodes = nranks // g == 2 and collective in ("all_gather", "reduce_scatter")
-        if collective == "all_reduce" and rails and "hierarchical_pipelined" in allowed \
+        if collective == "all_reduce" and "hierarchical_pipelined" in allowed \
                 and pipeline_pieces(nbytes, g) > 1:
             return "hierarchical_pipelined"
         if collective == "all_reduce" or flat == BANDWIDTH[collective] or two_nodes:
@@ -350,7 +355,7 @@ def _tuner(path: str, mtime_ns: int, size: int, paths: Paths) -> Tuner:
 
 def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
            setting: str, tuner: Tuner | None = None, nodes: int = 1,
-           ranks_per_node: int | None = None, rails: bool = False) -> str:
+           ranks_per_node: int | None = None) -> str:
     """The canonical name of the algorithm to run (see the module docs for the precedence).
 
     ``tuner`` (see :func:`tuner_for`) makes the automatic choice by predicted
@@ -360,9 +365,6 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
     choice leaves out the one-host algorithms and puts the two-level one first
     where the node layout allows it; a tuner is not used, since its profile is
     one host's and ranks on different hosts must never choose differently.
-    ``rails``: a two-level all_reduce would cross nodes on the engine's own
-    all_reduce (:mod:`ringlet.rails`; every rank computes it from agreed
-    settings), which takes the pipelined two-level schedule from two pieces.
 
     >>> choose("all_reduce", 8, 1 << 10, requested=None, setting="")
     'oneshot'
@@ -385,7 +387,7 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
         return forced
     allowed = frozenset(algorithms(collective)) - excluded
     if nodes > 1:
-        return multinode(collective, nranks, nbytes, allowed, ranks_per_node, rails)
+        return multinode(collective, nranks, nbytes, allowed, ranks_per_node)
     if tuner is not None:
         return tuner.choose(collective, nranks, nbytes, allowed)
     return heuristic(collective, nranks, nbytes, allowed)
