@@ -294,24 +294,19 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
                 times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    def trip() -> None:
-        if first:
-            comm.send(x, eng.peer)
-            comm.recv(y, eng.peer)
-        else:
-            comm.recv(y, eng.peer)
-            comm.send(x, eng.peer)
+    def trip(peer: int, leads: bool) -> Any:
+        """An 8 B round trip with ``peer``, which this rank starts if it ``leads``."""
+        def go() -> None:
+            if leads:
+                comm.send(x, peer)
+                comm.recv(y, peer)
+            else:
+                comm.recv(y, peer)
+                comm.send(x, peer)
+        return go
 
-    def near_trip() -> None:
-        if local.index(comm.rank) == 0:
-            comm.send(x, near)
-            comm.recv(y, near)
-        else:
-            comm.recv(y, near)
-            comm.send(x, near)
-
-    res = {"half_rtt_s": median(trip) / 2, "barrier_s": median(comm.barrier),
-           "intra_half_rtt_s": median(near_trip) / 2}
+    res = {"half_rtt_s": median(trip(eng.peer, first)) / 2, "barrier_s": median(comm.barrier),
+           "intra_half_rtt_s": median(trip(near, local.index(comm.rank) == 0)) / 2}
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):

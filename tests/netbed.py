@@ -759,6 +759,16 @@ exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
         self._procs.append(p)
         return p
 
+    def _server(self, i: int, tool: str, *args: str) -> tuple[int, subprocess.Popen[str]]:
+        """Start ``tool`` listening on a fresh port on host i; (port, process) once it
+        listens."""
+        port = self.next_port()
+        p = self._tool_proc(i, tool, str(port), *args)
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "listening":
+            raise NetbedError(f"{tool} did not start on host {i}: {self._result(p, 10)}")
+        return port, p
+
     @staticmethod
     def _result(p: subprocess.Popen[str], timeout: float) -> dict[str, object]:
         try:
@@ -777,11 +787,7 @@ exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
         """Bit/s of TCP payload received by host ``dst`` while ``src`` (one host or several,
         one connection each) send as fast as they can for ``seconds``."""
         srcs = [src] if isinstance(src, int) else list(src)
-        port = self.next_port()
-        recv = self._tool_proc(dst, "_recv", str(port), str(len(srcs)))
-        assert recv.stdout is not None
-        if recv.stdout.readline().strip() != "listening":
-            raise NetbedError(f"receiver did not start: {self._result(recv, 10)}")
+        port, recv = self._server(dst, "_recv", str(len(srcs)))
         sends = [self._tool_proc(s, "_send", self.hosts[dst].ip, str(port), str(seconds))
                  for s in srcs]
         for s in sends:
@@ -794,11 +800,7 @@ exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
         """Median seconds for host ``src`` to send one message of ``nbytes`` to ``dst`` and
         get a byte back, each after ``gap`` seconds of idle link: at least nbytes / rate
         on a shaped link (plus the round trip), as on a real one (:func:`gso_segments`)."""
-        port = self.next_port()
-        sink = self._tool_proc(dst, "_sink", str(port))
-        assert sink.stdout is not None
-        if sink.stdout.readline().strip() != "listening":
-            raise NetbedError(f"sink did not start: {self._result(sink, 10)}")
+        port, sink = self._server(dst, "_sink")
         msg = self._tool_proc(src, "_message", self.hosts[dst].ip, str(port), str(nbytes),
                               str(count), str(gap))
         r = self._result(msg, 60 + count * gap)
@@ -807,11 +809,7 @@ exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
 
     def measure_rtt(self, src: int, dst: int, count: int = 200) -> Rtt:
         """Round trips of 1 byte over one TCP connection (TCP_NODELAY), host src -> dst."""
-        port = self.next_port()
-        echo = self._tool_proc(dst, "_echo", str(port))
-        assert echo.stdout is not None
-        if echo.stdout.readline().strip() != "listening":
-            raise NetbedError(f"echo server did not start: {self._result(echo, 10)}")
+        port, echo = self._server(dst, "_echo")
         ping = self._tool_proc(src, "_ping", self.hosts[dst].ip, str(port), str(count))
         r = self._result(ping, 60)
         self._result(echo, 10)

@@ -723,11 +723,7 @@ class MpiTransport(Transport):
                 return
             self._tell(CLOSED, "")
             self._closed = True
-            end = time.monotonic() + 0.5
-            while self._notices and time.monotonic() < end:
-                self._notices = [r for r in self._notices if not (r.advance() or r.done)]
-                if self._notices:
-                    time.sleep(0.001)
+            self._flush_notices(0.5)
             for r in list(self._recvs):
                 if r.channel != STATUS:
                     self._cancel(r)
@@ -752,9 +748,7 @@ class MpiTransport(Transport):
                 return
             if not self._closed:
                 self._tell(CLOSED, "")
-            end = time.monotonic() + 0.5
-            while self._notices and time.monotonic() < end:
-                self._notices = [r for r in self._notices if not (r.advance() or r.done)]
+            self._flush_notices(0.5)
             if self.board.error is None and self._error is None and not self._dead:
                 # a communicator that failed does not wait: a peer may be dead, and over
                 # MPI a dead peer and a late one look the same
@@ -767,6 +761,14 @@ class MpiTransport(Transport):
                 reqs.extend(q.pending())
             reqs.extend(self._orphans)
             self._finish(reqs, 1.0)
+
+    def _flush_notices(self, seconds: float) -> None:
+        """Give this rank's last word, in flight, up to ``seconds`` to leave."""
+        end = time.monotonic() + seconds
+        while self._notices and time.monotonic() < end:
+            self._notices = [r for r in self._notices if not (r.advance() or r.done)]
+            if self._notices:
+                time.sleep(0.001)
 
     def _last_words_pending(self) -> bool:
         """Take in what arrived on the status receives; True while one is still posted
