@@ -106,12 +106,28 @@ def _torch() -> None:
     pytest.importorskip("torch", reason="torch is not installed")
 
 
-def test_ringlet_run_nodes() -> None:
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_ringlet_run_nodes(nodes: int) -> None:
+    """On the torch engine the agreement is two-level (ringlet.transport.routed): the error
+    sequence's mismatch is on the last node only, and its rejected call on the first."""
+    _torch()
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", str(nodes), "-n",
+                           str(2 * nodes), str(SCRIPT), "--native", "--errors"],
+                          capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(EXPECT_NODES=",".join("abc"[k // 2] for k in range(2 * nodes))))
+    _check(proc, 2 * nodes, [[2 * k, 2 * k + 1] for k in range(nodes)], "torch")
+
+
+def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:
+    """The last rank skips a call: the others' timeout names it alone and says where it is,
+    though on the torch engine its node's verdict never comes (its node's other rank sends
+    its own descriptor to every rank once the call waits)."""
     _torch()
     proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
-                           str(SCRIPT), "--native", "--errors"], capture_output=True,
-                          text=True, timeout=LIMIT, env=_env(EXPECT_NODES="a,a,b,b"))
-    _check(proc, 4, [[0, 1], [2, 3]], "torch")
+                           str(SCRIPT), "--errors", "--timeout"], capture_output=True,
+                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="3"))
+    reports = _reports(proc.stdout)
+    assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
 
 
 def _rails_reports(proc: subprocess.CompletedProcess[str], size: int) -> list[dict[str, Any]]:

@@ -280,8 +280,24 @@ class Transport(ABC):
     # --- agreement ----------------------------------------------------------------------
 
     @abstractmethod
-    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
-        """Publish this rank's descriptor of call ``seq`` (and why it rejected it)."""
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None,
+                to: Sequence[int] | None = None) -> None:
+        """Publish this rank's descriptor of call ``seq`` (and why it rejected it); an
+        engine that sends it as frames sends them to ``to`` (None: every peer it agrees
+        with)."""
+
+    def tell_node(self, seq: int, words: Sequence[int] | None, to: Sequence[int]) -> None:
+        """Send ``to`` these peers this rank's node's verdict on call ``seq`` (engines that
+        send frames; :meth:`MessageAgreement.tell_node`)."""
+        raise NotImplementedError(f"{type(self).__name__} sends no node verdicts")
+
+    def node_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        """Peer ``q``'s node's verdict on call ``seq`` (:meth:`MessageAgreement.node_desc`)."""
+        raise NotImplementedError(f"{type(self).__name__} receives no node verdicts")
+
+    def latest_node(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        """The last call peer ``q``'s node agreed on (:meth:`MessageAgreement.latest_node`)."""
+        raise NotImplementedError(f"{type(self).__name__} receives no node verdicts")
 
     @abstractmethod
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
@@ -389,17 +405,27 @@ def _frame(words: Sequence[int], head: int, note: str | None, size: int) -> np.n
     return buf
 
 
+#: a frame's head: the call's sequence number, and these flags on a node's verdict
+#: (:meth:`MessageAgreement.tell_node`)
+NODE_FRAME, NODE_AGREES = 1 << 61, 1 << 60
+
+
 class MessageAgreement:
     """Descriptors exchanged as fixed-size frames on the CTRL channel.
 
-    ``publish`` sends the frame to every peer in ``peers``; a receive per peer
-    is always posted, and what arrives is kept (the last two calls per peer).
+    ``publish`` sends this rank's frame to every peer in ``peers`` (or to those
+    given); ``tell_node`` sends a node's verdict on a call (the descriptor all
+    its ranks published, or that they did not agree) for the two-level
+    agreement of :class:`~ringlet.transport.routed.RoutedTransport`.  A receive
+    per peer is always posted, and what arrives is kept (the last two calls
+    per peer, of each kind).
     """
 
     def __init__(self, t: Transport, peers: Sequence[int]) -> None:
         self.t = t
         self.peers = list(peers)
         self._got: dict[int, dict[int, tuple[tuple[int, ...], str]]] = {q: {} for q in peers}
+        self._nodes: dict[int, dict[int, tuple[int, ...]]] = {q: {} for q in peers}
         self._latest: dict[int, int] = {}
         self._bufs: dict[int, np.ndarray] = {}
         self._reqs: dict[int, Request] = {}
@@ -412,10 +438,19 @@ class MessageAgreement:
         self._bufs[q] = buf
         self._reqs[q] = self.t.irecv(q, [buf], None, CTRL)
 
-    def publish(self, seq: int, words: Sequence[int], note: str | None) -> None:
-        frame = _frame(words, seq, note, FRAME_BYTES)
+    def publish(self, seq: int, words: Sequence[int], note: str | None,
+                to: Sequence[int] | None = None) -> None:
+        self._send(_frame(words, seq, note, FRAME_BYTES), self.peers if to is None else to)
+
+    def tell_node(self, seq: int, words: Sequence[int] | None, to: Sequence[int]) -> None:
+        """Send ``to`` these peers the descriptor every rank of this rank's node published
+        for call ``seq`` (None: they did not all publish the same one)."""
+        head = seq | NODE_FRAME | (NODE_AGREES if words is not None else 0)
+        self._send(_frame(words if words is not None else (), head, None, FRAME_BYTES), to)
+
+    def _send(self, frame: np.ndarray, to: Sequence[int]) -> None:
         self._sends = [r for r in self._sends if not r.advance() and not r.done]
-        for q in self.peers:
+        for q in to:
             r = self.t.isend(q, [frame], CTRL)
             r.advance()
             if not r.done:
@@ -435,15 +470,23 @@ class MessageAgreement:
                     break
                 buf = self._bufs[q]
                 ints = buf[:_FRAME_WORDS * 8].view(np.int64)
-                seq = int(ints[0])
-                n = int(ints[_FRAME_WORDS - 1])
-                note = bytes(buf[_FRAME_WORDS * 8:_FRAME_WORDS * 8 + n]).decode(
-                    errors="replace")
-                calls = self._got[q]
-                calls[seq] = (tuple(int(w) for w in ints[1:1 + DESC_WORDS]), note)
-                for old in [s for s in calls if s < seq - 1]:
-                    del calls[old]
-                self._latest[q] = max(self._latest.get(q, 0), seq)
+                head = int(ints[0])
+                seq = head & (NODE_AGREES - 1)
+                words = tuple(int(w) for w in ints[1:1 + DESC_WORDS])
+                if head & NODE_FRAME:
+                    nodes = self._nodes[q]
+                    nodes[seq] = words if head & NODE_AGREES else ()
+                    for old in [s for s in nodes if s < seq - 1]:
+                        del nodes[old]
+                else:
+                    n = int(ints[_FRAME_WORDS - 1])
+                    note = bytes(buf[_FRAME_WORDS * 8:_FRAME_WORDS * 8 + n]).decode(
+                        errors="replace")
+                    calls = self._got[q]
+                    calls[seq] = (words, note)
+                    for old in [s for s in calls if s < seq - 1]:
+                        del calls[old]
+                    self._latest[q] = max(self._latest.get(q, 0), seq)
                 self._post(q)
                 got = True
         return got
@@ -455,14 +498,32 @@ class MessageAgreement:
             hit = self._got[q].get(seq)
         return None if hit is None else hit[0]
 
+    def node_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        """The verdict of peer ``q``'s node on call ``seq``: the descriptor all its ranks
+        published, ``()`` if they did not agree, None if it has not arrived."""
+        hit = self._nodes[q].get(seq)
+        if hit is None:
+            self.poll()
+            hit = self._nodes[q].get(seq)
+        return hit
+
     def note(self, q: int, seq: int) -> str:
         hit = self._got[q].get(seq)
         return "" if hit is None else hit[1]
 
     def latest(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        """Peer ``q``'s last published call, by its own frame or its node's verdict (the
+        two-level agreement: ``q`` is then a rank of that node; see the routed transport's
+        :meth:`~ringlet.transport.routed.RoutedTransport.latest_desc`)."""
         self.poll()
         s = self._latest.get(q)
         return None if s is None else (s, self._got[q][s][0])
+
+    def latest_node(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        """The last call peer ``q``'s node agreed on, and its descriptor."""
+        self.poll()
+        agreed = [s for s, w in self._nodes[q].items() if w]
+        return None if not agreed else (max(agreed), self._nodes[q][max(agreed)])
 
     def pending_sends(self) -> bool:
         self.poll()

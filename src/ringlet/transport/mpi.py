@@ -613,9 +613,22 @@ class MpiTransport(Transport):
 
     # --- agreement ----------------------------------------------------------------------
 
-    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None,
+                to: Sequence[int] | None = None) -> None:
         with self._lock:
-            self.agreement.publish(seq, words, note)
+            self.agreement.publish(seq, words, note, to)
+
+    def tell_node(self, seq: int, words: Sequence[int] | None, to: Sequence[int]) -> None:
+        with self._lock:
+            self.agreement.tell_node(seq, words, to)
+
+    def node_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        with self._lock:
+            return self.agreement.node_desc(q, seq)
+
+    def latest_node(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        with self._lock:
+            return self.agreement.latest_node(q)
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
         with self._lock:

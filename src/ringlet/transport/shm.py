@@ -469,7 +469,8 @@ class ShmTransport(Transport):
 
     # --- collective descriptors -------------------------------------------------
 
-    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None,
+                to: Sequence[int] | None = None) -> None:
         """Publish my descriptor of collective ``seq`` (the sequence number is written last)."""
         if note is not None:
             self.set_note(seq, note)

@@ -762,8 +762,18 @@ class TorchTransport(Transport):
 
     # --- agreement ------------------------------------------------------------------------
 
-    def publish(self, seq: int, words: Sequence[int], note: str | None = None) -> None:
-        self._agree.publish(seq, words, note)
+    def publish(self, seq: int, words: Sequence[int], note: str | None = None,
+                to: Sequence[int] | None = None) -> None:
+        self._agree.publish(seq, words, note, to)
+
+    def tell_node(self, seq: int, words: Sequence[int] | None, to: Sequence[int]) -> None:
+        self._agree.tell_node(seq, words, to)
+
+    def node_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
+        return self._agree.node_desc(q, seq)
+
+    def latest_node(self, q: int) -> tuple[int, tuple[int, ...]] | None:
+        return self._agree.latest_node(q)
 
     def peer_desc(self, q: int, seq: int) -> tuple[int, ...] | None:
         return self._agree.peer_desc(q, seq)
