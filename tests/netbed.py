@@ -847,6 +847,12 @@ def _gso_segments(ns: str, dev: str, segs: int | None) -> str | None:
             f"({(p.stderr or p.stdout).strip()}): GSO packets of up to 64 KB cross at once")
 
 
+def burst_bytes(bps: float) -> int:
+    """What a shaped link lets leave at once after an idle gap: ~50 us of the rate, at
+    least two frames."""
+    return max(2 * FRAME_BYTES, int(bps / 8 * 50e-6))
+
+
 def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> str | None:
     """Shape one end of a link; returns why it may still burst (see _gso_segments)."""
     tc = _tc()
@@ -856,8 +862,7 @@ def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> str 
         return bursts
     if bps is not None:
         rate = f"{int(bps)}bit"
-        # ~50 us of the rate, at least two frames: what leaves at once after an idle gap
-        burst = max(2 * FRAME_BYTES, int(bps / 8 * 50e-6))
+        burst = burst_bytes(bps)
         _sh([tc, "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
              "default", "1"])
         _sh([tc, "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
