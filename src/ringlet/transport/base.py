@@ -282,9 +282,9 @@ class Transport(ABC):
     @abstractmethod
     def publish(self, seq: int, words: Sequence[int], note: str | None = None,
                 to: Sequence[int] | None = None) -> None:
-        """Publish this rank's descriptor of call ``seq`` (and why it rejected it); an
-        engine that sends it as frames sends them to ``to`` (None: every peer it agrees
-        with)."""
+        """Publish this rank's descriptor of call ``seq``; ``note`` is given exactly when
+        this rank rejected its call, and says why.  An engine that sends descriptors as
+        frames sends them to ``to`` (None: every peer it agrees with)."""
 
     def tell_node(self, seq: int, words: Sequence[int] | None, to: Sequence[int]) -> None:
         """Send ``to`` these peers this rank's node's verdict on call ``seq`` (engines that

@@ -202,7 +202,7 @@ class RoutedTransport(Transport):
         self._call = (seq, tuple(words), note)
         self._told = self._spread = False
         self._since = time.monotonic()
-        if words[7]:   # rejected: its peers quote its note (Desc.rejected, then Desc's note)
+        if note is not None:   # rejected: every peer quotes its note, as on one host
             self._spread_out()
         self._advance()
 
@@ -213,12 +213,12 @@ class RoutedTransport(Transport):
         call = self._call
         if call is None or self._told and self._spread:
             return
-        seq, words, _ = call
+        seq, words, note = call
         if not self._told:
             here = [] if self.local is None else \
                 [self.local.peer_desc(self.lidx[q], seq) for q in self.locals if q != self.rank]
             if all(d is not None for d in here):
-                agrees = not words[7] and all(d == words for d in here)
+                agrees = note is None and all(d == words for d in here)
                 self.engine.tell_node(seq, words if agrees else None, self._rail_peers)
                 self._told = True
                 if not agrees:
