@@ -130,6 +130,8 @@ class Calls:
     _closed: bool
     #: (seq, desc, ...) of the call in progress: its flight record when recording
     _cur: Sequence[Any] | None
+    #: the sequence number of the collective running (0 between them): see _calls_state
+    _now: int = 0
     _api: str | None
     _pending_reject: int | None
     _owner: threading.Thread | None
@@ -267,6 +269,7 @@ class Calls:
             else:   # a call that was queued: its record was made then
                 self._cur = rec
                 rec[T_START] = now_ns()
+            self._now = seq
             try:
                 self._settle()
                 if desc.rejected:
@@ -305,6 +308,15 @@ class Calls:
                 if isinstance(exc, RingletError) or not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and SystemExit reach the caller as they are
                 raise PeerError(self._broken) from exc
+            finally:
+                self._now = 0
+
+    def _calls_state(self) -> tuple[int, int]:
+        """(the collective running, or 0; how many calls have finished) for the
+        transport (:attr:`Transport.calls`).  Calls finish in their order: the one
+        running, queued or inline, is the first unfinished."""
+        now = self._now
+        return now, (now - 1 if now else self._seq - self._inflight)
 
     def _fail(self, exc: BaseException) -> None:
         """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""

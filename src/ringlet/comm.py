@@ -115,6 +115,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._regions: list[tuple[int, int, list[np.ndarray]]] = []
         self._region_maps: list[Any] = []
         transport.describe = lambda: self._current
+        transport.calls = self._calls_state
         self._created = next(_MADE)
         #: the world ranks of this communicator's ranks (a group's are set by its parent)
         self._world_ranks = list(range(size))

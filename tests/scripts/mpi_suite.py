@@ -265,12 +265,18 @@ def raw_transport(comm: Communicator, rep: Report) -> None:
     t1 = tm.MpiTransport(MPI.COMM_WORLD, comm.settings)
     t2 = tm.MpiTransport(MPI.COMM_WORLD, comm.settings.replace(timeout=5.0))
     if r == n - 1:
+        t1.calls = lambda: (0, 5)   # it closes after finishing 5 calls
         t1.mark_closed()
         t2.abort(f"rank {r} gave up on purpose", timeout=True)
         rep.expect_raise(CommTimeoutError, lambda: t2.check(), "gave up on purpose")
     else:
         _until_raises(rep, lambda: t1.check([n - 1], "the raw test"), PeerError,
                       f"rank {n - 1} closed the communicator", "while the raw test waited")
+        # an error in call 6 and between calls, not in call 5 (the closed rank finished it)
+        t1.calls = lambda: (5, 4)
+        t1.check([n - 1], "call 5")
+        t1.calls = lambda: (6, 5)
+        rep.expect_raise(PeerError, lambda: t1.check([n - 1], "call 6"), "closed")
         _until_raises(rep, lambda: t2.check(), CommTimeoutError,
                       f"rank {n - 1} gave up on purpose")
         t1.check([q for q in range(n - 1) if q != r])   # the others did not close

@@ -22,7 +22,7 @@ from torch_common import Report, communicator, make, prefix_reference, raises
 
 from ringlet.algorithms import algorithms
 from ringlet.comm import Communicator
-from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError
+from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError, PeerError
 from ringlet.ops import ReduceOp, reference_reduce
 from ringlet.transport import torch as tm
 from ringlet.transport.base import COLL, P2P
@@ -320,6 +320,31 @@ def timeout(comm: Communicator, rep: Report) -> None:
     comm.barrier()
 
 
+def closing(rep: Report) -> None:
+    """The last rank closes after finishing 5 calls: the others' check() calls that an
+    error between calls and in call 6, not in call 5 (which that rank finished)."""
+    c1, t1 = communicator()
+    n, r = c1.size, c1.rank
+    if r == n - 1:
+        t1.calls = lambda: (0, 5)
+        t1.mark_closed()
+    elif n > 1:
+        err = None
+        deadline = time.monotonic() + 10
+        while err is None and time.monotonic() < deadline:
+            err = raises(lambda: t1.check([n - 1], "the raw test"), PeerError)
+            time.sleep(0.005)
+        rep.check(err is not None and f"rank {n - 1} closed the communicator" in str(err),
+                  f"between calls: {err!r}")
+        t1.calls = lambda: (5, 4)
+        err = raises(lambda: t1.check([n - 1], "call 5"), PeerError)
+        rep.check(err is None, f"in call 5, which the closed rank finished: {err!r}")
+        t1.calls = lambda: (6, 5)
+        err = raises(lambda: t1.check([n - 1], "call 6"), PeerError)
+        rep.check(err is not None and "closed" in str(err), f"in call 6: {err!r}")
+    c1.close()
+
+
 def main() -> None:
     default = "--init-default" in sys.argv
     if "--pieces" in sys.argv:    # every message over 4160 bytes in pieces
@@ -343,6 +368,7 @@ def main() -> None:
     rep.run("errors", lambda: errors(comm, rep))
     rep.run("split", lambda: split(comm, rep))
     rep.run("timeout", lambda: timeout(comm, rep))
+    rep.run("closing", lambda: closing(rep))
     n, r = comm.size, comm.rank
     comm.close()
     t.close()

@@ -195,6 +195,19 @@ class Transport(ABC):
     #: ``check(None, what)`` of a transport this one serves (a routed transport's rail
     #: group: :meth:`RoutedTransport.rail`), called by this one's ``check``
     watch_also: Callable[[Sequence[int] | None, str | None], None] | None = None
+    #: ``(now, done)``: the sequence number of the collective this rank is in (0 between
+    #: collectives) and how many calls it has finished (set by the communicator).  A
+    #: closed notice carries ``done``: see :meth:`finished_before_closing`
+    calls: Callable[[], tuple[int, int]] = staticmethod(lambda: (0, 0))
+
+    def finished_before_closing(self, done: int) -> bool:
+        """Whether a peer that closed the communicator after finishing ``done`` calls
+        had finished the collective this rank is in: then its closing is no error
+        (what it sent this rank is on its way; gloo's ring all_reduce ends on one rank
+        before another) and the wait goes on under its deadline.  Between collectives
+        (a point-to-point wait) every closed peer is one."""
+        now = self.calls()[0]
+        return 0 < now <= done
 
     # --- messages ---------------------------------------------------------------------
 
@@ -329,7 +342,8 @@ class Transport(ABC):
 
     @abstractmethod
     def mark_closed(self) -> None:
-        """Tell the peers this rank closed the communicator."""
+        """Tell the peers this rank closed the communicator, and how many calls it had
+        finished (``calls()[1]``)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -531,13 +545,14 @@ class MessageAgreement:
 
 
 class StatusBoard:
-    """Abort and closed notices exchanged as frames on the STATUS channel."""
+    """Abort and closed notices exchanged as frames on the STATUS channel.  A closed
+    notice's text is the number of calls its rank finished (``closed[q]``)."""
 
     def __init__(self, t: Transport, peers: Sequence[int]) -> None:
         self.t = t
         self.peers = list(peers)
         self.error: RingletError | None = None
-        self.closed: set[int] = set()
+        self.closed: dict[int, int] = {}
         self._bufs: dict[int, np.ndarray] = {}
         self._reqs: dict[int, Request] = {}
         self._sends: list[Request] = []
@@ -578,7 +593,7 @@ class StatusBoard:
             kind, n = (int(v) for v in buf[:16].view(np.int64))
             text = bytes(buf[16:16 + n]).decode(errors="replace")
             if kind == CLOSED:
-                self.closed.add(q)
+                self.closed[q] = int(text) if text.isdigit() else 0
             elif self.error is None:
                 self.error = _ERRORS.get(kind, PeerError)(text)
 

@@ -663,7 +663,8 @@ class MpiTransport(Transport):
             if not closed:
                 return
             for q in self.remote if watch is None else watch:
-                if q in closed:
+                done = closed.get(q)
+                if done is not None and not self.finished_before_closing(done):
                     raise PeerError(
                         f"rank {q} closed the communicator (or its program ended) while "
                         f"{what or self.describe()} waited for it: every rank must make the "
@@ -695,7 +696,7 @@ class MpiTransport(Transport):
         """Tell the remote peers this rank makes no more calls."""
         with self._lock:
             if not self._closed and not self.MPI.Is_finalized():
-                self._tell(CLOSED, "")
+                self._tell(CLOSED, str(self.calls()[1]))
 
     def _tell(self, kind: int, text: str) -> None:
         """This rank's last word on the communicator (an abort or a close), to every

@@ -110,6 +110,15 @@ class RoutedTransport(Transport):
     describe = property(lambda self: self._describe, _set_describe)
     _describe: Callable[[], str] = staticmethod(lambda: "a collective")
 
+    def _set_calls(self, fn: Callable[[], tuple[int, int]]) -> None:
+        self._calls = fn
+        for t in (self.engine, self.local, *self._rails.values()):
+            if t is not None:
+                t.calls = fn
+
+    calls = property(lambda self: self._calls, _set_calls)
+    _calls: Callable[[], tuple[int, int]] = staticmethod(lambda: (0, 0))
+
     # --- messages ---------------------------------------------------------------------
 
     def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> Request:
@@ -312,6 +321,7 @@ class RoutedTransport(Transport):
             ranks = list(range(self.rank % g, self.size, g))
             t = self.engine.split(ranks, f"rail{g}.{self.rank % g}")
             t.watch_also = self.check
+            t.calls = self._calls
             self._rails[g] = t
         return t
 

@@ -77,7 +77,8 @@ class _Layout:
         self.note = _align(self.abort + 16 + ABORT_BYTES, 64)
         self.note_bytes = _align(8 + ABORT_BYTES, 64)
         self.counters = self.note + 2 * self.note_bytes
-        # this rank's state: STATE_OPEN, then STATE_CLOSED once it closed the communicator
+        # this rank's state: STATE_OPEN, then STATE_CLOSED once it closed the communicator;
+        # then the number of calls it had finished
         self.state = self.counters + 64 * STAGE_COUNTERS
         self.ctrl = self.state + 64
         self.ctrl_bytes = 128 + _align(8 * slots, 64)
@@ -454,7 +455,7 @@ class ShmTransport(Transport):
                      for q in range(self.size)] for k in (COLL, P2P)]
         self._desc = [self._words(q, self.lay.desc, 2 * DESC_WORDS) for q in range(self.size)]
         self._abort = [self._words(q, self.lay.abort, 2) for q in range(self.size)]
-        self._state = [self._words(q, self.lay.state, 1) for q in range(self.size)]
+        self._state = [self._words(q, self.lay.state, 2) for q in range(self.size)]
         #: counters[q][k]: rank q's k-th staged-path counter (word 8*k: one per cache line)
         self.counters = [self._words(q, self.lay.counters, 8 * STAGE_COUNTERS)
                          for q in range(self.size)]
@@ -539,7 +540,9 @@ class ShmTransport(Transport):
     def mark_closed(self) -> None:
         """Tell the peers this rank closed the communicator (it will make no more calls)."""
         if self._state is not None and not self._closed:
-            self._state[self.rank][0] = STATE_CLOSED
+            st = self._state[self.rank]
+            st[1] = self.calls()[1]   # before the state: a peer that sees it reads this
+            st[0] = STATE_CLOSED
 
     def closed(self, q: int) -> bool:
         """True if rank q closed the communicator (or exited normally)."""
@@ -565,6 +568,8 @@ class ShmTransport(Transport):
             if q == self.rank:
                 continue
             if self.closed(q):
+                if self.finished_before_closing(self._state[q][1]):  # type: ignore[index]
+                    continue
                 raise PeerError(
                     f"rank {self.names[q]} closed the communicator (or its program ended) while "
                     f"{what or self.describe()} waited for it: every rank must make the "

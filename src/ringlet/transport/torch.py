@@ -800,7 +800,10 @@ class TorchTransport(Transport):
         for q in self.remote if watch is None else watch:
             if q not in self._remote_set:
                 continue
-            if q in status.closed:
+            done = status.closed.get(q)
+            if done is not None:
+                if self.finished_before_closing(done):
+                    continue
                 raise PeerError(
                     f"rank {q} closed the communicator (or its program ended) while "
                     f"{what or self.describe()} waited for it: every rank must make the "
@@ -836,7 +839,7 @@ class TorchTransport(Transport):
         """Tell the remote peers this rank closed the communicator (sent before returning)."""
         if self._closed:
             return
-        self._status.tell(CLOSED, "closed")
+        self._status.tell(CLOSED, str(self.calls()[1]))
         self._flush()
 
     def close(self) -> None:
@@ -844,7 +847,7 @@ class TorchTransport(Transport):
         if self._closed:
             return
         try:
-            self._status.tell(CLOSED, "closed")    # unless an abort or CLOSED was said
+            self._status.tell(CLOSED, str(self.calls()[1]))    # unless an abort or CLOSED was said
             self._flush()
         finally:
             self._closed = True
