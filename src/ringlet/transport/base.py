@@ -197,17 +197,22 @@ class Transport(ABC):
     watch_also: Callable[[Sequence[int] | None, str | None], None] | None = None
     #: ``(now, done)``: the sequence number of the collective this rank is in (0 between
     #: collectives) and how many calls it has finished (set by the communicator).  A
-    #: closed notice carries ``done``: see :meth:`finished_before_closing`
+    #: closed notice carries ``done``: see :meth:`closed_error`
     calls: Callable[[], tuple[int, int]] = staticmethod(lambda: (0, 0))
 
-    def finished_before_closing(self, done: int) -> bool:
-        """Whether a peer that closed the communicator after finishing ``done`` calls
-        had finished the collective this rank is in: then its closing is no error
-        (what it sent this rank is on its way; gloo's ring all_reduce ends on one rank
-        before another) and the wait goes on under its deadline.  Between collectives
-        (a point-to-point wait) every closed peer is one."""
+    def closed_error(self, name: int, done: int, what: str | None) -> PeerError | None:
+        """The error for peer ``name``, which closed the communicator after finishing
+        ``done`` calls, while this rank waits in ``what``; None if that peer had finished
+        the collective this rank is in: then its closing is no error (what it sent this
+        rank is on its way; gloo's ring all_reduce ends on one rank before another) and
+        the wait goes on under its deadline.  Between collectives (a point-to-point
+        wait) a closed peer is always one."""
         now = self.calls()[0]
-        return 0 < now <= done
+        if 0 < now <= done:
+            return None
+        return PeerError(
+            f"rank {name} closed the communicator (or its program ended) while "
+            f"{what or self.describe()} waited for it: every rank must make the same calls")
 
     # --- messages ---------------------------------------------------------------------
 

@@ -664,11 +664,9 @@ class MpiTransport(Transport):
                 return
             for q in self.remote if watch is None else watch:
                 done = closed.get(q)
-                if done is not None and not self.finished_before_closing(done):
-                    raise PeerError(
-                        f"rank {q} closed the communicator (or its program ended) while "
-                        f"{what or self.describe()} waited for it: every rank must make the "
-                        f"same calls")
+                err = None if done is None else self.closed_error(q, done, what)
+                if err is not None:
+                    raise err
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
               unsure: bool = False) -> None:

@@ -568,12 +568,11 @@ class ShmTransport(Transport):
             if q == self.rank:
                 continue
             if self.closed(q):
-                if self.finished_before_closing(self._state[q][1]):  # type: ignore[index]
-                    continue
-                raise PeerError(
-                    f"rank {self.names[q]} closed the communicator (or its program ended) while "
-                    f"{what or self.describe()} waited for it: every rank must make the "
-                    f"same calls")
+                err = self.closed_error(self.names[q], self._state[q][1],  # type: ignore[index]
+                                        what)
+                if err is not None:
+                    raise err
+                continue
             if not alive(self.pids[q]):
                 if self.closed(q):
                     continue  # closed between the two checks: reported next time

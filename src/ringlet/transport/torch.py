@@ -802,12 +802,10 @@ class TorchTransport(Transport):
                 continue
             done = status.closed.get(q)
             if done is not None:
-                if self.finished_before_closing(done):
-                    continue
-                raise PeerError(
-                    f"rank {q} closed the communicator (or its program ended) while "
-                    f"{what or self.describe()} waited for it: every rank must make the "
-                    f"same calls")
+                closed = self.closed_error(q, done, what)
+                if closed is not None:
+                    raise closed
+                continue
             dead = self._dead.get(q)
             if dead is not None:
                 raise PeerError(f"{dead}; {what or self.describe()} cannot complete")
