@@ -67,7 +67,16 @@ def rank_main(nbytes: int, calls: int) -> None:
             return f"{kind} {pieces[kind] - 1}"
         return label
 
-    wrap(ringlet.comm.Communicator, "_agree", lambda _a: "agreement")
+    wrap(ringlet.comm.Communicator, "_agree", lambda _a: "agreement (the node)")
+    agreed = ringlet.comm.Communicator._agreed
+
+    def other_nodes(self: Any) -> None:   # the agreement's part left for after phase 1
+        pending = self._rest is not None
+        agreed(self)
+        if pending:
+            mark("agreement (other nodes)")
+
+    ringlet.comm.Communicator._agreed = other_nodes  # type: ignore[method-assign]
     wrap(NativeCall, "wait", count("wait"))
     execute = ringlet.rails.execute
 

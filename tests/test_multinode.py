@@ -166,6 +166,23 @@ def test_rails_settings_that_differ_are_a_mismatch() -> None:
     _rails_reports(proc, 4)
 
 
+@pytest.mark.parametrize("launcher", ["mpi", "torch"])
+def test_rails_nodes_that_differ(launcher: str) -> None:
+    """A call on which each node agrees but the nodes do not (count, op, a rank that
+    rejected its arguments), on the engine's all_reduce across nodes, whose node runs
+    the first phase before the other nodes' descriptors are in: the error on every
+    rank, each vector as it was, and the calls around it good."""
+    if launcher == "mpi":
+        cmd = _mpmd(2, 2, "--nodes-differ", script=RAILS)
+    else:
+        _torch()
+        cmd = [sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4", str(RAILS),
+               "--nodes-differ"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_RAILS="native"))
+    assert all(r["native"] for r in _rails_reports(proc, 4))
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -131,3 +131,29 @@ def test_pieces_on_rails_give_the_sum_on_every_rank(n: int, g: int, pieces: int,
     for r in range(n):
         np.testing.assert_allclose(bufs[r], want, rtol=1e-12, atol=1e-12)
         assert bufs[r].tobytes() == bufs[r // g * g].tobytes()
+
+
+@pytest.mark.parametrize("n,g,pieces", [(4, 2, 1), (4, 2, 2), (6, 3, 2), (8, 4, 4)])
+def test_phase_one_writes_are_what_its_receives_and_local_steps_write(n: int, g: int,
+                                                                      pieces: int) -> None:
+    """``executor.writes``, which a rails call keeps a copy of before its first phase 1 runs
+    ahead of the other nodes' descriptors: sorted, disjoint, and exactly the elements its
+    receives and local steps write (a mismatch then puts back every one of them)."""
+    from ringlet.executor import writes
+
+    sched = build("all_reduce", "hierarchical_pipelined", n, 0, group=g, pieces=pieces)
+    m = 1001
+    for r in range(n):
+        p1 = rails.phases(sched, r, m, g)[0][0]
+        spans = writes(p1)
+        assert spans and all(a[2] < b[1] for a, b in zip(spans, spans[1:], strict=False))
+        covered = np.zeros(sched.layouts[next(iter(sched.layouts))].bounds(m)[-1], bool)
+        for _, lo, hi in spans:
+            covered[lo:hi] = True
+        want = np.zeros_like(covered)
+        for ops in p1.rounds:
+            for op in ops:
+                if op.kind is not Kind.SEND:
+                    for _, lo, hi in op.dst:
+                        want[lo:hi] = True
+        assert (covered == want).all() and want.any()

@@ -17,6 +17,9 @@ Every collective goes through the same path:
    ``MismatchError`` on every rank, a rank that never arrives a
    ``CommTimeoutError`` naming it;
 3. run this rank's steps of the chosen schedule (:mod:`ringlet.executor`).
+   A two-level all_reduce on the engine's own all_reduce (:mod:`ringlet.rails`)
+   starts once the ranks of its node agree, and finishes the agreement with
+   the other nodes before its first message leaves the node.
 
 A failure in step 3 (a peer died, a deadline passed, Ctrl-C) aborts the
 communicator on every rank, so the others fail fast instead of waiting for
@@ -132,8 +135,11 @@ class Calls:
     _cur: Sequence[Any] | None
     #: the sequence number of the collective running (0 between them): see _calls_state
     _now: int = 0
+    #: the part of the running call's agreement left for later (see _agree)
+    _rest: tuple[int, dict[int, Desc], list[int]] | None = None
     _api: str | None
     _pending_reject: int | None
+    _node_peers: tuple[int, ...]
     _owner: threading.Thread | None
     _owner_id: int
     #: the compiled small all_reduce (ringlet.lean), None where it does not apply
@@ -279,7 +285,8 @@ class Calls:
                     return res
                 if before is not None:
                     before(seq)
-                self._agree(seq, desc)
+                self._agree(seq, desc, self._node_peers if desc.path == agreement.RAILS
+                            else None)
                 if log.isEnabledFor(logging.INFO) and desc.collective != agreement.COLL_CODE[
                         "barrier"]:
                     log.info("rank %d: %s algorithm %s%s, %d B", self.rank, self._current,
@@ -293,6 +300,7 @@ class Calls:
                         res = run(seq)
                 else:
                     res = run(seq)
+                self._agreed()
                 if rec is not None:   # the end is timed when tracing (one clock read less)
                     rec[T_END] = now_ns() if fr.timed else DONE   # type: ignore[union-attr]
                 return res
@@ -310,6 +318,7 @@ class Calls:
                 raise PeerError(self._broken) from exc
             finally:
                 self._now = 0
+                self._rest = None
 
     def _calls_state(self) -> tuple[int, int]:
         """(the collective running, or 0; how many calls have finished) for the
@@ -379,14 +388,44 @@ class Calls:
                 where.append(f"rank {q} is in {describe(last[0], Desc(*last[1]))}")
         return f"{what} ({'; '.join(where)})"
 
-    def _agree(self, seq: int, desc: Desc) -> None:
-        """Publish this rank's descriptor and compare it with every rank's."""
+    def _agree(self, seq: int, desc: Desc, first: Sequence[int] | None = None) -> None:
+        """Publish this rank's descriptor and compare it with every rank's.
+
+        With ``first`` (the other ranks of this rank's node, for a call whose first
+        part stays inside the node: the native rails, :mod:`ringlet.rails`), return
+        as soon as those agree with this rank, and leave the other nodes' part to
+        :meth:`_agreed`, which the call runs before its first message leaves the node
+        (the other nodes' descriptors cross the network meanwhile).  A disagreement
+        inside the node waits for every rank, so its message quotes them all."""
         t = self._t
         t.publish(seq, agreement.packed(desc))
         if self.size == 1:
             return
         got: dict[int, Desc] = {self.rank: desc}
         missing = [q for q in range(self.size) if q != self.rank]
+        if first:
+            self._gather(seq, got, [q for q in missing if q in first])
+            if all(d == desc for d in got.values()):
+                self._rest = (seq, got, [q for q in missing if q not in got])
+                return
+        self._gather(seq, got, [q for q in missing if q not in got])
+        agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
+
+    def _agreed(self) -> None:
+        """Finish the agreement :meth:`_agree` left open, if any: raises as the whole
+        agreement would have (a MismatchError before the call's data left the node)."""
+        rest = self._rest
+        if rest is None:
+            return
+        self._rest = None
+        seq, got, missing = rest
+        self._gather(seq, got, missing)
+        agreement.check(seq, got, self.rank, lambda q: self._t.note(q, seq), _alg_name)
+
+    def _gather(self, seq: int, got: dict[int, Desc], missing: list[int]) -> None:
+        """Wait under the deadline until the ranks ``missing`` have published call ``seq``,
+        adding their descriptors to ``got``."""
+        t = self._t
         waiter = None
         while missing:
             seen = t.events()
@@ -401,7 +440,6 @@ class Calls:
                                     lambda: self._whereabouts(self._current, missing),
                                     lambda: missing, lambda: t.check(missing))
                 t.idle(seen, waiter, lambda: missing)
-        agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
 
 def _alg_name(coll: str, code: int) -> str:

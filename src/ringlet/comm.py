@@ -85,6 +85,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self.job_id = job_id
         #: which ranks share a node, and the engine between nodes (see ringlet.topology)
         self.topology = topology or Topology.single(size)
+        #: the other ranks of this rank's node (a rails call agrees with them first)
+        self._node_peers = tuple(q for q in self.topology.nodes[self.topology.node]
+                                 if q != rank)
         self._t = transport
         self._seq = 0
         self._exec_lock = threading.RLock()
@@ -537,8 +540,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         sched = _build(collective, name, self.size, root, **params)
         if collective == "all_reduce" and op is not None and g is not None \
                 and self._rail_group(name, op, dt):
-            rails.run(sched, self.rank, m, g, self._t, self._t.rail(g),
-                      bufs[Buf.OUT], reducer(op, dt), lambda: self._current, dt)
+            rails.run(sched, self.rank, m, g, self._t, lambda: self._t.rail(g),
+                      bufs[Buf.OUT], reducer(op, dt), lambda: self._current, dt,
+                      self._agreed)
             return
         prog = compile_program(sched, self.rank, m)
         flat = {int(b): a for b, a in bufs.items()}

@@ -121,6 +121,20 @@ def compile_steps(step_rounds: Sequence[Sequence[Step]], bounds: dict[Buf, np.nd
     return Program(rounds, elems, msgs, snap, first)
 
 
+def writes(program: Program) -> tuple[Range, ...]:
+    """The element ranges ``program`` writes (its receives' and local steps'
+    destinations), merged and in order."""
+    spans = sorted(r for ops in program.rounds for op in ops if op.kind is not Kind.SEND
+                   for r in op.dst)
+    out: list[list[int]] = []
+    for b, lo, hi in spans:
+        if out and out[-1][0] == b and lo <= out[-1][2]:
+            out[-1][2] = max(out[-1][2], hi)
+        else:
+            out.append([b, lo, hi])
+    return tuple((b, lo, hi) for b, lo, hi in out)
+
+
 class SrcFirst:
     """``dst = src (op) dst`` from an in-place kernel ``reduce(dst, src)`` (``dst = dst
     (op) src``): the kernel runs on a copy of ``src`` in a scratch buffer, which is

@@ -44,7 +44,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .executor import Program, compile_steps, execute
+from .executor import Program, compile_steps, execute, writes
 from .ops import DType, ReduceOp, Reducer
 from .schedule import Buf, Schedule, Step
 from .transport.base import NativeCall, Transport
@@ -107,21 +107,45 @@ def phases(sched: Schedule, rank: int, m: int, g: int
 
 
 def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
-        rail: Transport, out: np.ndarray, red: Reducer | None, what: Callable[[], str],
-        dt: DType) -> None:
-    """Run the two-level all_reduce ``sched`` with the engine's all_reduce on ``rail``
-    (this rank's rail group) as its inter-node phase; ``out`` is the flat typed vector.
+        rail_of: Callable[[], Transport], out: np.ndarray, red: Reducer | None,
+        what: Callable[[], str], dt: DType, agreed: Callable[[], None] | None = None
+        ) -> None:
+    """Run the two-level all_reduce ``sched`` with the engine's all_reduce on this rank's
+    rail group (``rail_of()``, built on first use with the rail's ranks on the other
+    nodes, so only once the call is agreed) as its inter-node phase; ``out`` is the flat
+    typed vector.
 
     Piece by piece: phase 1 inside the group, then the piece's engine all_reduce is
     started and left in flight (the engine's threads move it) while the next piece's
     phase 1 runs; then each piece's all_reduce is waited for and its phase 3 run, which
-    overlaps the later pieces' time on the network."""
+    overlaps the later pieces' time on the network.
+
+    ``agreed`` finishes the call's agreement with the other nodes (the communicator's
+    ``_agreed``: its node agreed before the call started).  It runs after the first
+    piece's phase 1, which needs only the node, and before anything leaves the node,
+    so that the other nodes' descriptors cross the network while phase 1 runs; if it
+    raises, what phase 1 wrote into ``out`` is put back first (a mismatch leaves the
+    vector of an in-place call as it was)."""
     bufs = {int(Buf.OUT): out}
     parts = phases(sched, rank, m, g)
     started: list[NativeCall] = []
+    rail: Transport | None = None
     try:
         for p1, _, lo, hi in parts:
-            execute(p1, transport, bufs, red, what)
+            if agreed is not None:
+                kept = [(a, b, out[a:b].copy()) for _, a, b in writes(p1)]
+                execute(p1, transport, bufs, red, what)
+                try:
+                    agreed()
+                except BaseException:
+                    for a, b, old in kept:
+                        out[a:b] = old
+                    raise
+                agreed = None
+            else:
+                execute(p1, transport, bufs, red, what)
+            if rail is None:
+                rail = rail_of()
             started.append(rail.native_start("all_reduce", 0, hi - lo,
                                               {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM,
                                               what, dt))

@@ -9,8 +9,14 @@ two-level schedule from two pieces (4 MiB), on the rails or not, and
 a sub-communicator of one rank per node (split) too.  With ``--mismatch``
 (ranks started with different ``RINGLET_RAILS``): a good call with ``algorithm="ring"``, then the
 hierarchical call, which must raise MismatchError naming the path on every
-rank, then a good call again.  One JSON line per rank: ``{"rank", "ok",
-"bad", "native"}``.
+rank, then a good call again.  With ``--nodes-differ`` (the engine's all_reduce across
+nodes): calls on which the ranks of each node agree but the nodes do not (the
+count; the op, so that one node runs the rails and the other does not; a rank
+that rejects its arguments), each between two good calls: a MismatchError
+naming the field on every rank, the argument rejected on the rank that
+rejected it, and every rank's vector as it was (its node ran the first piece's
+phase 1 before the other nodes' descriptors were in: :func:`ringlet.rails.run`).
+One JSON line per rank: ``{"rank", "ok", "bad", "native"}``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 
 import ringlet
 from ringlet import rails
-from ringlet.errors import MismatchError
+from ringlet.errors import ArgumentError, MismatchError
 from ringlet.ops import DTYPES, ReduceOp
 
 
@@ -40,7 +46,36 @@ def main() -> int:
     bad: list[str] = []
     h = hashlib.sha1()
     native_used = False
-    if "--mismatch" in sys.argv:
+    if "--nodes-differ" in sys.argv:
+        node = comm.topology.node
+        cases = [("count", lambda: data(r, 100_003 + 2 * node, "float32"), "sum"),
+                 ("op", lambda: data(r, 100_003, "float32"), "sum" if node == 0 else "max"),
+                 ("rejected", lambda: data(r, 100_003, "float32"),
+                  "bogus" if r == n - 1 else "sum")]
+        for i, (what, make, op) in enumerate(cases):
+            y = np.full(5, r + 1.0, np.float32)
+            comm.all_reduce(y, algorithm="ring")
+            x = make()
+            before = x.copy()
+            try:
+                comm.all_reduce(x, op=op, algorithm="hierarchical_pipelined")
+                bad.append(f"{what}: no error")
+            except (MismatchError, ArgumentError) as exc:
+                want = ArgumentError if op == "bogus" else MismatchError
+                if type(exc) is not want:
+                    bad.append(f"{what}: {type(exc).__name__}: {exc}")
+                elif want is MismatchError and what not in str(exc) and \
+                        not (what == "rejected" and "rejected" in str(exc)):
+                    bad.append(f"{what}: message: {exc}")
+            if not np.array_equal(x, before):
+                bad.append(f"{what}: the vector changed")
+            native_used |= comm._rail_group("hierarchical_pipelined", ReduceOp.SUM,
+                                            DTYPES["float32"]) and i == 0
+            z = np.full(5, r + 1.0, np.float32)
+            comm.all_reduce(z, algorithm="ring")
+            if not (y == z).all() or z[0] != n * (n + 1) / 2:
+                bad.append(f"{what}: the calls around it")
+    elif "--mismatch" in sys.argv:
         x = np.full(5, r + 1.0, np.float32)
         comm.all_reduce(x, algorithm="ring")
         try:
