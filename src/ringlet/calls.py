@@ -404,7 +404,8 @@ class Calls:
         got: dict[int, Desc] = {self.rank: desc}
         missing = [q for q in range(self.size) if q != self.rank]
         if first:
-            self._gather(seq, got, [q for q in missing if q in first])
+            self._gather(seq, got, [q for q in missing if q in first],
+                         [q for q in missing if q not in first])
             if all(d == desc for d in got.values()):
                 self._rest = (seq, got, [q for q in missing if q not in got])
                 return
@@ -422,11 +423,20 @@ class Calls:
         self._gather(seq, got, missing)
         agreement.check(seq, got, self.rank, lambda q: self._t.note(q, seq), _alg_name)
 
-    def _gather(self, seq: int, got: dict[int, Desc], missing: list[int]) -> None:
+    def _gather(self, seq: int, got: dict[int, Desc], missing: list[int],
+                later: Sequence[int] = ()) -> None:
         """Wait under the deadline until the ranks ``missing`` have published call ``seq``,
-        adding their descriptors to ``got``."""
+        adding their descriptors to ``got``.  ``later``: ranks whose descriptors the call
+        needs afterwards (the other nodes'); a timeout and the liveness checks include
+        those of them that have not published either, so the message names every rank
+        that did not arrive."""
         t = self._t
         waiter = None
+
+        def late() -> list[int]:
+            return missing + [q for q in later if t.peer_desc(q, seq) is None] if later \
+                else missing
+
         while missing:
             seen = t.events()
             for q in list(missing):
@@ -437,8 +447,8 @@ class Calls:
             if missing:
                 if waiter is None:
                     waiter = Waiter(t.settings,
-                                    lambda: self._whereabouts(self._current, missing),
-                                    lambda: missing, lambda: t.check(missing))
+                                    lambda: self._whereabouts(self._current, late()),
+                                    late, lambda: t.check(late()))
                 t.idle(seen, waiter, lambda: missing)
 
 
