@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import agreement, recorder
-from .agreement import Desc, algo_code, describe
+from .agreement import RAILS, Desc, algo_code, describe
 from .algorithms import algorithms as _algorithms
 from .buffers import Buffer
 from .config import Settings
@@ -285,8 +285,7 @@ class Calls:
                     return res
                 if before is not None:
                     before(seq)
-                self._agree(seq, desc, self._node_peers if desc.path == agreement.RAILS
-                            else None)
+                self._agree(seq, desc, self._node_peers if desc.path == RAILS else None)
                 if log.isEnabledFor(logging.INFO) and desc.collective != agreement.COLL_CODE[
                         "barrier"]:
                     log.info("rank %d: %s algorithm %s%s, %d B", self.rank, self._current,
@@ -409,7 +408,8 @@ class Calls:
             if all(d == desc for d in got.values()):
                 self._rest = (seq, got, [q for q in missing if q not in got])
                 return
-        self._gather(seq, got, [q for q in missing if q not in got])
+            missing = [q for q in missing if q not in got]
+        self._gather(seq, got, missing)
         agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
     def _agreed(self) -> None:
@@ -432,11 +432,6 @@ class Calls:
         that did not arrive."""
         t = self._t
         waiter = None
-
-        def late() -> list[int]:
-            return missing + [q for q in later if t.peer_desc(q, seq) is None] if later \
-                else missing
-
         while missing:
             seen = t.events()
             for q in list(missing):
@@ -446,6 +441,9 @@ class Calls:
                     missing.remove(q)
             if missing:
                 if waiter is None:
+                    def late() -> list[int]:
+                        return missing + [q for q in later if t.peer_desc(q, seq) is None]
+
                     waiter = Waiter(t.settings,
                                     lambda: self._whereabouts(self._current, late()),
                                     late, lambda: t.check(late()))
