@@ -292,7 +292,7 @@ class MpiRecv:
     into the parts as it completes (in order)."""
 
     __slots__ = ("_t", "peer", "channel", "_reqs", "_next", "_buf", "_parts", "_pos",
-                 "_reducer", "_direct", "_ranges")
+                 "_reducer", "_direct", "_ranges", "_failed")
 
     def __init__(self, t: MpiTransport, peer: int, parts: Sequence[np.ndarray],
                  reducer: Reducer | None, channel: int) -> None:
@@ -317,13 +317,18 @@ class MpiRecv:
             if self._reqs:
                 t._recvs.add(self)
         self._next = 0
+        #: the error a piece ended with: raised again by every later advance (the
+        #: transport's progress drops the request; close cancels its other pieces)
+        self._failed: RingletError | None = None
 
     @property
     def done(self) -> bool:
-        return self._next == len(self._reqs)
+        return self._next == len(self._reqs) and self._failed is None
 
     def advance(self) -> bool:
         """Test the pieces in order, delivering each that completed; True if one did."""
+        if self._failed is not None:
+            raise self._failed
         reqs = self._reqs
         if self._next == len(reqs):
             return False
@@ -335,20 +340,27 @@ class MpiRecv:
                 try:
                     ok = reqs[self._next].Test(st)
                 except t.MPI.Exception as exc:
-                    raise t._engine_error(self.peer, exc, "from",
-                                          self._ranges[self._next][1]
-                                          - self._ranges[self._next][0]) from None
+                    self._failed = t._engine_error(self.peer, exc, "from",
+                                                   self._ranges[self._next][1]
+                                                   - self._ranges[self._next][0])
+                    raise self._failed from None
                 if not ok:
                     break
                 lo, hi = self._ranges[self._next]
                 got = st.Get_count(t.MPI.BYTE)
-                if got != hi - lo:
-                    if st.Get_error() == t.MPI.ERR_TRUNCATE:   # said in the status only
-                        raise _too_big(self.peer, hi - lo)
-                    raise RingletError(
-                        f"message from rank {self.peer} does not fit: {got} bytes arrived, "
-                        f"{hi - lo} expected (ranks disagree about a message size)")
                 self._next += 1
+                if got != hi - lo:
+                    # said in the status only
+                    self._failed = _too_big(self.peer, hi - lo) \
+                        if st.Get_error() == t.MPI.ERR_TRUNCATE else RingletError(
+                            f"message from rank {self.peer} does not fit: {got} bytes "
+                            f"arrived, {hi - lo} expected (ranks disagree about a message "
+                            f"size)")
+                    if self._next == len(reqs):
+                        t._recvs.discard(self)
+                        if not self._direct and self._buf.size:
+                            t._give(self._buf)
+                    raise self._failed
                 moved = True
                 if not self._direct:
                     self._pos = base.deliver(self._parts, self._buf, self._pos, hi,
@@ -574,8 +586,13 @@ class MpiTransport(Transport):
             return False
         moved = False
         keep: list[MpiSend | MpiRecv] = []
-        for r in self._pending:
-            moved |= r.advance()
+        pending = self._pending
+        for i, r in enumerate(pending):
+            try:
+                moved |= r.advance()
+            except BaseException:   # the request failed: raised here, then forgotten
+                self._pending = keep + pending[i + 1:]
+                raise
             if not r.done:
                 keep.append(r)
         self._pending = keep
@@ -585,6 +602,9 @@ class MpiTransport(Transport):
         """Progress until every request in ``reqs`` is done, within the deadline."""
         if all(r.done for r in reqs):
             return
+        for r in reqs:   # a receive that failed earlier fails again, not after the deadline
+            if getattr(r, "_failed", None) is not None:
+                r.advance()
 
         def missing() -> list[int]:
             return [r.peer for r in reqs if not r.done]
