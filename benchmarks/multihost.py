@@ -274,6 +274,19 @@ def rank_main(argv: list[str]) -> int:
     return 1 if bad else 0
 
 
+def trip(comm: Any, x: Any, y: Any, peer: int, leads: bool) -> Any:
+    """A round trip with ``peer`` (``comm.send`` of ``x``, ``comm.recv`` into ``y``), which
+    this rank starts if it ``leads``."""
+    def go() -> None:
+        if leads:
+            comm.send(x, peer)
+            comm.recv(y, peer)
+        else:
+            comm.recv(y, peer)
+            comm.send(x, peer)
+    return go
+
+
 def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str, float]:
     """What ringlet's calls cost on this engine besides the link's bytes, for the prediction:
     half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local rank and
@@ -305,19 +318,9 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
                 times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    def trip(peer: int, leads: bool) -> Any:
-        """An 8 B round trip with ``peer``, which this rank starts if it ``leads``."""
-        def go() -> None:
-            if leads:
-                comm.send(x, peer)
-                comm.recv(y, peer)
-            else:
-                comm.recv(y, peer)
-                comm.send(x, peer)
-        return go
-
-    res = {"half_rtt_s": median(trip(eng.peer, first)) / 2, "barrier_s": median(comm.barrier),
-           "intra_half_rtt_s": median(trip(near, local.index(comm.rank) == 0)) / 2}
+    res = {"half_rtt_s": median(trip(comm, x, y, eng.peer, first)) / 2,
+           "barrier_s": median(comm.barrier),
+           "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2}
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
