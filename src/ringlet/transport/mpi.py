@@ -356,11 +356,7 @@ class MpiRecv:
                             f"message from rank {self.peer} does not fit: {got} bytes "
                             f"arrived, {hi - lo} expected (ranks disagree about a message "
                             f"size)")
-                    if self._next == len(reqs):
-                        t._recvs.discard(self)
-                        if not self._direct and self._buf.size:
-                            t._give(self._buf)
-                    raise self._failed
+                    break
                 moved = True
                 if not self._direct:
                     self._pos = base.deliver(self._parts, self._buf, self._pos, hi,
@@ -369,6 +365,8 @@ class MpiRecv:
                 t._recvs.discard(self)
                 if not self._direct and self._buf.size:
                     t._give(self._buf)
+        if self._failed is not None:
+            raise self._failed
         return moved
 
     def pending(self) -> list[Any]:
