@@ -9,8 +9,9 @@ from the start of ``comm.all_reduce`` (the automatic choice: on the torch engine
 ``hierarchical_pipelined`` from 4 MiB), the end of the call's agreement inside
 the node, the end of each phase the native rails run (:func:`ringlet.rails.run`:
 phase 1 inside the node per piece, the rest of the agreement after the first
-piece's, then per piece the wait for gloo's all_reduce on the rail and phase 3
-inside the node), and the end of the call; beside it the same job
+piece's, per piece the wait for gloo's all_reduce on the rail, one piece on it
+at a time, and phase 3 inside the node: the rows come in the order the first
+call ran them), and the end of the call; beside it the same job
 times gloo's own all_reduce of each rank's shard on both rails at once (what the
 network part costs alone) and a ``comm.barrier()`` (the agreement alone).  The
 median over ``--calls`` single calls, each after ``dist.barrier()``, per rank,
@@ -60,7 +61,7 @@ def rank_main(nbytes: int, calls: int) -> None:
 
         setattr(owner, name, timed)
 
-    pieces = {"p1": 0, "p3": 0, "wait": 0}
+    pieces = {"wait": 0}
 
     def count(kind: str) -> Any:
         def label(_args: Any) -> str:
@@ -79,15 +80,20 @@ def rank_main(nbytes: int, calls: int) -> None:
 
     ringlet.comm.Communicator._agreed = other_nodes  # type: ignore[method-assign]
     wrap(NativeCall, "wait", count("wait"))
-    execute = ringlet.rails.execute
+    execute, cut = ringlet.rails.execute, ringlet.rails.phases
+    parts: list[Any] = []
+
+    def phases(*args: Any) -> Any:   # the call's pieces: which program is which phase
+        parts[:] = cut(*args)
+        return parts[:]
 
     def phase(prog: Any, *args: Any, **kw: Any) -> None:
         execute(prog, *args, **kw)
-        kind = "p1" if pieces["wait"] == 0 else "p3"
-        pieces[kind] += 1
-        mark(f"{kind} {pieces[kind] - 1}")
+        mark(next(f"p{1 + 2 * j} {k}" for k, part in enumerate(parts)
+                  for j in (0, 1) if part[j] is prog))
 
-    ringlet.rails.execute = phase  # type: ignore[assignment]  # rails.run calls it so
+    ringlet.rails.execute = phase  # type: ignore[assignment]  # rails.run calls them so
+    ringlet.rails.phases = phases  # type: ignore[assignment]
     comm = ringlet.init()
     r, n = comm.rank, comm.size
     g = len(comm.topology.local_ranks)

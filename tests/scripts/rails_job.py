@@ -5,7 +5,7 @@ against numpy at counts around the shard cuts (0, 1, fewer elements than
 shards, odd, large), all_reduce bit-identical on every rank, whether the
 communicator runs the engine's all_reduce across nodes exactly when
 :func:`ringlet.rails.wanted` says so, the automatic choice of the pipelined
-two-level schedule from two pieces (4 MiB), on the rails or not, and
+two-level schedule from two pieces (4 MiB; and at 4 pieces, 8 MiB), on the rails or not, and
 a sub-communicator of one rank per node (split) too.  With ``--mismatch``
 (ranks started with different ``RINGLET_RAILS``): a good call with ``algorithm="ring"``, then the
 hierarchical call, which must raise MismatchError naming the path on every
@@ -111,20 +111,24 @@ def main() -> int:
                     if use != rails.wanted(comm.settings.rails, comm.topology.engine, True,
                                            ReduceOp.parse(op), dt):
                         bad.append(f"rails choice {dtype} {op}")
-        # the automatic choice at 2 pieces (4 MiB of float32 on nodes of 2 ranks): the
-        # pipelined two-level schedule, on the rails (pieces in flight) or not
+        # the automatic choice at 2 and 4 pieces (4 and 8 MiB of float32 on nodes of 2
+        # ranks): the pipelined two-level schedule, on the rails (one piece on a rail at a
+        # time, later pieces' phase 1 and earlier ones' phase 3 meanwhile) or not
         from ringlet.algorithms.hierarchical import pipeline_pieces
 
-        big = [data(q, 1 << 20, "float32") for q in range(n)]
-        x = big[r].copy()
-        pieces = pipeline_pieces(x.nbytes, g or 1)
-        want_alg = "hierarchical_pipelined" if pieces > 1 else "hierarchical"
-        got_alg = comm._choose("all_reduce", None, x.nbytes)
-        if got_alg != want_alg:
-            bad.append(f"automatic choice at 4 MiB: {got_alg}, not {want_alg}")
-        comm.all_reduce(x)
-        if not np.allclose(x, np.sum(big, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-3):
-            bad.append("automatic all_reduce at 4 MiB")
+        for count in (1 << 20, 1 << 21):
+            big = [data(q, count, "float32") for q in range(n)]
+            x = big[r].copy()
+            pieces = pipeline_pieces(x.nbytes, g or 1)
+            want_alg = "hierarchical_pipelined" if pieces > 1 else "hierarchical"
+            got_alg = comm._choose("all_reduce", None, x.nbytes)
+            if got_alg != want_alg:
+                bad.append(f"automatic choice at {x.nbytes} B: {got_alg}, not {want_alg}")
+            comm.all_reduce(x)
+            if not np.allclose(x, np.sum(big, axis=0, dtype=np.float64), rtol=1e-4,
+                               atol=1e-3):
+                bad.append(f"automatic all_reduce at {x.nbytes} B")
+            h.update(x.tobytes())
         h.update(x.tobytes())
         if len(set(comm.all_gather_object(h.hexdigest()))) != 1:
             bad.append("all_reduce results differ between ranks")
