@@ -9,9 +9,9 @@ from the start of ``comm.all_reduce`` (the automatic choice: on the torch engine
 ``hierarchical_pipelined`` from 4 MiB), the end of the call's agreement inside
 the node, the end of each phase the native rails run (:func:`ringlet.rails.run`:
 phase 1 inside the node per piece, the rest of the agreement after the first
-piece's, per piece the wait for gloo's all_reduce on the rail, one piece on it
-at a time, and phase 3 inside the node: the rows come in the order the first
-call ran them), and the end of the call; beside it the same job
+piece's, per piece the wait for gloo's all_reduce on the rail and phase 3 inside the
+node: the rows come in the order the first call ran them), and the end of the
+call; beside it the same job
 times gloo's own all_reduce of each rank's shard on both rails at once (what the
 network part costs alone) and a ``comm.barrier()`` (the agreement alone).  The
 median over ``--calls`` single calls, each after ``dist.barrier()``, per rank,

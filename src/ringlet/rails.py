@@ -19,16 +19,19 @@ The schedule is unchanged: phases 1 and 3 are its first ``g - 1`` and last
 ``g - 1`` rounds, and the engine's all_reduce replaces the ``2 (G - 1)``
 rounds in between, which move the same shard among the same ranks.
 ``hierarchical_pipelined`` runs the same way piece by piece (:func:`run`):
-a piece's engine all_reduce is started without waiting, so it crosses the
-network while the next piece is reduced inside the node and the previous
-one is gathered there (the torch engine's gloo moves it on its own
+each piece's engine all_reduce is started without waiting, so it crosses
+the network while the next piece is reduced inside the node and earlier
+pieces are gathered there (the torch engine's gloo moves it on its own
 threads); the automatic choice takes it across nodes from two pieces
-(:func:`ringlet.algorithms.select.multinode`).  One piece is on the rail at
-a time, the next started as soon as it ends: gloo runs the calls in flight on
-two threads at once, so with every piece started at once the pieces shared
-the link and the first one ended with the last (at 4 MiB over 1 Gbit/s,
-32.5 ms into a 42 ms call instead of 21 ms), and phase 3 overlapped nothing
-(``benchmarks/rails_timeline.py``).
+(:func:`ringlet.algorithms.select.multinode`).  gloo runs two of the calls in
+flight at once, on its two threads, so two pieces share the link.  One piece
+on a rail at a time, the next started when it ended, was tried and not kept:
+at 4 MiB over 1 Gbit/s it ended the first piece at 21 ms into the call
+instead of 32.5 ms, but the call took as long (40.5-43.6 ms against
+42.0-43.2), and at 16 MiB (8 pieces) it was slower, 155-168 ms against
+150-153 (``benchmarks/rails_timeline.py``): each call's start and its
+reduction between gloo's two halves leave the link idle unless another
+call fills it.
 
 Every rank of a node ends bit-identical (phase 3 copies each shard from the
 one rank that reduced it) and the ranks of a rail hold the same
@@ -120,10 +123,10 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
     nodes, so only once the call is agreed) as its inter-node phase; ``out`` is the flat
     typed vector.
 
-    Piece by piece, one piece on the rail at a time: phase 1 inside the group, then the
-    piece's engine all_reduce is started and left in flight (the engine's threads move
-    it) while the next piece's phase 1 runs; then it is waited for, the next piece's
-    all_reduce started, and its phase 3 run while that one crosses the network.
+    Piece by piece: phase 1 inside the group, then the piece's engine all_reduce is
+    started and left in flight (the engine's threads move it) while the next piece's
+    phase 1 runs; then each piece's all_reduce is waited for and its phase 3 run, which
+    overlaps the later pieces' time on the network.
 
     ``agreed`` finishes the call's agreement with the other nodes (the communicator's
     ``_agreed``: its node agreed before the call started).  It runs after the first
@@ -135,14 +138,8 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
     parts = phases(sched, rank, m, g)
     started: list[NativeCall] = []
     rail: Transport | None = None
-
-    def start(k: int) -> None:
-        _, _, lo, hi = parts[k]
-        started.append(rail.native_start("all_reduce", 0, hi - lo,  # type: ignore[union-attr]
-                                          {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM, what, dt))
-
     try:
-        for k, (p1, _, _, _) in enumerate(parts):
+        for p1, _, lo, hi in parts:
             if agreed is not None:
                 kept = [(a, b, out[a:b].copy()) for _, a, b in writes(p1)]
                 execute(p1, transport, bufs, red, what)
@@ -157,14 +154,12 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
                 execute(p1, transport, bufs, red, what)
             if rail is None:
                 rail = rail_of()
-                start(0)
-                continue
-            # one piece on the rail at a time, the next started the moment it ends
-            started[k - 1].wait()
-            start(k)
-            execute(parts[k - 1][1], transport, bufs, red, what)
-        started[-1].wait()
-        execute(parts[-1][1], transport, bufs, red, what)
+            started.append(rail.native_start("all_reduce", 0, hi - lo,
+                                              {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM,
+                                              what, dt))
+        for (_, p3, _, _), call in zip(parts, started, strict=True):
+            call.wait()
+            execute(p3, transport, bufs, red, what)
     except BaseException:
         for call in started:
             call.abandon()
