@@ -320,7 +320,8 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
 
     res = {"half_rtt_s": median(trip(comm, x, y, eng.peer, first)) / 2,
            "barrier_s": median(comm.barrier),
-           "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2}
+           "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2,
+           "intra_step_s": step_inside(comm, eng, np)}
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
@@ -334,6 +335,63 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
         res["rail_call_s"] = statistics.median(_slowest(comm, _timed(
             eng, lambda: eng.all_reduce(k, tk, pair=True), 20, 5)))
     return res
+
+
+def step_inside(comm: Any, eng: _Engine, np: Any, calls: int = 100) -> float:
+    """A step inside the node as a real call takes it: the time of a round that stays
+    inside the node (phase 1's reduce-scatter, phase 3's all-gather) of hierarchical
+    all_reduces of 8 B on every rank at once, as the step executor times its rounds for
+    its DEBUG trace (``ringlet.executor``; the trace's lines are caught here, not
+    printed).  Per call and rank the mean of its rounds inside the node, the median over
+    ``calls`` calls, the median over the ranks (collective).
+
+    Why not the 8 B ping-pong between a node's two ranks (``intra_half_rtt_s``): on this
+    bed it is bimodal, 4-5 us when the two run on the two cores at once and ~200 us when
+    they take turns (waits that spin 50 us, then sleep), and a job holds one mode for
+    hundreds of milliseconds (``benchmarks/pingpong_modes.py``), while a call's rounds,
+    among 4 ranks and the engine's threads, see both: the rank of a node that arrives
+    first at a round waits for the other (~300 us in phase 1, on one rank of each node)
+    and the other finds its message there (~40 us).  One rank's median over its rounds
+    is bimodal too (41-308 us in three jobs); the mean over a call's rounds, one of each
+    kind, is not."""
+    import logging
+    import re
+
+    local = set(comm.topology.local_ranks)
+    took: list[float] = []
+
+    class Rounds(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            args = record.args
+            if record.msg != "rank %d: %s: %s; %.1f us" or not isinstance(args, tuple):
+                return
+            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", args[2])}
+            if peers and peers <= local:
+                took.append(float(args[3]) * 1e-6)
+
+    log = logging.getLogger("ringlet")
+    level, handler = log.level, Rounds()
+    x = np.ones(2, np.float32)
+    for _ in range(10):
+        comm.all_reduce(x, algorithm="hierarchical")
+    per_call: list[float] = []
+    eng.barrier()
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        for _ in range(calls):
+            took.clear()
+            comm.all_reduce(x, algorithm="hierarchical")
+            if took:
+                per_call.append(statistics.fmean(took))
+    finally:
+        log.setLevel(level)
+        log.removeHandler(handler)
+    mine = statistics.median(per_call) if per_call else float("nan")
+    every = [v for v in comm.all_gather_object(mine) if v == v]
+    if not every:
+        raise RuntimeError("no round inside the node was traced")
+    return statistics.median(every)
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
@@ -566,8 +624,10 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         # the engine's own all_reduce (rails): its small-message time plus its bytes
         rail = costs.get("rail_call_s", 0.0)
         bps = shares["hierarchical"]
-        # a step inside the node as the job saw it (the calibration ran 2 ranks alone)
-        near = {**intra, "alpha_s": max(intra["alpha_s"], costs.get("intra_half_rtt_s", 0.0))}
+        # a step inside the node as the job's calls took it (the calibration ran 2 ranks
+        # alone); runs before 30 had only the ping-pong (step_inside says why not that)
+        near = {**intra, "alpha_s": max(intra["alpha_s"], costs.get(
+            "intra_step_s", costs.get("intra_half_rtt_s", 0.0)))}
         # the two-level algorithm the job's automatic choice ran at each size
         auto = run.get(eng, {}).get("auto", {})
         algs = {nbytes: a if (a := auto.get(str(nbytes))) in TWO_LEVEL else "hierarchical"
@@ -885,6 +945,12 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                           f"`comm.send`/`comm.recv` between the hosts takes "
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
                           f"once), the inter-node alpha" + (
+                              f"; a round of a hierarchical 8 B call that stays inside "
+                              f"a host {c['intra_step_s'] * 1e6:.0f} us, the intra-node alpha "
+                              f"(`--intra`: the calibration ran 2 ranks alone; an 8 B "
+                              f"ping-pong between the host's two ranks took "
+                              f"{c['intra_half_rtt_s'] * 1e6:.0f} us each way)"
+                              if "intra_step_s" in c else
                               f"; between the two ranks of a host "
                               f"{c['intra_half_rtt_s'] * 1e6:.0f} us each way, the "
                               f"intra-node alpha (`--intra`: the calibration ran 2 ranks "
