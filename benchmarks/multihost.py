@@ -291,9 +291,10 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     """What ringlet's calls cost on this engine besides the link's bytes, for the prediction:
     half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local rank and
     its peer on the other host (both pairs at once, as hierarchical's inter-node phase
-    runs), the same between the two ranks of each host (shared memory: a step inside the
-    node, with 4 ranks and the engine's threads on the cores), the time of a
-    ``comm.barrier()`` (a call's agreement alone), and, where hierarchical crosses nodes on
+    runs), the same between the two ranks of each host (kept for the record), a step
+    inside the node as a call's rounds take it (:func:`step_inside`: the prediction's
+    intra-node alpha), the time of a ``comm.barrier()`` (a call's agreement alone), and,
+    where hierarchical crosses nodes on
     the engine's own all_reduce (``ringlet.rails``: the torch engine), the engine's 8 B
     all_reduce on each pair (both at once): its two rounds are then what a message between
     the nodes costs; and the same all_reduce of 1 KiB, what that phase costs besides its
@@ -365,7 +366,7 @@ def step_inside(comm: Any, eng: _Engine, np: Any, calls: int = 100) -> float:
             args = record.args
             if record.msg != "rank %d: %s: %s; %.1f us" or not isinstance(args, tuple):
                 return
-            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", args[2])}
+            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", str(args[2]))}
             if peers and peers <= local:
                 took.append(float(args[3]) * 1e-6)
 
