@@ -5,8 +5,8 @@ against numpy at counts around the shard cuts (0, 1, fewer elements than
 shards, odd, large), all_reduce bit-identical on every rank, whether the
 communicator runs the engine's all_reduce across nodes exactly when
 :func:`ringlet.rails.wanted` says so, the automatic choice of the pipelined
-two-level schedule from two pieces (4 MiB; and at 4 pieces, 8 MiB), on the rails or not, and
-a sub-communicator of one rank per node (split) too.  With ``--mismatch``
+two-level schedule from two pieces (4 MiB) and at four (8 MiB), on the rails or not,
+and a sub-communicator of one rank per node (split) too.  With ``--mismatch``
 (ranks started with different ``RINGLET_RAILS``): a good call with ``algorithm="ring"``, then the
 hierarchical call, which must raise MismatchError naming the path on every
 rank, then a good call again.  With ``--nodes-differ`` (the engine's all_reduce across
@@ -112,8 +112,8 @@ def main() -> int:
                                            ReduceOp.parse(op), dt):
                         bad.append(f"rails choice {dtype} {op}")
         # the automatic choice at 2 and 4 pieces (4 and 8 MiB of float32 on nodes of 2
-        # ranks): the pipelined two-level schedule, on the rails (one piece on a rail at a
-        # time, later pieces' phase 1 and earlier ones' phase 3 meanwhile) or not
+        # ranks): the pipelined two-level schedule, on the rails (every piece in flight,
+        # phase 3 of each once its rail call ends) or not
         from ringlet.algorithms.hierarchical import pipeline_pieces
 
         for count in (1 << 20, 1 << 21):
@@ -129,7 +129,6 @@ def main() -> int:
                                atol=1e-3):
                 bad.append(f"automatic all_reduce at {x.nbytes} B")
             h.update(x.tobytes())
-        h.update(x.tobytes())
         if len(set(comm.all_gather_object(h.hexdigest()))) != 1:
             bad.append("all_reduce results differ between ranks")
         # one rank per node: a split communicator across nodes
