@@ -292,7 +292,7 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local rank and
     its peer on the other host (both pairs at once, as hierarchical's inter-node phase
     runs), the same between the two ranks of each host (kept for the record), a step
-    inside the node as a call's rounds take it (:func:`step_inside`: the prediction's
+    inside the node as a call's rounds take it (:func:`steps`: the prediction's
     intra-node alpha), the time of a ``comm.barrier()`` (a call's agreement alone), and,
     where hierarchical crosses nodes on
     the engine's own all_reduce (``ringlet.rails``: the torch engine), the engine's 8 B
@@ -321,8 +321,12 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
 
     res = {"half_rtt_s": median(trip(comm, x, y, eng.peer, first)) / 2,
            "barrier_s": median(comm.barrier),
-           "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2,
-           "intra_step_s": step_inside(comm, eng, np)}
+           "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2}
+    # a step inside the node: its time at 8 B, and its bytes' time from 1 MiB's rounds
+    res["intra_step_s"], _, _ = steps(comm, eng, np)
+    big, nsent, _ = steps(comm, eng, np, MiB, 20)
+    if big > res["intra_step_s"]:
+        res["intra_step_Bps"] = nsent / (big - res["intra_step_s"])
     from ringlet.ops import DTYPES, ReduceOp
 
     if comm._rail_group("hierarchical", ReduceOp.SUM, DTYPES["float32"]):
@@ -338,28 +342,34 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
     return res
 
 
-def step_inside(comm: Any, eng: _Engine, np: Any, calls: int = 100) -> float:
-    """A step inside the node as a real call takes it: the time of a round that stays
-    inside the node (phase 1's reduce-scatter, phase 3's all-gather) of hierarchical
-    all_reduces of 8 B on every rank at once, as the step executor times its rounds for
-    its DEBUG trace (``ringlet.executor``; the trace's lines are caught here, not
-    printed).  Per call and rank the mean of its rounds inside the node, the median over
-    ``calls`` calls, the median over the ranks (collective).
+def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
+          ) -> tuple[float, float, float]:
+    """The rounds of a real call inside the node and across nodes: hierarchical
+    all_reduces of ``nbytes`` on every rank at once, timed round by round as the step
+    executor times them for its DEBUG trace (``ringlet.executor``; the trace's lines are
+    caught here, not printed).  Returns the time of a round that stays inside the node
+    (phase 1's reduce-scatter, phase 3's all-gather), the bytes such a round sends, and
+    the time of a round that crosses nodes (phase 2, where ringlet's own messages run it:
+    not on the rails; NaN where none does).  Per call and rank the mean of its rounds of
+    each kind, the median over ``calls`` calls, the median over the ranks (collective).
 
-    Why not the 8 B ping-pong between a node's two ranks (``intra_half_rtt_s``): on this
-    bed it is bimodal, 4-5 us when the two run on the two cores at once and ~200 us when
-    they take turns (waits that spin 50 us, then sleep), and a job holds one mode for
-    hundreds of milliseconds (``benchmarks/pingpong_modes.py``), while a call's rounds,
-    among 4 ranks and the engine's threads, see both: the rank of a node that arrives
-    first at a round waits for the other (~300 us in phase 1, on one rank of each node)
-    and the other finds its message there (~40 us).  One rank's median over its rounds
-    is bimodal too (41-308 us in three jobs); the mean over a call's rounds, one of each
-    kind, is not."""
+    Why not the 8 B ping-pongs (``intra_half_rtt_s``, ``half_rtt_s``): on this bed they
+    are bimodal, 4-5 us inside the node when the two ranks run on the two cores at once
+    and ~200 us when they take turns (waits that spin 50 us, then sleep), and a job holds
+    one mode for hundreds of milliseconds (``benchmarks/pingpong_modes.py``); between the
+    hosts 30-400 us.  A call's rounds, among 4 ranks and the engine's threads, see both:
+    the rank of a node that arrives first at a round waits for the other (~300 us in
+    phase 1, on one rank of each node) and the other finds its message there (~40 us).
+    One rank's median over its rounds is bimodal too (41-308 us in three jobs); the mean
+    over a call's rounds, one of each kind, is not.  And why not the calibration's
+    bandwidth inside the node: it ran 2 ranks alone, at 12-13 GB/s, while a 1 MiB call's
+    rounds inside the node, 4 ranks on 2 cores, move their bytes at 1-2 GB/s."""
     import logging
     import re
 
     local = set(comm.topology.local_ranks)
-    took: list[float] = []
+    took: dict[bool, list[float]] = {True: [], False: []}
+    sent: list[int] = []
 
     class Rounds(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -367,32 +377,42 @@ def step_inside(comm: Any, eng: _Engine, np: Any, calls: int = 100) -> float:
             if record.msg != "rank %d: %s: %s; %.1f us" or not isinstance(args, tuple):
                 return
             peers = {int(q) for q in re.findall(r"[-<]> (\d+)", str(args[2]))}
-            if peers and peers <= local:
-                took.append(float(args[3]) * 1e-6)
+            if peers:
+                took[peers <= local].append(float(args[3]) * 1e-6)
+                if peers <= local:
+                    sent.append(sum(int(b) for b in re.findall(r"send (\d+) B", str(args[2]))))
 
     log = logging.getLogger("ringlet")
     level, handler = log.level, Rounds()
-    x = np.ones(2, np.float32)
-    for _ in range(10):
+    x = np.ones(max(2, nbytes // 4), np.float32)
+    for _ in range(5):
         comm.all_reduce(x, algorithm="hierarchical")
-    per_call: list[float] = []
+    per_call: dict[bool, list[float]] = {True: [], False: []}
     eng.barrier()
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)
     try:
         for _ in range(calls):
-            took.clear()
+            for kind in took.values():
+                kind.clear()
             comm.all_reduce(x, algorithm="hierarchical")
-            if took:
-                per_call.append(statistics.fmean(took))
+            for inside, kind in took.items():
+                if kind:
+                    per_call[inside].append(statistics.fmean(kind))
     finally:
         log.setLevel(level)
         log.removeHandler(handler)
-    mine = statistics.median(per_call) if per_call else float("nan")
-    every = [v for v in comm.all_gather_object(mine) if v == v]
-    if not every:
+    mine = tuple(statistics.median(v) if v else float("nan")
+                 for v in (per_call[True], per_call[False]))
+    every = comm.all_gather_object(mine)
+
+    def over_ranks(i: int) -> float:
+        got = [m[i] for m in every if m[i] == m[i]]
+        return statistics.median(got) if got else float("nan")
+
+    if over_ranks(0) != over_ranks(0):
         raise RuntimeError("no round inside the node was traced")
-    return statistics.median(every)
+    return over_ranks(0), statistics.fmean(sent), over_ranks(1)
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
@@ -626,9 +646,11 @@ def predict(run: dict[str, Any], sizes: list[int], intra: dict[str, Any]) -> dic
         rail = costs.get("rail_call_s", 0.0)
         bps = shares["hierarchical"]
         # a step inside the node as the job's calls took it (the calibration ran 2 ranks
-        # alone); runs before 30 had only the ping-pong (step_inside says why not that)
+        # alone); runs before 30 had only the ping-pong (steps says why not that)
         near = {**intra, "alpha_s": max(intra["alpha_s"], costs.get(
-            "intra_step_s", costs.get("intra_half_rtt_s", 0.0)))}
+            "intra_step_s", costs.get("intra_half_rtt_s", 0.0))),
+            "bandwidth_Bps": min(intra["bandwidth_Bps"],
+                                 costs.get("intra_step_Bps", intra["bandwidth_Bps"]))}
         # the two-level algorithm the job's automatic choice ran at each size
         auto = run.get(eng, {}).get("auto", {})
         algs = {nbytes: a if (a := auto.get(str(nbytes))) in TWO_LEVEL else "hierarchical"
@@ -947,8 +969,11 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
                           f"once), the inter-node alpha" + (
                               f"; a round of a hierarchical 8 B call that stays inside "
-                              f"a host {c['intra_step_s'] * 1e6:.0f} us, the intra-node alpha "
-                              f"(`--intra`: the calibration ran 2 ranks alone; an 8 B "
+                              f"a host {c['intra_step_s'] * 1e6:.0f} us, the intra-node alpha"
+                              + (f", and such a round of a 1 MiB call moves its bytes at "
+                                 f"{c['intra_step_Bps'] / 1e9:.2f} GB/s, the intra-node "
+                                 f"bandwidth" if "intra_step_Bps" in c else "")
+                              + f" (`--intra`: the calibration ran 2 ranks alone; an 8 B "
                               f"ping-pong between the host's two ranks took "
                               f"{c['intra_half_rtt_s'] * 1e6:.0f} us each way)"
                               if "intra_step_s" in c else
