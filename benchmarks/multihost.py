@@ -323,8 +323,8 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
            "barrier_s": median(comm.barrier),
            "intra_half_rtt_s": median(trip(comm, x, y, near, local.index(comm.rank) == 0)) / 2}
     # a step inside the node: its time at 8 B, and its bytes' time from 1 MiB's rounds
-    res["intra_step_s"], _, _ = steps(comm, eng, np)
-    big, nsent, _ = steps(comm, eng, np, MiB, 20)
+    res["intra_step_s"], _ = steps(comm, eng, np)
+    big, nsent = steps(comm, eng, np, MiB, 20)
     if big > res["intra_step_s"]:
         res["intra_step_Bps"] = nsent / (big - res["intra_step_s"])
     from ringlet.ops import DTYPES, ReduceOp
@@ -343,32 +343,31 @@ def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str
 
 
 def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
-          ) -> tuple[float, float, float]:
-    """The rounds of a real call inside the node and across nodes: hierarchical
-    all_reduces of ``nbytes`` on every rank at once, timed round by round as the step
-    executor times them for its DEBUG trace (``ringlet.executor``; the trace's lines are
-    caught here, not printed).  Returns the time of a round that stays inside the node
-    (phase 1's reduce-scatter, phase 3's all-gather), the bytes such a round sends, and
-    the time of a round that crosses nodes (phase 2, where ringlet's own messages run it:
-    not on the rails; NaN where none does).  Per call and rank the mean of its rounds of
-    each kind, the median over ``calls`` calls, the median over the ranks (collective).
+          ) -> tuple[float, float]:
+    """A step inside the node as a real call takes it: hierarchical all_reduces of
+    ``nbytes`` on every rank at once, timed round by round as the step executor times them
+    for its DEBUG trace (``ringlet.executor``; the trace's lines are caught here, not
+    printed).  Returns the time of a round whose peers are all on this rank's node (phase
+    1's reduce-scatter, phase 3's all-gather) and the bytes such a round sends: per call
+    and rank the mean of its rounds inside the node, the median over ``calls`` calls, the
+    median over the ranks (collective).
 
-    Why not the 8 B ping-pongs (``intra_half_rtt_s``, ``half_rtt_s``): on this bed they
-    are bimodal, 4-5 us inside the node when the two ranks run on the two cores at once
-    and ~200 us when they take turns (waits that spin 50 us, then sleep), and a job holds
-    one mode for hundreds of milliseconds (``benchmarks/pingpong_modes.py``); between the
-    hosts 30-400 us.  A call's rounds, among 4 ranks and the engine's threads, see both:
-    the rank of a node that arrives first at a round waits for the other (~300 us in
-    phase 1, on one rank of each node) and the other finds its message there (~40 us).
-    One rank's median over its rounds is bimodal too (41-308 us in three jobs); the mean
-    over a call's rounds, one of each kind, is not.  And why not the calibration's
-    bandwidth inside the node: it ran 2 ranks alone, at 12-13 GB/s, while a 1 MiB call's
-    rounds inside the node, 4 ranks on 2 cores, move their bytes at 1-2 GB/s."""
+    Why not the 8 B ping-pong between the node's two ranks (``intra_half_rtt_s``): on
+    this bed it is bimodal, 4-5 us when the two run on the two cores at once and ~200 us
+    when they take turns (waits that spin 50 us, then sleep), and a job holds one mode
+    for hundreds of milliseconds (``benchmarks/pingpong_modes.py``).  A call's rounds,
+    among 4 ranks and the engine's threads, see both: the rank of a node that arrives
+    first at a round waits for the other (~300 us in phase 1, on one rank of each node)
+    and the other finds its message there (~40 us).  One rank's median over its rounds
+    is bimodal too (41-308 us in three jobs); the mean over a call's rounds, one of each
+    kind, is not.  And why not the calibration's bandwidth: it ran 2 ranks alone, at
+    12-13 GB/s, while a 1 MiB call's rounds inside the node, 4 ranks on 2 cores, move
+    their bytes at 0.5-1.5 GB/s."""
     import logging
     import re
 
     local = set(comm.topology.local_ranks)
-    took: dict[bool, list[float]] = {True: [], False: []}
+    took: list[float] = []
     sent: list[int] = []
 
     class Rounds(logging.Handler):
@@ -376,43 +375,35 @@ def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
             args = record.args
             if record.msg != "rank %d: %s: %s; %.1f us" or not isinstance(args, tuple):
                 return
-            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", str(args[2]))}
-            if peers:
-                took[peers <= local].append(float(args[3]) * 1e-6)
-                if peers <= local:
-                    sent.append(sum(int(b) for b in re.findall(r"send (\d+) B", str(args[2]))))
+            ops = str(args[2])
+            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", ops)}
+            if peers and peers <= local:
+                took.append(float(args[3]) * 1e-6)
+                sent.append(sum(int(b) for b in re.findall(r"send (\d+) B", ops)))
 
     log = logging.getLogger("ringlet")
     level, handler = log.level, Rounds()
     x = np.ones(max(2, nbytes // 4), np.float32)
     for _ in range(5):
         comm.all_reduce(x, algorithm="hierarchical")
-    per_call: dict[bool, list[float]] = {True: [], False: []}
+    per_call: list[float] = []
     eng.barrier()
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)
     try:
         for _ in range(calls):
-            for kind in took.values():
-                kind.clear()
+            took.clear()
             comm.all_reduce(x, algorithm="hierarchical")
-            for inside, kind in took.items():
-                if kind:
-                    per_call[inside].append(statistics.fmean(kind))
+            if took:
+                per_call.append(statistics.fmean(took))
     finally:
         log.setLevel(level)
         log.removeHandler(handler)
-    mine = tuple(statistics.median(v) if v else float("nan")
-                 for v in (per_call[True], per_call[False]))
-    every = comm.all_gather_object(mine)
-
-    def over_ranks(i: int) -> float:
-        got = [m[i] for m in every if m[i] == m[i]]
-        return statistics.median(got) if got else float("nan")
-
-    if over_ranks(0) != over_ranks(0):
+    mine = statistics.median(per_call) if per_call else float("nan")
+    every = [v for v in comm.all_gather_object(mine) if v == v]
+    if not every:
         raise RuntimeError("no round inside the node was traced")
-    return over_ranks(0), statistics.fmean(sent), over_ranks(1)
+    return statistics.median(every), statistics.fmean(sent)
 
 
 def _phases(comm: Any, eng: _Engine, sizes: list[int], np: Any) -> dict[str, Any]:
