@@ -338,7 +338,10 @@ def test_mpiexec_dead_rank_default_cleanup(bed: netbed.NetBed) -> None:
     time out); if rank 2 is quicker, it raises PeerError, tells them and leaves, and then
     Hydra has been seen to kill one of host0's ranks.  So one of rank 0 and rank 1 may
     vanish (killed, no report), but not both, and whoever reports must have raised and
-    closed."""
+    closed.  Once in a clean-clone CI run (session 18) host0's proxy itself died on an
+    assertion of its own (``pmip_cb.c``: ``assert (!closed) failed``) and took both ranks
+    with it, before either reported: then there is nothing of ringlet's to check, and
+    the test is skipped, saying so."""
     _need_mpi()
     before = _mpich_files()
     deadline = 5
@@ -349,6 +352,9 @@ def test_mpiexec_dead_rank_default_cleanup(bed: netbed.NetBed) -> None:
         reports, text = _dead_rank_job(job, [0, 1], 40)
     finally:
         _remove_orphaned_mpich_files(before)
+    if not any(q in reports for q in (0, 1)) and "assert (!closed) failed" in text:
+        pytest.skip("Hydra's proxy on host0 failed its own assertion (pmip_cb.c: assert "
+                    "(!closed)) and took ranks 0 and 1 with it before either reported")
     _survivors_raised(reports, [0, 1], text, within=deadline + 5, peer=False,
                       may_vanish=(0, 1))
     if 2 in reports:   # rank 2 outlived its proxy's clean-up: then it saw rank 3 die
