@@ -6,12 +6,14 @@
 Two emulated nodes of two ranks (MPICH's ``mpiexec``; any launcher that gives
 two nodes of two works).  Each node's pair makes ``--trips`` round trips of
 ``comm.send``/``comm.recv`` at once, as ``benchmarks/multihost.py`` measures
-the step inside a node that ``ringlet predict`` takes as its intra-node
-latency.  Rank 0 prints, as one JSON line, half the round trip's median and
-mean over all trips (microseconds), the wall time, and the median of each
-window of 200 trips (what one measurement of multihost.py sees): on this
-machine the windows are either ~3-6 us or ~190-300 us, and a job stays in one
-mode for hundreds of milliseconds (MULTIHOST.md, "Summary").
+``intra_half_rtt_s`` (until run 29 the prediction's intra-node latency; since
+run 30 that is a real call's round inside the node, ``multihost.steps``,
+because of what this script shows).  Rank 0 prints, as one JSON line, half
+the round trip's median and mean over all trips (microseconds), the wall
+time, and the median of each window of 200 trips (what one measurement of
+multihost.py sees): on this machine the windows are either ~3-6 us or
+~190-300 us, and a job stays in one mode for hundreds of milliseconds
+(MULTIHOST.md, "Summary").
 """
 
 from __future__ import annotations
