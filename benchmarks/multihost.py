@@ -288,21 +288,20 @@ def trip(comm: Any, x: Any, y: Any, peer: int, leads: bool) -> Any:
 
 
 def _engine_costs(comm: Any, eng: _Engine, np: Any, reps: int = 200) -> dict[str, float]:
-    """What ringlet's calls cost on this engine besides the link's bytes, for the prediction:
-    half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local rank and
-    its peer on the other host (both pairs at once, as hierarchical's inter-node phase
-    runs), the same between the two ranks of each host (kept for the record), a step
-    inside the node as a call's rounds take it (:func:`steps`: the prediction's
-    intra-node alpha), the time of a ``comm.barrier()`` (a call's agreement alone), and,
-    where hierarchical crosses nodes on
-    the engine's own all_reduce (``ringlet.rails``: the torch engine), the engine's 8 B
-    all_reduce on each pair (both at once): its two rounds are then what a message between
-    the nodes costs; and the same all_reduce of 1 KiB, what that phase costs besides its
-    bytes (``--rail-call``; the median of five loops of 20 calls, the slowest rank's, as the
-    sweep times calls): gloo's ring cuts a vector into four segments on two ranks, so 8 B
-    leaves two of them empty and one direction idle in each half, while from 16 B every
-    segment crosses both ways; 1 KiB spends 16 us on a 1 Gbit/s wire. The others: rank 0's
-    medians of single calls."""
+    """What ringlet's calls cost on this engine besides the link's bytes, for the
+    prediction: half the round trip of an 8 B ``comm.send``/``comm.recv`` between each local
+    rank and its peer on the other host (both pairs at once, as hierarchical's inter-node
+    phase runs), the same between the two ranks of each host (kept for the record), a step
+    inside the node as a call's rounds take it (:func:`steps`: the prediction's intra-node
+    alpha), the time of a ``comm.barrier()`` (a call's agreement alone), and, where
+    hierarchical crosses nodes on the engine's own all_reduce (``ringlet.rails``: the torch
+    engine), the engine's 8 B all_reduce on each pair (both at once): its two rounds are
+    then what a message between the nodes costs; and the same all_reduce of 1 KiB, what that
+    phase costs besides its bytes (``--rail-call``; the median of five loops of 20 calls,
+    the slowest rank's, as the sweep times calls): gloo's ring cuts a vector into four
+    segments on two ranks, so 8 B leaves two of them empty and one direction idle in each
+    half, while from 16 B every segment crosses both ways; 1 KiB spends 16 us on a 1 Gbit/s
+    wire. The others: rank 0's medians of single calls."""
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     first = comm.rank < len(comm.topology.local_ranks)   # on node 0: it sends first
     local = comm.topology.local_ranks
@@ -346,11 +345,11 @@ def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
           ) -> tuple[float, float]:
     """A step inside the node as a real call takes it: hierarchical all_reduces of
     ``nbytes`` on every rank at once, timed round by round as the step executor times them
-    for its DEBUG trace (``ringlet.executor``; the trace's lines are caught here, not
-    printed).  Returns the time of a round whose peers are all on this rank's node (phase
-    1's reduce-scatter, phase 3's all-gather) and the bytes such a round sends: per call
-    and rank the mean of its rounds inside the node, the median over ``calls`` calls, the
-    median over the ranks (collective).
+    for its DEBUG trace (``ringlet.executor``: each line's record carries its round as data,
+    caught here, not printed).  Returns the time of a round whose peers are all on this
+    rank's node (phase 1's reduce-scatter, phase 3's all-gather) and the bytes such a round
+    sends: per call and rank the mean of its rounds inside the node, the median over
+    ``calls`` calls, the median over the ranks (collective).
 
     Why not the 8 B ping-pong between the node's two ranks (``intra_half_rtt_s``): on
     this bed it is bimodal, 4-5 us when the two run on the two cores at once and ~200 us
@@ -364,7 +363,6 @@ def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
     12-13 GB/s, while a 1 MiB call's rounds inside the node, 4 ranks on 2 cores, move
     their bytes at 0.5-1.5 GB/s."""
     import logging
-    import re
 
     local = set(comm.topology.local_ranks)
     took: list[float] = []
@@ -372,14 +370,10 @@ def steps(comm: Any, eng: _Engine, np: Any, nbytes: int = 8, calls: int = 100
 
     class Rounds(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            args = record.args
-            if record.msg != "rank %d: %s: %s; %.1f us" or not isinstance(args, tuple):
-                return
-            ops = str(args[2])
-            peers = {int(q) for q in re.findall(r"[-<]> (\d+)", ops)}
-            if peers and peers <= local:
-                took.append(float(args[3]) * 1e-6)
-                sent.append(sum(int(b) for b in re.findall(r"send (\d+) B", ops)))
+            got = getattr(record, "round", None)   # the executor's round, as data
+            if got is not None and got["peers"] and set(got["peers"]) <= local:
+                took.append(got["seconds"])
+                sent.append(got["sent"])
 
     log = logging.getLogger("ringlet")
     level, handler = log.level, Rounds()

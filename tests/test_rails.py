@@ -157,3 +157,45 @@ def test_phase_one_writes_are_what_its_receives_and_local_steps_write(n: int, g:
                     for _, lo, hi in op.dst:
                         want[lo:hi] = True
         assert (covered == want).all() and want.any()
+
+
+def test_a_traced_round_carries_its_peers_bytes_and_time_as_data() -> None:
+    """The executor's DEBUG line for a round also carries it as data (``record.round``),
+    which ``benchmarks/multihost.py`` reads to time a call's rounds inside a node: the
+    peers of its steps, the bytes it sends and its seconds, as the line says them."""
+    import logging
+    import re
+
+    from ringlet.executor import _trace, compile_program
+
+    sched = build("all_reduce", "hierarchical", 4, 0, group=2)
+    prog = compile_program(sched, 1, 1000)
+    bufs = {int(b): np.zeros(1000, np.float32) for b in sched.layouts}
+    got: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record)
+
+    log = logging.getLogger("ringlet")
+    level, keep = log.level, Keep()
+    log.addHandler(keep)
+    log.setLevel(logging.DEBUG)
+    try:
+        for i, ops in enumerate(prog.rounds):
+            _trace(1, f"round {i}", ops, bufs, 0.25 + i)
+    finally:
+        log.setLevel(level)
+        log.removeHandler(keep)
+    assert len(got) == len(prog.rounds) == 4
+    for i, record in enumerate(got):
+        data = record.round  # type: ignore[attr-defined]
+        line = record.getMessage()
+        assert data["seconds"] == 0.25 + i and line.endswith(f"; {(0.25 + i) * 1e6:.1f} us")
+        assert sorted(data["peers"]) == sorted(int(q) for q in
+                                               re.findall(r"(?:->|<-) (\d+)", line))
+        assert data["sent"] == sum(int(b) for b in
+                                   re.findall(r"send (\d+) B", line))
+    # rank 1 of nodes {0, 1} and {2, 3}: phase 1 and 3 with rank 0, phase 2 with rank 3
+    assert [set(r.round["peers"]) for r in got] == [{0}, {3}, {3}, {0}]  # type: ignore[attr-defined]
+    assert [r.round["sent"] for r in got] == [2000, 1000, 1000, 2000]  # type: ignore[attr-defined]

@@ -209,16 +209,25 @@ _VERB = {Kind.SEND: "send", Kind.RECV: "recv", Kind.RRED: "recv+reduce", Kind.CO
 
 def _trace(rank: int, where: str, ops: list[_Op], bufs: dict[int, np.ndarray],
            seconds: float) -> None:
-    """One TRACE line for a round this rank ran: each step's kind, peer and bytes."""
+    """One TRACE line for a round this rank ran: each step's kind, peer and bytes.  The
+    record also carries the round as data, ``record.round``: ``{"peers": [...], "sent":
+    bytes sent, "seconds": ...}`` (``benchmarks/multihost.py`` reads it)."""
     items = []
+    peers: list[int] = []
+    sent = 0
     for op in ops:
         refs = op.src if op.kind is Kind.SEND else op.dst
         nbytes = sum((hi - lo) * bufs[b].itemsize for b, lo, hi in refs)
         arrow = f" -> {op.peer}" if op.kind is Kind.SEND else \
             f" <- {op.peer}" if op.peer >= 0 else ""
+        if op.peer >= 0:
+            peers.append(op.peer)
+        if op.kind is Kind.SEND:
+            sent += nbytes
         first = ", src first" if op.src_first else ""
         items.append(f"{_VERB[op.kind]} {nbytes} B{arrow}{first}")
-    log.debug("rank %d: %s: %s; %.1f us", rank, where, ", ".join(items), seconds * 1e6)
+    log.debug("rank %d: %s: %s; %.1f us", rank, where, ", ".join(items), seconds * 1e6,
+              extra={"round": {"peers": peers, "sent": sent, "seconds": seconds}})
 
 
 def _local(kind: Kind, dsts: list[np.ndarray], srcs: list[np.ndarray],
