@@ -232,3 +232,64 @@ def test_native_op_mapping() -> None:
                              ("float32", ReduceOp.AVG, "communicator sums and divides")]:
         with pytest.raises(ArgumentError, match=words):
             mapped(dtype, op)
+
+
+def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
+    """A wait for gloo's own collective ends when the completion callback runs, which
+    gloo does before ``is_completed()`` turns True (here 0.05 s into the wait, and True
+    only 0.6 s later), and a callback that came before the wait started ends it at
+    once."""
+    import threading
+    import types
+
+    from ringlet.transport.torch import TorchTransport
+
+    class Work:
+        def __init__(self, fire_after: float | None) -> None:
+            self.cbs: list[object] = []
+            self.completed = False
+            self.fired = False
+            self.waited = 0
+            if fire_after is not None:
+                threading.Timer(fire_after, self.fire).start()
+
+        def fire(self) -> None:
+            self.fired = True
+            for cb in self.cbs:
+                cb(None)  # type: ignore[operator]
+            threading.Timer(0.6, lambda: setattr(self, "completed", True)).start()
+
+        def get_future(self) -> Work:
+            return self
+
+        def add_done_callback(self, cb: object) -> None:
+            self.cbs.append(cb)
+            if self.fired:
+                cb(None)  # type: ignore[operator]
+
+        def is_completed(self) -> bool:
+            return self.completed
+
+        def wait(self) -> bool:
+            self.waited += 1
+            return True
+
+    t = types.SimpleNamespace(settings=Settings(timeout=5.0), _cv=threading.Condition(),
+                              _events=0, checks=0)
+    t._event = lambda: TorchTransport._event(t)  # type: ignore[arg-type]
+    t.idle = lambda seen, waiter, peers=None: TorchTransport.idle(t, seen, waiter, peers)  # type: ignore[arg-type]
+
+    def check(watch: object = None, what: object = None) -> None:
+        t.checks += 1
+
+    t.check = check
+    for fire_after in (0.05, None):
+        work = Work(fire_after)
+        if fire_after is None:
+            work.fire()   # done before the wait started (is_completed() still False)
+        t0 = time.monotonic()
+        TorchTransport._await(t, work, "all_reduce", lambda: "all_reduce #1")  # type: ignore[arg-type]
+        took = time.monotonic() - t0
+        assert work.waited == 1
+        assert took < 0.4, f"the wait ended {took:.3f} s in, not at the callback"
+        assert not work.completed

@@ -1016,13 +1016,24 @@ class TorchTransport(Transport):
                                 f"gloo's own {collective} did not finish although every rank "
                                 f"entered the call: a rank hangs or its connection is slow. If "
                                 f"the peers are just slow, raise RINGLET_TIMEOUT (seconds)"))
-            # gloo's worker thread reports the completion, so idle() wakes at once.  It runs
-            # the callback before is_completed() turns True (which waited for a 50 ms
-            # callback in 20 of 20 calls): no callback runs after the call returned
-            work.get_future().add_done_callback(lambda _f: self._event())
+            # gloo's worker thread runs the callback when the collective ends or fails, and
+            # idle() wakes at its report.  The callback's own flag ends the wait: it runs
+            # *before* is_completed() turns True, so a wait that asked is_completed()
+            # after the wake-up napped once more (with 20 ms naps, 20 ms late in 2 of 16
+            # waits on the test bed).  The naps stay short: longer ones, which the
+            # callback would end as well, made a 64 KiB hierarchical all_reduce on the
+            # test bed slower (6.7 ms against 6.0 with 10 ms naps), as a core that went
+            # idle wakes late on this machine
+            ended: list[bool] = []
+
+            def done(_f: Any) -> None:
+                ended.append(True)
+                self._event()
+
+            work.get_future().add_done_callback(done)
             while True:
                 seen = self._events
-                if work.is_completed():
+                if ended or work.is_completed():
                     break
                 self.idle(seen, waiter)
         try:
