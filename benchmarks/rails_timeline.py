@@ -16,14 +16,26 @@ times gloo's own all_reduce of each rank's shard on both rails at once (what the
 network part costs alone) and a ``comm.barrier()`` (the agreement alone).  The
 median over ``--calls`` single calls, each after ``dist.barrier()``, per rank,
 in milliseconds; the bound is S / rate.
+
+Then the link, call by call (``--no-link`` leaves it out): a sampler in the
+switch's namespace reads the hosts' switch ports' byte counters (each host's
+download) every ~0.3 ms on the ranks' clock, and for each call gives when its
+first bytes crossed (past 20 KB) and its last, from the first rank's start,
+the time between them, and how long after the last byte the last rank left the
+call; the medians over the calls.  What crosses is the call's bytes each way
+plus the frames' headers; the bed's HTB counts whole frames, so the least time
+for them is about S / (0.95 rate).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +113,7 @@ def rank_main(nbytes: int, calls: int) -> None:
     rail = [dist.new_group([q for q in range(n) if q % g == i]) for i in range(g)]
     shard = torch.ones(x.size // g)
     rows: dict[str, list[float]] = {}
+    spans: list[tuple[float, float]] = []   # each timed call's start and end (perf_counter)
     for i in range(calls + 2):
         for p in pieces:
             pieces[p] = 0
@@ -112,6 +125,7 @@ def rank_main(nbytes: int, calls: int) -> None:
         if i >= 2:   # two warm-up calls
             for what, t in marks:
                 rows.setdefault(what, []).append((t - t0) * 1e3)
+            spans.append((t0, marks[-1][1]))
     alone: dict[str, list[float]] = {"gloo's all_reduce of the shard, both rails": [],
                                      "agreement alone (comm.barrier)": []}
     for _ in range(calls):
@@ -126,9 +140,12 @@ def rank_main(nbytes: int, calls: int) -> None:
         alone["agreement alone (comm.barrier)"].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in {**rows, **alone}.items()}
     every = comm.all_gather_object(med)
+    # perf_counter is CLOCK_MONOTONIC: one clock for every process of the machine, so the
+    # ranks' calls line up with each other and with the link's samples
+    calls_at = comm.all_gather_object(spans)
     if r == 0:
         print(json.dumps({"algorithm": comm._choose("all_reduce", None, x.nbytes),
-                          "ranks": every}), flush=True)
+                          "ranks": every, "calls": calls_at}), flush=True)
     comm.close()
 
 
@@ -137,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
     ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--no-link", action="store_true", help="do not sample the link")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     nbytes = multihost.parse_size(a.bytes)
@@ -150,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"rails_timeline: cannot run here: {why}", file=sys.stderr)
         return 2
-    with netbed.NetBed(2, rate=a.rate) as bed:
+    with netbed.NetBed(2, rate=a.rate) as bed, tempfile.TemporaryDirectory() as tmp:
+        sampler = None if a.no_link else _start_sampler(bed, Path(tmp))
         job = bed.torchrun(__file__, ["--rank", "--bytes", str(nbytes), "--calls",
                                       str(a.calls)],
                            nproc_per_node=2, env=multihost._job_env())
         codes = job.wait(timeout=900)
+        samples = None if sampler is None else _stop_sampler(sampler, Path(tmp))
         if any(codes):
             print(job.report()[-4000:], file=sys.stderr)
             return 1
@@ -172,7 +192,88 @@ def main(argv: list[str] | None = None) -> int:
     for k in keys:
         print(f"| {k} | " + " | ".join(f"{rk.get(k, float('nan')):.2f}" for rk in ranks)
               + " |")
+    if samples:
+        print()
+        print(link_table(data["calls"], samples, nbytes, netbed.parse_rate(a.rate)))
     return 0
+
+
+#: the sampler, run in the switch's namespace: every ~0.3 ms the ports' tx_bytes (each
+#: host's download) on CLOCK_MONOTONIC, until the stop file appears; then JSON rows
+_SAMPLER = """
+import json, os, sys, time
+out, stop, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
+files = [open(f"/sys/class/net/{p}/statistics/tx_bytes", "rb", buffering=0) for p in ports]
+rows, n = [], 0
+while True:
+    row = [time.perf_counter()]
+    for f in files:
+        f.seek(0)
+        row.append(int(f.read()))
+    rows.append(row)
+    n += 1
+    if n % 500 == 0 and os.path.exists(stop) or n > 3_000_000:
+        break
+    time.sleep(0.0003)
+with open(out, "w") as fh:
+    json.dump(rows, fh)
+"""
+
+
+def _start_sampler(bed: Any, tmp: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["ip", "netns", "exec", bed.switch_ns, sys.executable, "-c",
+                             _SAMPLER, str(tmp / "link.json"), str(tmp / "stop")]
+                            + [h.port for h in bed.hosts])
+
+
+def _stop_sampler(p: subprocess.Popen[bytes], tmp: Path) -> list[list[float]] | None:
+    (tmp / "stop").touch()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None
+    f = tmp / "link.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def link_table(calls: list[list[list[float]]], samples: list[list[float]], nbytes: int,
+               bps: float) -> str:
+    """Per call (``calls[rank][i]`` = that rank's start and end of call i), when the
+    link's first and last bytes of the call crossed, from its first rank's start; the
+    medians over the calls, in milliseconds."""
+    times = [row[0] for row in samples]
+    cols: dict[str, list[float]] = {}
+    for i in range(len(calls[0])):
+        start = min(rk[i][0] for rk in calls)
+        end = max(rk[i][1] for rk in calls)
+        lo = bisect.bisect_left(times, start - 1e-3)
+        hi = bisect.bisect_right(times, end + 1e-3)
+        seg = samples[lo:hi]
+        if len(seg) < 2:
+            continue
+        firsts, lasts, moved = [], [], []
+        for k in range(1, len(seg[0])):
+            base, total = seg[0][k], seg[-1][k] - seg[0][k]
+            if total <= 40_000:
+                continue
+            firsts.append(next(row[0] for row in seg if row[k] - base > 20_000))
+            lasts.append(next(row[0] for row in seg if row[k] - base >= total - 20_000))
+            moved.append(total)
+        if not firsts:
+            continue
+        for key, v in (("first bytes", min(firsts) - start), ("last bytes", max(lasts) - start),
+                       ("last - first", max(lasts) - min(firsts)),
+                       ("end - last bytes", end - max(lasts)), ("call", end - start)):
+            cols.setdefault(key, []).append(v * 1e3)
+        cols.setdefault("MB each way", []).append(statistics.median(moved) / 1e6)
+    if not cols:
+        return "the link: no call moved bytes the sampler saw"
+    head = (f"the link, {len(cols['call'])} calls (ms from the first rank's start; "
+            f"S / rate {nbytes * 8 / bps * 1e3:.2f} ms):")
+    return head + "\n" + "\n".join(
+        f"- {k}: median {statistics.median(v):.2f} (range {min(v):.2f}-{max(v):.2f})"
+        for k, v in cols.items())
 
 
 if __name__ == "__main__":
