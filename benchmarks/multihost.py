@@ -44,6 +44,7 @@ At the first rate, two more jobs break hierarchical down into its phases (see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -54,6 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -469,6 +472,35 @@ def _job_env() -> dict[str, str | None]:
     env: dict[str, str | None] = dict.fromkeys(drop)
     env.pop("RINGLET_NODE", None)
     return {**env, "PYTHONUNBUFFERED": "1", "RINGLET_TIMEOUT": "600"}
+
+
+def torch_job(script: str, args: list[str], rate: str, who: str,
+              during: Callable[[Any], AbstractContextManager[Any]] | None = None
+              ) -> dict[str, Any] | None:
+    """Run ``script --rank ARGS`` under torchrun on a fresh 2-host bed shaped to ``rate``
+    (2 ranks per host) and return the JSON object its ranks printed on a line of their
+    own (rank 0 prints it), or None after saying why on stderr (``who`` names the
+    script).  ``during(bed)``, a context manager, is entered around the job (a sampler
+    of the link, say)."""
+    netbed = _netbed()
+    why = netbed.check().why_not(rate=rate)
+    if why:
+        print(f"{who}: cannot run here: {why}", file=sys.stderr)
+        return None
+    with netbed.NetBed(2, rate=rate) as bed, \
+            (during(bed) if during is not None else contextlib.nullcontext()):
+        job = bed.torchrun(script, ["--rank", *args], nproc_per_node=2, env=_job_env())
+        codes = job.wait(timeout=900)
+        if any(codes):
+            print(job.report()[-4000:], file=sys.stderr)
+            return None
+        out = next((line for i in range(len(codes)) for line in job.stdout(i).splitlines()
+                    if line.startswith("{")), None)
+    if out is None:
+        print(f"{who}: no rank printed its results", file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(out)
+    return result
 
 
 def run_job(bed: Any, engine: str, mode: str, sizes: list[int], limit: float) -> dict[str, Any]:

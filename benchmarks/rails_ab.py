@@ -36,12 +36,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import multihost  # this script's folder: parse_size, the jobs' environment
 
-HERE = Path(__file__).resolve().parent
 VARIANTS = ("base", "pieces1", "pieces4", "pieces8", "pin", "nap1", "gloo1")
 
 
@@ -160,30 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.rank:
         rank_main(a.names, nbytes, a.calls)
         return 0
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    import netbed
-
-    why = netbed.check().why_not(rate=a.rate)
-    if why:
-        print(f"rails_ab: cannot run here: {why}", file=sys.stderr)
-        return 2
-    with netbed.NetBed(2, rate=a.rate) as bed:
-        job = bed.torchrun(__file__, ["--rank", "--bytes", str(nbytes), "--calls",
-                                      str(a.calls), *a.names],
-                           nproc_per_node=2, env=multihost._job_env())
-        codes = job.wait(timeout=900)
-        if any(codes):
-            print(job.report()[-4000:], file=sys.stderr)
-            return 1
-        out = next(line for i in range(len(codes)) for line in job.stdout(i).splitlines()
-                   if line.startswith("{"))
+    times = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls),
+                                           *a.names], a.rate, "rails_ab")
+    if times is None:
+        return 1
+    netbed = multihost._netbed()
     bound = nbytes * 8 / netbed.parse_rate(a.rate)
     print(f"all_reduce of {nbytes} B, 2 hosts x 2 ranks at {a.rate} (bound S/rate "
           f"{bound * 1e3:.2f} ms), {a.calls} calls per variant, in turns; the slowest "
           f"rank's time per call, ms")
     print("| variant | median | / bound | 25 % | 75 % |")
     print("|---|---:|---:|---:|---:|")
-    for n, ts in json.loads(out).items():
+    for n, ts in times.items():
         q = statistics.quantiles(ts, n=4)
         med = statistics.median(ts)
         print(f"| {n} | {med * 1e3:.2f} | {med / bound:.3f} | {q[0] * 1e3:.2f} | "

@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import multihost  # this script's folder: parse_size, the jobs' environment
-
-HERE = Path(__file__).resolve().parent
 
 
 def rank_main(nbytes: int, calls: int) -> None:
@@ -161,26 +161,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.rank:
         rank_main(nbytes, a.calls)
         return 0
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    import netbed
+    samples: list[list[list[float]] | None] = []
 
-    why = netbed.check().why_not(rate=a.rate)
-    if why:
-        print(f"rails_timeline: cannot run here: {why}", file=sys.stderr)
-        return 2
-    with netbed.NetBed(2, rate=a.rate) as bed, tempfile.TemporaryDirectory() as tmp:
-        sampler = None if a.no_link else _start_sampler(bed, Path(tmp))
-        job = bed.torchrun(__file__, ["--rank", "--bytes", str(nbytes), "--calls",
-                                      str(a.calls)],
-                           nproc_per_node=2, env=multihost._job_env())
-        codes = job.wait(timeout=900)
-        samples = None if sampler is None else _stop_sampler(sampler, Path(tmp))
-        if any(codes):
-            print(job.report()[-4000:], file=sys.stderr)
-            return 1
-        out = next(line for i in range(len(codes)) for line in job.stdout(i).splitlines()
-                   if line.startswith("{"))
-    data = json.loads(out)
+    @contextlib.contextmanager
+    def link(bed: Any) -> Iterator[None]:
+        with tempfile.TemporaryDirectory() as tmp:
+            sampler = _start_sampler(bed, Path(tmp))
+            try:
+                yield
+            finally:
+                samples.append(_stop_sampler(sampler, Path(tmp)))
+
+    found = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls)],
+                                a.rate, "rails_timeline", None if a.no_link else link)
+    if found is None:
+        return 1
+    data = found
+    netbed = multihost._netbed()
     ranks = data["ranks"]
     bound = nbytes * 8 / netbed.parse_rate(a.rate) * 1e3
     print(f"all_reduce of {nbytes} B ({data['algorithm']}), 2 hosts x 2 ranks at {a.rate}: "
@@ -192,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in keys:
         print(f"| {k} | " + " | ".join(f"{rk.get(k, float('nan')):.2f}" for rk in ranks)
               + " |")
-    if samples:
+    if samples and samples[0]:
         print()
-        print(link_table(data["calls"], samples, nbytes, netbed.parse_rate(a.rate)))
+        print(link_table(data["calls"], samples[0], nbytes, netbed.parse_rate(a.rate)))
     return 0
 
 
