@@ -251,13 +251,19 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
             self.fired = False
             self.waited = 0
             if fire_after is not None:
-                threading.Timer(fire_after, self.fire).start()
+                self.later(fire_after, self.fire)
+
+        @staticmethod
+        def later(seconds: float, fn: object) -> None:
+            timer = threading.Timer(seconds, fn)  # type: ignore[arg-type]
+            timer.daemon = True
+            timer.start()
 
         def fire(self) -> None:
             self.fired = True
             for cb in self.cbs:
                 cb(None)  # type: ignore[operator]
-            threading.Timer(0.6, lambda: setattr(self, "completed", True)).start()
+            self.later(0.6, lambda: setattr(self, "completed", True))
 
         def get_future(self) -> Work:
             return self
@@ -274,15 +280,11 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
             self.waited += 1
             return True
 
+    # the parts of a TorchTransport that the wait uses
     t = types.SimpleNamespace(settings=Settings(timeout=5.0), _cv=threading.Condition(),
-                              _events=0, checks=0)
+                              _events=0, check=lambda watch=None, what=None: None)
     t._event = lambda: TorchTransport._event(t)  # type: ignore[arg-type]
     t.idle = lambda seen, waiter, peers=None: TorchTransport.idle(t, seen, waiter, peers)  # type: ignore[arg-type]
-
-    def check(watch: object = None, what: object = None) -> None:
-        t.checks += 1
-
-    t.check = check
     for fire_after in (0.05, None):
         work = Work(fire_after)
         if fire_after is None:

@@ -1022,7 +1022,7 @@ class TorchTransport(Transport):
             # after the wake-up napped once more (with 20 ms naps, 20 ms late in 2 of 16
             # waits on the test bed).  The naps stay short: longer ones, which the
             # callback would end as well, made a 64 KiB hierarchical all_reduce on the
-            # test bed slower (6.7 ms against 6.0 with 10 ms naps), as a core that went
+            # test bed slower (6.7 ms with 10 ms naps against 6.0), as a core that went
             # idle wakes late on this machine
             ended: list[bool] = []
 
