@@ -1,6 +1,6 @@
 """Where one two-level all_reduce on the torch engine spends its time, rank by rank.
 
-    python benchmarks/rails_timeline.py                    # 4 MiB at 1 Gbit/s, ~1 minute
+    python benchmarks/rails_timeline.py                    # 4 MiB at 1 Gbit/s, ~20 s
     python benchmarks/rails_timeline.py --rate 200mbit --bytes 16M
 
 Needs root and the network-namespace test bed (``tests/netbed.py``): two hosts of
