@@ -161,22 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.rank:
         rank_main(nbytes, a.calls)
         return 0
-    samples: list[list[list[float]] | None] = []
-
-    @contextlib.contextmanager
-    def link(bed: Any) -> Iterator[None]:
-        with tempfile.TemporaryDirectory() as tmp:
-            sampler = _start_sampler(bed, Path(tmp))
-            try:
-                yield
-            finally:
-                samples.append(_stop_sampler(sampler, Path(tmp)))
-
-    found = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls)],
-                                a.rate, "rails_timeline", None if a.no_link else link)
-    if found is None:
+    samples: list[list[list[float]]] = []
+    data = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls)],
+                               a.rate, "rails_timeline",
+                               None if a.no_link else lambda bed: _link(bed, samples))
+    if data is None:
         return 1
-    data = found
     netbed = multihost._netbed()
     ranks = data["ranks"]
     bound = nbytes * 8 / netbed.parse_rate(a.rate) * 1e3
@@ -189,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in keys:
         print(f"| {k} | " + " | ".join(f"{rk.get(k, float('nan')):.2f}" for rk in ranks)
               + " |")
-    if samples and samples[0]:
+    if samples:
         print()
         print(link_table(data["calls"], samples[0], nbytes, netbed.parse_rate(a.rate)))
     return 0
@@ -217,21 +207,25 @@ with open(out, "w") as fh:
 """
 
 
-def _start_sampler(bed: Any, tmp: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["ip", "netns", "exec", bed.switch_ns, sys.executable, "-c",
-                             _SAMPLER, str(tmp / "link.json"), str(tmp / "stop")]
-                            + [h.port for h in bed.hosts])
-
-
-def _stop_sampler(p: subprocess.Popen[bytes], tmp: Path) -> list[list[float]] | None:
-    (tmp / "stop").touch()
-    try:
-        p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        return None
-    f = tmp / "link.json"
-    return json.loads(f.read_text()) if f.exists() else None
+@contextlib.contextmanager
+def _link(bed: Any, samples: list[list[list[float]]]) -> Iterator[None]:
+    """Sample the link (:data:`_SAMPLER`, in the switch's namespace) while the block runs;
+    then put its rows in ``samples`` (nothing if the sampler did not finish)."""
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        p = subprocess.Popen(["ip", "netns", "exec", bed.switch_ns, sys.executable, "-c",
+                              _SAMPLER, str(tmp / "link.json"), str(tmp / "stop")]
+                             + [h.port for h in bed.hosts])
+        try:
+            yield
+        finally:
+            (tmp / "stop").touch()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            if (tmp / "link.json").exists() and p.returncode == 0:
+                samples.append(json.loads((tmp / "link.json").read_text()))
 
 
 def link_table(calls: list[list[list[float]]], samples: list[list[float]], nbytes: int,
