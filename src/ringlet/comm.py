@@ -185,6 +185,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                                         None if ob is None else ob.flat)
             else:
                 if ob is not None:
+                    if path == RAILS:   # the copy writes out: the other nodes agree first
+                        self._agreed()  # (a mismatch leaves out= as it was, as elsewhere)
                     ob.flat[...] = xb.flat
                 self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
             finish(rop, dst.flat, xb.dt, self.size)

@@ -15,7 +15,8 @@ count; the op, so that one node runs the rails and the other does not; a rank
 that rejects its arguments), each between two good calls: a MismatchError
 naming the field on every rank, the argument rejected on the rank that
 rejected it, and every rank's vector as it was (its node ran the first piece's
-phase 1 before the other nodes' descriptors were in: :func:`ringlet.rails.run`).
+phase 1 before the other nodes' descriptors were in: :func:`ringlet.rails.run`), and
+an out-of-place call's ``out=`` as it was.
 One JSON line per rank: ``{"rank", "ok", "bad", "native"}``.
 """
 
@@ -75,6 +76,21 @@ def main() -> int:
             comm.all_reduce(z, algorithm="ring")
             if not (y == z).all() or z[0] != n * (n + 1) / 2:
                 bad.append(f"{what}: the calls around it")
+        # out of place: out= is left as it was too (the copy into it waits for the nodes)
+        x = data(r, 100_003 + 2 * node, "float32")
+        o = np.full_like(x, -7.0)
+        try:
+            comm.all_reduce(x, out=o, algorithm="hierarchical_pipelined")
+            bad.append("count, out=: no error")
+        except MismatchError as exc:
+            if "count" not in str(exc):
+                bad.append(f"count, out=: message: {exc}")
+        if not (o == -7.0).all():
+            bad.append("count, out=: out changed")
+        z = np.full(5, r + 1.0, np.float32)
+        comm.all_reduce(z, algorithm="ring")
+        if z[0] != n * (n + 1) / 2:
+            bad.append("count, out=: the call after it")
     elif "--mismatch" in sys.argv:
         x = np.full(5, r + 1.0, np.float32)
         comm.all_reduce(x, algorithm="ring")
