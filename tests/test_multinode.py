@@ -29,6 +29,7 @@ from jobs import clean_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
 RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
+RAILS_DEAD = Path(__file__).parent / "scripts" / "rails_dead.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -181,6 +182,25 @@ def test_rails_nodes_that_differ(launcher: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
                           env=_env(RINGLET_RAILS="native"))
     assert all(r["native"] for r in _rails_reports(proc, 4))
+
+
+def test_torch_rail_peer_dies_before_building_its_rail() -> None:
+    """The first call on the engine's all_reduce builds every rail's gloo group, whose
+    constructor waits without ringlet's deadline and does not notice a dead member
+    (gloo's own timeout is init_timeout + 30 s).  The members meet first under the
+    deadline, watching the communicator: a rank that dies before building its rail
+    fails every survivor within seconds, its rail peer too, naming it."""
+    _torch()
+    cmd = [sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4", str(RAILS_DEAD)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_RAILS="native", RINGLET_TIMEOUT="60",
+                                   RINGLET_GRACE="60"))
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert sorted(reports) == [0, 1, 2], out
+    for r in reports.values():
+        assert r["error"] == "PeerError" and "rank 3" in r["message"], out
+        assert r["seconds"] < 15, out
 
 
 def _port() -> int:

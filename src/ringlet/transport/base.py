@@ -389,13 +389,18 @@ class Transport(ABC):
 
     @abstractmethod
     def split(self, ranks: Sequence[int], token: str,
-              remote: Sequence[int] | None = None) -> Transport:
+              remote: Sequence[int] | None = None, *, names: Sequence[int] | None = None,
+              watch: Callable[[], None] | None = None) -> Transport:
         """The transport of the group ``ranks`` (called by its members only).
 
         ``remote``: for an engine transport under a routed one, the group's
         ranks (numbered in the group) that the new transport's agreement and
         status frames cover, as ``remote=`` of its constructor; default all
-        other members."""
+        other members.  ``names``: the ranks the new transport's messages name
+        (default its own numbering; a rail group's are its communicator's ranks).
+        ``watch``: raises if a peer failed, called while the members gather, where
+        the engine can wait for them under a deadline (the torch engine; MPI's
+        ``MPI_Comm_create_group`` cannot be bounded)."""
 
 
 # --- agreement and status by messages ---------------------------------------------------

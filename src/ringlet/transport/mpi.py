@@ -525,6 +525,8 @@ class MpiTransport(Transport):
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
+        #: the ranks messages name (a rail group's: its communicator's ranks)
+        self.names = list(range(self.size))
         if remote is None:
             remote = [q for q in range(self.size) if q != self.rank]
         self.remote = sorted({int(q) for q in remote})
@@ -906,7 +908,8 @@ class MpiTransport(Transport):
         if exc.Get_error_class() == MPI.ERR_TRUNCATE:
             return _too_big(peer, expected)
         err = PeerError(
-            f"rank {peer} failed or died: MPI reported an error on a message {direction} it "
+            f"rank {self.names[peer]} failed or died: MPI reported an error on a message "
+            f"{direction} it "
             f"({why}); {self.describe()} cannot complete")
         self._dead.add(peer)
         if self._error is None:
@@ -997,7 +1000,8 @@ class MpiTransport(Transport):
         def finish() -> None:
             waiter = Waiter(
                 self.settings, what, list, lambda: self.check(None, what()),
-                advice=lambda: f"MPI's {fn} has not completed on rank {self.rank}; MPI does "
+                advice=lambda: f"MPI's {fn} has not completed on rank "
+                               f"{self.names[self.rank]}; MPI does "
                                f"not say which ranks have not joined it (every rank agreed "
                                f"to this call, so one is slow, stuck or gone)")
             while True:
@@ -1006,7 +1010,7 @@ class MpiTransport(Transport):
                         ok = req.Test()
                     except MPI.Exception as exc:
                         raise PeerError(
-                            f"rank {self.rank}: MPI's {fn} failed "
+                            f"rank {self.names[self.rank]}: MPI's {fn} failed "
                             f"({exc.Get_error_string()}); {what()} cannot complete (a "
                             f"peer may have died)") from None
                 if ok:
@@ -1020,7 +1024,8 @@ class MpiTransport(Transport):
     # --- groups -----------------------------------------------------------------------
 
     def split(self, ranks: Sequence[int], token: str,
-              remote: Sequence[int] | None = None) -> MpiTransport:
+              remote: Sequence[int] | None = None, *, names: Sequence[int] | None = None,
+              watch: Callable[[], None] | None = None) -> MpiTransport:
         """The transport of the group ``ranks`` (this transport's ranks, in the group's
         order): ``MPI_Comm_create_group``, collective over the members only, with a tag
         derived from ``token``.  ``remote`` (group ranks) defaults to the members that
@@ -1043,6 +1048,9 @@ class MpiTransport(Transport):
         if remote is None:
             remote = [i for i, r in enumerate(ranks) if r in self._remote_set]
         try:
-            return MpiTransport(sub, self._given, remote)
+            t = MpiTransport(sub, self._given, remote)
         finally:
             sub.Free()
+        if names is not None:
+            t.names = list(names)
+        return t

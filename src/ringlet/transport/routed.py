@@ -319,27 +319,30 @@ class RoutedTransport(Transport):
         t = self._rails.get(g)
         if t is None:
             ranks = list(range(self.rank % g, self.size, g))
-            t = self.engine.split(ranks, f"rail{g}.{self.rank % g}")
+            t = self.engine.split(ranks, f"rail{g}.{self.rank % g}", names=ranks,
+                                  watch=self.check)
             t.watch_also = self.check
             t.calls = self._calls
             self._rails[g] = t
         return t
 
     def split(self, ranks: Sequence[int], token: str,
-              remote: Sequence[int] | None = None) -> Transport:
+              remote: Sequence[int] | None = None, *, names: Sequence[int] | None = None,
+              watch: Callable[[], None] | None = None) -> Transport:
         """The group ``ranks``: shared memory among its members on this node, the engine
-        (a group of the engine's) among all its members."""
+        (a group of the engine's) among all its members (``names`` and ``watch`` as in
+        :meth:`Transport.split`)."""
         ranks = list(ranks)
         me = self.node_of[self.rank]
         here = [r for r in ranks if self.node_of[r] == me]
-        local = self.local.split([self.lidx[r] for r in here], token) \
+        local = self.local.split([self.lidx[r] for r in here], token, watch=watch) \
             if self.local is not None and len(here) > 1 else None
         if len(here) == len(ranks):   # the whole group is on this node
             if local is not None:
                 local.names = list(range(len(ranks)))
                 return local
         far = [i for i, r in enumerate(ranks) if self.node_of[r] != me]
-        engine = self.engine.split(ranks, token, remote=far)
+        engine = self.engine.split(ranks, token, remote=far, names=names, watch=watch)
         if len(here) == len(ranks):
             return engine   # a group of one rank
         return RoutedTransport(ranks.index(self.rank), [self.node_of[r] for r in ranks], local,

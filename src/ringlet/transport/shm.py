@@ -661,11 +661,15 @@ class ShmTransport(Transport):
     # --- groups -------------------------------------------------------------------------
 
     def split(self, ranks: Sequence[int], token: str,
-              remote: Sequence[int] | None = None) -> ShmTransport:
-        """The shared-memory transport of the group ``ranks`` (its members call this)."""
+              remote: Sequence[int] | None = None, *, names: Sequence[int] | None = None,
+              watch: Callable[[], None] | None = None) -> ShmTransport:
+        """The shared-memory transport of the group ``ranks`` (its members call this;
+        connecting waits under its own deadline, calling ``watch`` at every poll)."""
         t = ShmTransport(list(ranks).index(self.rank), len(ranks), f"{self.prefix}-{token}",
                          self.settings)
-        t.connect()
+        if names is not None:
+            t.names = list(names)
+        t.connect(check=watch)
         return t
 
     # --- shutdown ---------------------------------------------------------------------

@@ -553,8 +553,9 @@ class TorchTransport(Transport):
     other rank.  A routed transport passes the peers on other hosts and then
     calls messages, ``progress`` and ``wait`` for those peers only.
     ``world_ranks`` maps this group's ranks to the world's (for the heartbeat,
-    which ``heartbeat`` passes on to splits).  Building it waits for every
-    rank of the group (collective).
+    which ``heartbeat`` passes on to splits); ``names``, the ranks its messages
+    name (by default its own numbering: a rail group's are the communicator's
+    ranks).  Building it waits for every rank of the group (collective).
     """
 
     caps = Caps(engine="torch", native=True)
@@ -562,10 +563,12 @@ class TorchTransport(Transport):
     def __init__(self, store: Any, rank: int, size: int, settings: Settings, prefix: str,
                  remote: Sequence[int] | None = None, *,
                  world_ranks: Sequence[int] | None = None,
-                 heartbeat: _Heartbeat | None = None) -> None:
+                 heartbeat: _Heartbeat | None = None,
+                 names: Sequence[int] | None = None) -> None:
         dist = _dist()
         self._d = dist
         self.rank, self.size, self.prefix = rank, size, prefix
+        self.names = list(range(size)) if names is None else list(names)
         #: the settings every wait of this communicator uses: no spinning, which would hold
         #: the GIL that the lane threads need to report a message (a spinning wait made a
         #: 2-rank barrier 2.8 ms, the time a waiting thread gives up the GIL; see _Lane)
@@ -614,17 +617,18 @@ class TorchTransport(Transport):
     def _start_error(self, exc: BaseException) -> RingletError:
         """Why the group could not be built, naming the ranks that never came."""
         try:
-            absent = [q for q in range(self.size) if not self._keys.check([f"here/{q}"])]
+            absent = [self.names[q] for q in range(self.size)
+                      if not self._keys.check([f"here/{q}"])]
         except Exception:  # noqa: BLE001 - only for the message
             absent = []
         who = (f": rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} never "
                f"came") if absent else ""
         text = _first_line(exc)
         if "time" in text.lower():
-            return CommTimeoutError(f"rank {self.rank}: timed out building ringlet's gloo group "
-                                    f"of {self.size} ranks{who} ({text})")
-        return PeerError(f"rank {self.rank}: could not build ringlet's gloo group of "
-                         f"{self.size} ranks{who} ({text})")
+            return CommTimeoutError(f"rank {self.names[self.rank]}: timed out building "
+                                    f"ringlet's gloo group of {self.size} ranks{who} ({text})")
+        return PeerError(f"rank {self.names[self.rank]}: could not build ringlet's gloo group "
+                         f"of {self.size} ranks{who} ({text})")
 
     # --- lanes ------------------------------------------------------------------------
 
@@ -652,8 +656,8 @@ class TorchTransport(Transport):
         q = msg.peer
         if q not in self._dead:
             why = _gloo_message(msg.error) if msg.error is not None else "unknown error"
-            self._dead[q] = (f"rank {q} ({self._hb.host(self._world[q])}) died or its "
-                             f"connection failed (gloo: {why})")
+            self._dead[q] = (f"rank {self.names[q]} ({self._hb.host(self._world[q])}) died "
+                             f"or its connection failed (gloo: {why})")
 
     # --- messages -----------------------------------------------------------------------
 
@@ -802,7 +806,7 @@ class TorchTransport(Transport):
                 continue
             done = status.closed.get(q)
             if done is not None:
-                closed = self.closed_error(q, done, what)
+                closed = self.closed_error(self.names[q], done, what)
                 if closed is not None:
                     raise closed
                 continue
@@ -813,16 +817,16 @@ class TorchTransport(Transport):
             gap = self._hb.silent(w)
             if gap is not None:
                 raise PeerError(
-                    f"rank {q} ({self._hb.host(w)}) stopped answering: its heartbeat has not "
-                    f"moved for {gap:.0f} s (the process hangs or was stopped, or its host "
-                    f"is down); {what or self.describe()} cannot complete")
+                    f"rank {self.names[q]} ({self._hb.host(w)}) stopped answering: its "
+                    f"heartbeat has not moved for {gap:.0f} s (the process hangs or was "
+                    f"stopped, or its host is down); {what or self.describe()} cannot complete")
             if w == 0:
                 gap = self._hb.store_silent()
                 if gap is not None:
                     raise PeerError(
-                        f"rank {q} ({self._hb.host(w)}) stopped answering: the job's store "
-                        f"(on rank 0's or the torchrun agent's host) has not answered for "
-                        f"{gap:.0f} s; {what or self.describe()} cannot complete")
+                        f"rank {self.names[q]} ({self._hb.host(w)}) stopped answering: the "
+                        f"job's store (on rank 0's or the torchrun agent's host) has not "
+                        f"answered for {gap:.0f} s; {what or self.describe()} cannot complete")
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
               unsure: bool = False) -> None:
@@ -904,15 +908,59 @@ class TorchTransport(Transport):
     # --- groups -------------------------------------------------------------------------
 
     def split(self, ranks: Sequence[int], token: str,
-              remote: Sequence[int] | None = None) -> TorchTransport:
+              remote: Sequence[int] | None = None, *, names: Sequence[int] | None = None,
+              watch: Callable[[], None] | None = None) -> TorchTransport:
         """A new gloo group of ``ranks`` (its members call this), under a prefix named by
         ``token``; it shares this world's heartbeat.  ``remote`` as in the constructor
-        (numbered in the group; default every other member)."""
+        (numbered in the group; default every other member); ``names``, the ranks its
+        messages name (default its own numbering).
+
+        gloo's constructor waits for every member without a deadline of ringlet's and
+        without noticing a member that died (up to the group's gloo timeout, init_timeout
+        + 30 s), so the members first meet in the store under a :class:`Waiter`: this
+        rank's deadline, and ``watch`` (default :meth:`check`: this transport's peers)
+        between polls.  A member that failed or died before it came to build the group
+        then ends the wait within the liveness interval, and a timeout names the members
+        that did not come (in this transport's numbering)."""
         ranks = list(ranks)
+        me = ranks.index(self.rank)
+        prefix = f"{self.prefix}/s{token}"
+        self._meet(prefix, ranks, me, watch)
         return TorchTransport(
-            self._store, ranks.index(self.rank), len(ranks), self._given,
-            f"{self.prefix}/s{token}", remote=remote,
-            world_ranks=[self._world[r] for r in ranks], heartbeat=self._hb)
+            self._store, me, len(ranks), self._given, prefix, remote=remote,
+            world_ranks=[self._world[r] for r in ranks], heartbeat=self._hb, names=names)
+
+    def _meet(self, prefix: str, ranks: list[int], me: int,
+              watch: Callable[[], None] | None) -> None:
+        """Wait until every member of the group ``prefix`` of ``ranks`` has said it came
+        (the key the group's constructor sets too; see :meth:`split`)."""
+        check = watch if watch is not None else self.check
+        keys = self._d.PrefixStore(f"{prefix}/", self._store)
+        every = [f"here/{i}" for i in range(len(ranks))]
+
+        def store(op: Callable[[], Any]) -> Any:
+            try:
+                return op()
+            except Exception as exc:  # noqa: BLE001 - the store's host ended or is unreachable
+                check()   # a peer that died or aborted says it better
+                raise PeerError(f"rank {self.names[self.rank]}: the job's store failed while "
+                                f"the gloo group of ranks {ranks} was built in "
+                                f"{self.describe()} ({_first_line(exc)})") from None
+
+        def came(which: list[str]) -> bool:
+            return bool(store(lambda: keys.check(which)))
+
+        def absent() -> list[int]:
+            return [ranks[i] for i in range(len(ranks)) if not came([f"here/{i}"])]
+
+        store(lambda: keys.set(f"here/{me}", "1"))
+        if came(every):
+            return
+        waiter = Waiter(self.settings,
+                        lambda: f"{self.describe()}, building the gloo group of ranks {ranks}",
+                        absent, check)
+        while not came(every):
+            waiter.pause()
 
     # --- the engine's own collectives -----------------------------------------------------
 
@@ -1048,8 +1096,8 @@ class TorchTransport(Transport):
                     break
                 with self._cv:
                     self._cv.wait(0.01)
-            raise PeerError(f"rank {self.rank}: gloo's {collective} failed in {what()}: "
-                            f"{_gloo_message(exc)}") from None
+            raise PeerError(f"rank {self.names[self.rank]}: gloo's {collective} failed in "
+                            f"{what()}: {_gloo_message(exc)}") from None
 
 
 _NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",

@@ -1,0 +1,44 @@
+"""The last rank dies where its first call on the engine's all_reduce would build its rail.
+
+Run as ``ringlet run --nodes 2 -n 4 rails_dead.py`` with ``RINGLET_RAILS=native``
+(torch engine).  Every rank builds its rail's gloo group on the first two-level
+all_reduce that crosses on the engine's all_reduce, after its node's phase 1; the
+last rank exits there instead (``os._exit(9)``), so its rail peer would wait in
+gloo's constructor, which knows neither ringlet's deadline nor a dead peer.  Each
+survivor prints a JSON line ``{"rank", "error", "message", "seconds"}``, then
+rank 0, which may host the job's store, stays a few seconds so that the others
+read what they read with the store up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+import ringlet
+
+
+def main() -> None:
+    comm = ringlet.init()
+    r = comm.rank
+    x = np.ones(1 << 16, np.float32)
+    comm.all_reduce(x, algorithm="ring")
+    if r == comm.size - 1:
+        comm._t.rail = lambda g: os._exit(9)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, algorithm="hierarchical")
+        got = {"error": None, "message": ""}
+    except Exception as exc:  # noqa: BLE001 - reported
+        got = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps({"rank": r, "seconds": time.monotonic() - t0, **got}), flush=True)
+    if r == 0:
+        time.sleep(3)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
