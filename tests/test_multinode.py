@@ -30,6 +30,7 @@ from jobs import clean_env
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
 RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
 RAILS_DEAD = Path(__file__).parent / "scripts" / "rails_dead.py"
+SERIALIZED = Path(__file__).parent / "scripts" / "mpi_serialized.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -87,6 +88,18 @@ def test_mpiexec_timeout_across_nodes_names_the_rank() -> None:
                           text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="3"))
     reports = _reports(proc.stdout)
     assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
+
+
+def test_mpi_thread_serialized_with_two_communicators() -> None:
+    """Under MPI_THREAD_SERIALIZED two communicators' worker threads (a world's and its
+    split's asynchronous all_reduces) take one lock for MPI: right sums on every rank
+    (with a lock per transport, messages were lost and MPICH crashed)."""
+    proc = subprocess.run(_mpmd(2, 2, script=SERIALIZED), capture_output=True, text=True,
+                          timeout=LIMIT, env=_env())
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert sorted(reports) == list(range(4)) and proc.returncode == 0, out
+    assert all(r["ok"] for r in reports.values()), out
 
 
 def test_mpiexec_nodes_that_are_not_blocks() -> None:

@@ -92,8 +92,12 @@ left (``tests/test_netns_jobs.py``, ``tests/scripts/mpi_errors.py``).
 Threads
 -------
 ringlet calls a communicator from its owner thread and, for asynchronous
-collectives, from one worker thread; the transport serialises its own MPI
-calls with a lock, so ``MPI_THREAD_SERIALIZED`` is enough.  :func:`world`
+collectives, from one worker thread; every communicator has its worker, so
+under ``MPI_THREAD_MULTIPLE`` each transport serialises its own MPI calls with
+a lock of its own, and under ``MPI_THREAD_SERIALIZED`` every transport of the
+process takes one lock (:data:`_SERIAL_LOCK`; per-transport locks let two
+communicators' workers call MPI at once: lost messages and a segfault with
+MPICH), so SERIALIZED is enough.  :func:`world`
 asks for ``MPI_THREAD_MULTIPLE`` (mpi4py's default, and what a program that
 makes its own MPI calls from other threads needs) and accepts SERIALIZED;
 with less (FUNNELED, SINGLE) it raises ConfigError.
@@ -478,6 +482,8 @@ def _reduction(MPI: Any, op: ReduceOp, dt: DType) -> tuple[Any, Any]:
 _OPEN: set[MpiTransport] = set()
 _LINGER: list[MpiTransport] = []
 _LINGER_LOCK = threading.Lock()
+#: every MPI call of the process, under MPI_THREAD_SERIALIZED (see Threads above)
+_SERIAL_LOCK = threading.RLock()
 
 
 def _sweep() -> None:
@@ -521,7 +527,10 @@ class MpiTransport(Transport):
         MPI = _mpi()
         self.MPI = MPI
         _sweep()
-        self.comm = comm.Dup()
+        self._lock = _SERIAL_LOCK if MPI.Query_thread() < MPI.THREAD_MULTIPLE \
+            else threading.RLock()
+        with self._lock:
+            self.comm = comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
@@ -536,14 +545,14 @@ class MpiTransport(Transport):
             raise ArgumentError(f"remote peers {bad} are not other ranks of this "
                                 f"communicator (0..{self.size - 1}, this is rank {self.rank})")
         self._remote_set = frozenset(self.remote)
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local = node.Get_size()
-        node.Free()
+        with self._lock:
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            local = node.Get_size()
+            node.Free()
         self._given = settings
         #: the settings every wait uses: no spinning when this host's ranks outnumber cores
         self.settings = oversubscribed(settings, local)
         self.describe: Callable[[], str] = lambda: "a collective"
-        self._lock = threading.RLock()
         self._status = MPI.Status()
         self._pending: list[MpiSend | MpiRecv] = []     # collective requests not yet done
         # every message not yet done, held here: mpi4py frees the MPI request of a
@@ -1034,23 +1043,23 @@ class MpiTransport(Transport):
         if self.rank not in ranks:
             raise ArgumentError(f"split: rank {self.rank} is not a member of {ranks}")
         MPI = self.MPI
-        ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
-        digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
-        tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
-        group = self.comm.Get_group()
-        sub_group = group.Incl(ranks)
-        try:
-            with self._lock:
-                sub = self.comm.Create_group(sub_group, tag)
-        finally:
-            sub_group.Free()
-            group.Free()
         if remote is None:
             remote = [i for i, r in enumerate(ranks) if r in self._remote_set]
-        try:
-            t = MpiTransport(sub, self._given, remote)
-        finally:
-            sub.Free()
+        with self._lock:
+            ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
+            digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
+            tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
+            group = self.comm.Get_group()
+            sub_group = group.Incl(ranks)
+            try:
+                sub = self.comm.Create_group(sub_group, tag)
+            finally:
+                sub_group.Free()
+                group.Free()
+            try:
+                t = MpiTransport(sub, self._given, remote)
+            finally:
+                sub.Free()
         if names is not None:
             t.names = list(names)
         return t
