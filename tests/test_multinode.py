@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
 RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
 RAILS_DEAD = Path(__file__).parent / "scripts" / "rails_dead.py"
 SERIALIZED = Path(__file__).parent / "scripts" / "mpi_serialized.py"
+STARTUP = Path(__file__).parent / "scripts" / "mpi_startup.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -100,6 +102,47 @@ def test_mpi_thread_serialized_with_two_communicators() -> None:
     reports = {r["rank"]: r for r in _reports(proc.stdout)}
     assert sorted(reports) == list(range(4)) and proc.returncode == 0, out
     assert all(r["ok"] for r in reports.values()), out
+
+
+def test_mpiexec_startup_late_rank_times_out() -> None:
+    """Start-up's exchanges over MPI are nonblocking collectives under
+    RINGLET_INIT_TIMEOUT: a rank that comes 10 s late (MPI started) makes the others
+    fail after 3 s, saying what to check, and the job ends."""
+    t0 = time.monotonic()
+    proc = subprocess.run(_mpmd(2, 2, script=STARTUP), capture_output=True, text=True,
+                          timeout=LIMIT, env=_env(STARTUP_CASE="late",
+                                                  RINGLET_INIT_TIMEOUT="3"))
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert {0, 1, 2} <= set(reports), out
+    for q in (0, 1, 2):
+        r = reports[q]
+        assert r["error"] == "CommTimeoutError" and r["seconds"] < 8, out
+        assert "RINGLET_INIT_TIMEOUT" in r["message"] and "RINGLET_NODE" in r["message"], out
+    assert time.monotonic() - t0 < 90, out
+
+
+def test_mpiexec_startup_failure_on_one_node_fails_every_rank() -> None:
+    """A node whose shared-memory start-up fails (its two ranks differ in
+    RINGLET_SHM_SLOTS) fails every rank of the job with that ConfigError at once: the
+    other node's ranks hear it over MPI instead of waiting in the engine's next
+    collective for ever."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    py, script = sys.executable, str(STARTUP)
+    cmd = [MPIEXEC, "-n", "2", "-env", "RINGLET_NODE", "n0", py, script, ":",
+           "-n", "1", "-env", "RINGLET_NODE", "n1", py, script, ":",
+           "-n", "1", "-env", "RINGLET_NODE", "n1", "-env", "RINGLET_SHM_SLOTS", "8", py, script]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(STARTUP_CASE="node"))
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert sorted(reports) == list(range(4)), out
+    for r in reports.values():
+        assert r["error"] == "ConfigError" and "RINGLET_SHM_SLOTS" in r["message"], out
+        assert r["seconds"] < 20, out
+    assert "could not start" in reports[0]["message"], out
 
 
 def test_mpiexec_nodes_that_are_not_blocks() -> None:

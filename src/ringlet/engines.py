@@ -9,9 +9,16 @@ When a job spans nodes (see :func:`engine_for`), :func:`ringlet.init` does:
    job id (rank 0's) over it, so every rank computes the same
    :class:`~ringlet.topology.Topology`;
 3. start shared memory among the ranks of its node (the one-host start-up of
-   :mod:`ringlet.startup`, per node), and the engine transport for the peers
-   on other nodes;
-4. return a :class:`~ringlet.transport.routed.RoutedTransport` over both.
+   :mod:`ringlet.startup`, per node), then tell every rank over the engine
+   whether that worked: a node whose start-up failed (settings that differ, a
+   rank that died or never came) fails every rank of the job with its error,
+   instead of leaving the other nodes in the engine's next collective;
+4. start the engine transport for the peers on other nodes, and return a
+   :class:`~ringlet.transport.routed.RoutedTransport` over both.
+
+Every wait has ``RINGLET_INIT_TIMEOUT``: the torch store's waits have it as
+their timeout, and MPI's exchanges are nonblocking collectives polled under it
+(calling start-up's check between polls: a held signal, an orphaned rank).
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .config import Settings
 from .env import LaunchInfo
-from .errors import ConfigError
+from .errors import CommTimeoutError, ConfigError, PeerError, RingletError
 from .topology import Topology, node_key
 from .transport.base import Transport
 
@@ -61,25 +70,64 @@ class _Mpi:
 
     name = "mpi"
 
-    def __init__(self, settings: Settings, rank: int, size: int) -> None:
+    def __init__(self, settings: Settings, rank: int, size: int,
+                 check: Callable[[], None] | None = None) -> None:
         from .transport import mpi as tm
 
         self.tm = tm
         self.settings = settings
+        self.rank = rank
+        self.check = check
         self.comm = tm.world_comm()
         if (self.comm.Get_rank(), self.comm.Get_size()) != (rank, size):
             raise ConfigError(
                 f"MPI says this is rank {self.comm.Get_rank()} of {self.comm.Get_size()}, the "
                 f"launcher's variables say rank {rank} of {size}: run one job per mpiexec")
 
-    def allgather(self, text: str) -> list[str]:
-        return [str(t) for t in self.comm.allgather(text)]
+    def _wait(self, req: Any, what: str) -> None:
+        """Poll a nonblocking collective of start-up until it completes, under
+        RINGLET_INIT_TIMEOUT (MPI's blocking ones would wait for ever, deaf to signals)."""
+        from .wait import Waiter
+
+        if req.Test():
+            return
+        waiter = Waiter(
+            self.settings, lambda: f"rank {self.rank}'s start-up over MPI ({what})", list,
+            self.check, timeout=self.settings.init_timeout,
+            advice=lambda: (
+                "not every rank of the MPI job reached it (MPI's collectives do not say "
+                "which). A rank that did not call ringlet.init(), or whose RINGLET_NODE or "
+                "RINGLET_ENGINE differs from the others' (it starts without the engine), "
+                "never comes; if the ranks are just slow, raise RINGLET_INIT_TIMEOUT "
+                "(seconds)"))
+        while not req.Test():
+            waiter.pause()
+
+    def allgather(self, text: str, name: str = "key") -> list[str]:
+        data = np.frombuffer(text.encode(), np.uint8)
+        counts = np.zeros(self.comm.Get_size(), np.int64)
+        what = _EXCHANGES.get(name, name)
+        self._wait(self.comm.Iallgather(np.array([data.size], np.int64), counts), what)
+        got = np.empty(max(1, int(counts.sum())), np.uint8)
+        self._wait(self.comm.Iallgatherv(data, [got, [int(c) for c in counts]]), what)
+        ends = np.cumsum(counts)
+        return [bytes(got[e - c:e]).decode() for c, e in zip(counts, ends, strict=True)]
 
     def from_rank0(self, text: str) -> str:
-        return str(self.comm.bcast(text, root=0))
+        n = np.array([len(text.encode())], np.int64)
+        self._wait(self.comm.Ibcast(n, root=0), "the job id")
+        buf = np.frombuffer(text.encode(), np.uint8).copy() if self.rank == 0 else \
+            np.empty(int(n[0]), np.uint8)
+        if buf.size:
+            self._wait(self.comm.Ibcast(buf, root=0), "the job id")
+        return bytes(buf).decode()
 
     def transport(self, remote: list[int]) -> Transport:
         return self.tm.MpiTransport(self.comm, self.settings, remote=remote)
+
+
+#: what start-up's exchanges are, for a timeout's message
+_EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict"}
 
 
 class _Torch:
@@ -101,9 +149,9 @@ class _Torch:
         else:   # a store of the caller's own (a torch process group's): its keys are ours
             self.store, self.prefix = store, "ringlet"
 
-    def allgather(self, text: str) -> list[str]:
-        self.store.set(f"{self.prefix}/key/{self.rank}", text)
-        keys = [f"{self.prefix}/key/{q}" for q in range(self.size)]
+    def allgather(self, text: str, name: str = "key") -> list[str]:
+        self.store.set(f"{self.prefix}/{name}/{self.rank}", text)
+        keys = [f"{self.prefix}/{name}/{q}" for q in range(self.size)]
         self.store.wait(keys)
         return [bytes(self.store.get(k)).decode() for k in keys]
 
@@ -121,16 +169,18 @@ class _Torch:
 
 def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | None,
           local_start: Callable[[int, int, str], Any], store: Any = None,
-          keep_engine: bool = True) -> tuple[str, Transport, Topology]:
+          keep_engine: bool = True, check: Callable[[], None] | None = None
+          ) -> tuple[str, Transport, Topology]:
     """Steps 1 to 4 of the module documentation; ``local_start(local rank, local size,
     node job id)`` is the one-host start-up, returning (job id, ShmTransport).
 
     ``store``: meet on this torch store (engine torch) instead of the env:// one.
     ``keep_engine=False``: a job that turns out to be on one node gets shared memory
-    only (its fused paths), without the engine."""
+    only (its fused paths), without the engine.  ``check``: called between the polls
+    of MPI's exchanges (start-up's: a held signal, an orphaned rank)."""
     from .transport.routed import RoutedTransport
 
-    boot: _Mpi | _Torch = _Mpi(settings, rank, size) if engine == "mpi" else \
+    boot: _Mpi | _Torch = _Mpi(settings, rank, size, check) if engine == "mpi" else \
         _Torch(settings, rank, size, store)
     keys = boot.allgather(node_key(settings))
     job = boot.from_rank0(job_id or secrets.token_hex(16) if rank == 0 else "")
@@ -144,8 +194,13 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
         topo = Topology(topo.nodes, topo.node, engine)
     here = topo.local_ranks
     local = None
+    failed: RingletError | None = None
     if len(here) > 1:
-        local = local_start(here.index(rank), len(here), f"{job}-n{topo.node}")[1]
+        try:
+            local = local_start(here.index(rank), len(here), f"{job}-n{topo.node}")[1]
+        except RingletError as exc:
+            failed = exc
+    _verdict(boot, failed, local)
     remote = [q for q in range(size) if q not in here]
     try:
         eng = boot.transport(remote)
@@ -154,3 +209,27 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
             local.close()
         raise
     return job, RoutedTransport(rank, topo.node_of(), local, eng), topo
+
+
+_KINDS: dict[str, type[RingletError]] = {"ConfigError": ConfigError,
+                                         "CommTimeoutError": CommTimeoutError}
+
+
+def _verdict(boot: _Mpi | _Torch, failed: RingletError | None, local: Any) -> None:
+    """Step 3's verdict over the engine: raise on every rank if any rank's node failed to
+    start (its own error on a rank that failed; the first failed rank's, naming it, on
+    the others: a ConfigError stays one, and a timeout, so that every rank reads why)."""
+    said = boot.allgather("" if failed is None else f"{type(failed).__name__}:{failed}",
+                          "verdict")
+    bad = [(q, v) for q, v in enumerate(said) if v]
+    if not bad:
+        return
+    if local is not None:
+        local.close()
+    if failed is not None:
+        raise failed
+    q, text = bad[0]
+    kind, _, why = text.partition(":")
+    more = f" (and {len(bad) - 1} more rank{'s' if len(bad) > 2 else ''})" \
+        if len(bad) > 1 else ""
+    raise _KINDS.get(kind, PeerError)(f"rank {q}'s node could not start{more}: {why}")

@@ -38,6 +38,9 @@ Start-up guarantees
   world size) all fail at once with one :class:`ConfigError` naming every
   difference.  A rank that dies, and the launcher itself exiting (its ranks
   orphaned), make the others fail at once with a :class:`PeerError`.
+  Across nodes, a node whose start-up failed fails every rank of the job
+  (:func:`ringlet.engines.start`); ``MPI_Init`` is MPI's own start-up and waits
+  for every rank, unbounded, with signals not held.
 - *Nothing left behind.*  While ranks wait for each other nothing exists in
   the shared-memory directory, so even SIGKILL of every rank (what mpiexec's
   proxies do when mpiexec dies) leaves nothing.  Segments exist only from
@@ -124,6 +127,14 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
         from .comm import _configure_logging
 
         _configure_logging(settings.debug)
+    if engine == "mpi":
+        # MPI_Init waits for every rank of the job (MPI's own start-up, which no deadline
+        # of ringlet's can bound) and leaves nothing to clean up: it runs before signals
+        # are held, so that SIGTERM and SIGINT (mpiexec's, a user's) still end a rank
+        # stuck there, e.g. when another rank never starts MPI
+        from .transport.mpi import world_comm
+
+        world_comm()
     held: list[int] = []
     started: tuple[str, Transport, Topology] | None = None
     try:
@@ -137,7 +148,8 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
                     from .engines import start
 
                     started = start(engine, rank, size, settings, job_id,
-                                    lambda lr, ls, j: _start(lr, ls, settings, j, None, check))
+                                    lambda lr, ls, j: _start(lr, ls, settings, j, None, check),
+                                    check=check)
     finally:
         if held:
             if started is not None:
@@ -443,8 +455,10 @@ def _join(name: str, hello: dict[str, Any], settings: Settings,
                 f"start-up timed out after {settings.init_timeout:g} s "
                 f"(RINGLET_INIT_TIMEOUT): rank {hello['rank']} of {hello['size']} found no "
                 f"rank 0 at the rendezvous {_shown(name)}. Check that rank 0 runs and calls "
-                f"ringlet.init(), that it did not fail first (see its output), and that all "
-                f"ranks were started by the same launcher")
+                f"ringlet.init(), that it did not fail first (see its output), that all "
+                f"ranks were started by the same launcher, and that RINGLET_NODE and "
+                f"RINGLET_ENGINE are the same on every rank (a rank with either set differently "
+                f"starts over MPI or torch.distributed instead of this rendezvous)")
         time.sleep(delay)
         delay = min(delay * 2, _POLL)
     try:
