@@ -2,8 +2,8 @@
 
 ``STARTUP_CASE`` (environment):
 
-- ``late``: every rank starts MPI, then the last rank waits 10 s before
-  ``ringlet.init()``; with ``RINGLET_INIT_TIMEOUT=3`` the others time out in
+- ``late``: every rank starts MPI, then the last rank waits 6 s before
+  ``ringlet.init()``; with ``RINGLET_INIT_TIMEOUT=2`` the others time out in
   start-up's exchange over MPI (nonblocking collectives under the deadline);
 - ``node``: ranks differ in ``RINGLET_SHM_*`` inside one node (set by the
   launch): that node's start-up fails, and every rank of the job gets its
@@ -29,7 +29,7 @@ import ringlet
 def main() -> int:
     r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     if os.environ.get("STARTUP_CASE") == "late" and r == n - 1:
-        time.sleep(10)
+        time.sleep(6)
     t0 = time.monotonic()
     try:
         comm = ringlet.init()

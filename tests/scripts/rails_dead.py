@@ -36,7 +36,7 @@ def main() -> None:
         got = {"error": type(exc).__name__, "message": str(exc)}
     print(json.dumps({"rank": r, "seconds": time.monotonic() - t0, **got}), flush=True)
     if r == 0:
-        time.sleep(3)
+        time.sleep(2)
     comm.close()
 
 
