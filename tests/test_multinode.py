@@ -104,6 +104,24 @@ def test_mpi_thread_serialized_with_two_communicators() -> None:
     assert all(r["ok"] for r in reports.values()), out
 
 
+def test_mpi_rail_member_late_times_out_naming_it() -> None:
+    """MPI_Comm_create_group waits for every member without a deadline: the members of a
+    new MPI group (here a rail, RINGLET_RAILS=native) first meet under the deadline.  A
+    rank 6 s late to build its rail fails its rail peer after the 2 s timeout, naming
+    it (before, that peer waited in MPI for it and then returned as if nothing had
+    happened, while the other ranks had failed), and every rank ends in an error."""
+    cmd = _mpmd(2, 2, "--late", "6", script=RAILS_DEAD)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_RAILS="native", RINGLET_TIMEOUT="2"))
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert sorted(reports) == [0, 1, 2, 3], out
+    assert all(r["error"] in ("CommTimeoutError", "PeerError") for r in reports.values()), out
+    one = reports[1]
+    assert one["error"] == "CommTimeoutError" and one["seconds"] < 5, out
+    assert "building the MPI group of ranks [1, 3]: rank 3 did not arrive" in one["message"]
+
+
 def test_mpiexec_startup_late_rank_times_out() -> None:
     """Start-up's exchanges over MPI are nonblocking collectives under
     RINGLET_INIT_TIMEOUT: a rank that comes 6 s late (MPI started) makes the others

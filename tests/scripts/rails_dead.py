@@ -1,4 +1,5 @@
-"""The last rank dies where its first call on the engine's all_reduce would build its rail.
+"""The last rank dies (or is late) where its first call on the engine's all_reduce would
+build its rail.
 
 Run as ``ringlet run --nodes 2 -n 4 rails_dead.py`` with ``RINGLET_RAILS=native``
 (torch engine).  Every rank builds its rail's gloo group on the first two-level
@@ -8,10 +9,15 @@ gloo's constructor, which knows neither ringlet's deadline nor a dead peer.  Eac
 survivor prints a JSON line ``{"rank", "error", "message", "seconds"}``, then
 rank 0, which may host the job's store, stays a few seconds so that the others
 read what they read with the store up.
+
+With ``--late S`` the last rank sleeps S seconds there and then builds its rail (under
+mpiexec, whose ``MPI_Comm_create_group`` would wait for it without a deadline), and
+prints its line too.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -22,12 +28,21 @@ import ringlet
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--late", type=float, default=0.0)
+    args = ap.parse_args()
     comm = ringlet.init()
     r = comm.rank
     x = np.ones(1 << 16, np.float32)
     comm.all_reduce(x, algorithm="ring")
     if r == comm.size - 1:
-        comm._t.rail = lambda g: os._exit(9)
+        rail = comm._t.rail
+
+        def late(g: int) -> object:
+            time.sleep(args.late)
+            return rail(g)
+
+        comm._t.rail = late if args.late else lambda g: os._exit(9)
     t0 = time.monotonic()
     try:
         comm.all_reduce(x, algorithm="hierarchical")

@@ -398,9 +398,9 @@ class Transport(ABC):
         status frames cover, as ``remote=`` of its constructor; default all
         other members.  ``names``: the ranks the new transport's messages name
         (default its own numbering; a rail group's are its communicator's ranks).
-        ``watch``: raises if a peer failed, called while the members gather, where
-        the engine can wait for them under a deadline (the torch engine; MPI's
-        ``MPI_Comm_create_group`` cannot be bounded)."""
+        ``watch``: raises if a peer failed, called while the members gather under
+        the deadline before the engine builds the group (gloo's constructor and
+        ``MPI_Comm_create_group`` wait without one)."""
 
 
 # --- agreement and status by messages ---------------------------------------------------

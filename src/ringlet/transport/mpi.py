@@ -146,7 +146,7 @@ from .shm import oversubscribed
 PIECE_BYTES = base.PIECE_BYTES
 #: scratch buffers kept for reuse (receives that reduce, sends of several parts)
 _POOL_MAX = 8
-#: the channels' MPI tags; split() derives its Create_group tag above them
+#: the channels' MPI tags; split() derives its meeting's and Create_group's tag above them
 _TAGS = {COLL: 0, P2P: 1, CTRL: 2, STATUS: 3}
 _SPLIT_TAG_BASE = 16
 #: at exit, how long a transport that did not fail waits for the remote peers' last words
@@ -1038,7 +1038,14 @@ class MpiTransport(Transport):
         """The transport of the group ``ranks`` (this transport's ranks, in the group's
         order): ``MPI_Comm_create_group``, collective over the members only, with a tag
         derived from ``token``.  ``remote`` (group ranks) defaults to the members that
-        are remote peers of this transport."""
+        are remote peers of this transport.
+
+        ``MPI_Comm_create_group`` waits for every member without a deadline, so the
+        members first meet (:meth:`_meet`: nonblocking messages under this rank's
+        deadline, calling ``watch``, default :meth:`check`, between polls).  A member
+        that failed before it came, or is late, then ends the wait with an error that
+        names it; only a member that dies between the meeting and the group's creation
+        can still hang it (where mpiexec does not end the job)."""
         ranks = [int(r) for r in ranks]
         if self.rank not in ranks:
             raise ArgumentError(f"split: rank {self.rank} is not a member of {ranks}")
@@ -1047,8 +1054,10 @@ class MpiTransport(Transport):
             remote = [i for i, r in enumerate(ranks) if r in self._remote_set]
         with self._lock:
             ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
-            digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
-            tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
+        digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
+        tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
+        self._meet(ranks, tag, watch)
+        with self._lock:
             group = self.comm.Get_group()
             sub_group = group.Incl(ranks)
             try:
@@ -1063,3 +1072,50 @@ class MpiTransport(Transport):
         if names is not None:
             t.names = list(names)
         return t
+
+    def _meet(self, ranks: list[int], tag: int, watch: Callable[[], None] | None) -> None:
+        """Wait under the deadline until every member of the group ``ranks`` has come to
+        build it: each member sends every other one an empty message (tag ``tag``, on this
+        transport's communicator, where a split's tags are above the channels') and
+        waits for theirs.  Messages of one pair keep their order, so a later split
+        with the same tag cannot take this one's."""
+        MPI = self.MPI
+        check = watch if watch is not None else self.check
+        others = [r for r in ranks if r != self.rank]
+        if not others:
+            return
+        hello = np.zeros(1, np.uint8)
+        got = np.zeros(len(others), np.uint8)
+        with self._lock:
+            sends = [self.comm.Issend([hello, 0, MPI.BYTE], dest=r, tag=tag) for r in others]
+            recvs = [self.comm.Irecv([got[i:i + 1], 0, MPI.BYTE], source=r, tag=tag)
+                     for i, r in enumerate(others)]
+        came = [False] * len(others)
+
+        def absent() -> list[int]:
+            return [self.names[r] for r, c in zip(others, came, strict=True) if not c]
+
+        waiter = Waiter(self.settings,
+                        lambda: f"{self.describe()}, building the MPI group of ranks "
+                                f"{[self.names[r] for r in ranks]}",
+                        absent, check)
+        try:
+            while True:
+                with self._lock:
+                    for i, req in enumerate(recvs):
+                        if not came[i] and req.Test():
+                            came[i] = True
+                    sent = MPI.Request.Testall(sends)
+                if sent and all(came):
+                    return
+                waiter.pause()
+        except BaseException:
+            with self._lock:   # the wait failed: take back what can be taken back
+                for i, req in enumerate(recvs):
+                    if not came[i]:
+                        req.Cancel()
+                        req.Wait()
+                for req in sends:
+                    if req != MPI.REQUEST_NULL:
+                        req.Free()
+            raise
