@@ -87,7 +87,7 @@ def test_mpiexec_emulated_nodes(nodes: int, per: int) -> None:
 
 def test_mpiexec_timeout_across_nodes_names_the_rank() -> None:
     proc = subprocess.run(_mpmd(2, 2, "--errors", "--timeout"), capture_output=True,
-                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="3"))
+                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="2"))
     reports = _reports(proc.stdout)
     assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
 
@@ -200,7 +200,7 @@ def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:
     _torch()
     proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
                            str(SCRIPT), "--errors", "--timeout"], capture_output=True,
-                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="3"))
+                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="2"))
     reports = _reports(proc.stdout)
     assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
 

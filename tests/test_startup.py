@@ -209,7 +209,7 @@ def _kill_rank(size: int, victim: int, wait: float, **extra: str) -> list[dict[s
 
 def test_peer_killed_at_the_rendezvous_is_named(shm_dir: None) -> None:
     # rank 2 is late, so ranks 0 and 1 wait at the rendezvous when rank 1 dies
-    reports = _kill_rank(3, 1, 1.0, STARTUP_SLEEP="2:3", RINGLET_INIT_TIMEOUT="10")
+    reports = _kill_rank(3, 1, 1.0, STARTUP_SLEEP="2:2.5", RINGLET_INIT_TIMEOUT="5")
     pid1 = next(r["pid"] for r in reports if r["rank"] == 1 and "pid" in r)
     err = _errors(reports)[0]
     assert err["error"] == "PeerError"

@@ -20,7 +20,7 @@ from mpi_common import Report, communicator, guarded
 from ringlet.comm import Communicator
 from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError, PeerError, RingletError
 
-TIMEOUT = 2.0   # the short deadline of the timeout test, seconds
+TIMEOUT = 1.0   # the short deadline of the timeout test, seconds
 
 
 def mismatch(comm: Communicator, rep: Report) -> None:
@@ -114,7 +114,7 @@ def timeout(rep: Report) -> None:
         took = time.monotonic() - start
         rep.check(TIMEOUT * 0.9 < took < TIMEOUT + 8, f"timed out after {took:.1f} s")
     else:
-        time.sleep(TIMEOUT + 2)
+        time.sleep(TIMEOUT + 1.5)
         # the peers gave up and left without a word: this rank's call times out too
         others = ", ".join(map(str, range(late)))
         rep.expect_raise(CommTimeoutError, lambda: comm.all_reduce(np.ones(4)),
