@@ -144,7 +144,7 @@ def test_mpiexec_startup_failure_on_one_node_fails_every_rank() -> None:
     """A node whose shared-memory start-up fails (its two ranks differ in
     RINGLET_SHM_SLOTS) fails every rank of the job with that ConfigError at once: the
     other node's ranks hear it over MPI instead of waiting in the engine's next
-    collective for ever."""
+    collective for ever.  The message names the ranks by their ranks in the job."""
     if MPIEXEC is None:
         pytest.skip("mpiexec is not installed (pip install mpich)")
     pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
@@ -161,6 +161,9 @@ def test_mpiexec_startup_failure_on_one_node_fails_every_rank() -> None:
         assert r["error"] == "ConfigError" and "RINGLET_SHM_SLOTS" in r["message"], out
         assert r["seconds"] < 20, out
     assert "could not start" in reports[0]["message"], out
+    # the node's ranks are named by their ranks in the job, not on the node
+    for r in reports.values():
+        assert "RINGLET_SHM_SLOTS: rank 2 has 4; rank 3 has 8" in r["message"], out
 
 
 def test_mpiexec_nodes_that_are_not_blocks() -> None:

@@ -24,7 +24,7 @@ their timeout, and MPI's exchanges are nonblocking collectives polled under it
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -168,11 +168,13 @@ class _Torch:
 
 
 def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | None,
-          local_start: Callable[[int, int, str], Any], store: Any = None,
+          local_start: Callable[[int, int, str, Sequence[int] | None], Any],
+          store: Any = None,
           keep_engine: bool = True, check: Callable[[], None] | None = None
           ) -> tuple[str, Transport, Topology]:
     """Steps 1 to 4 of the module documentation; ``local_start(local rank, local size,
-    node job id)`` is the one-host start-up, returning (job id, ShmTransport).
+    node job id, the node's ranks in the job or None)`` is the one-host start-up,
+    returning (job id, ShmTransport).
 
     ``store``: meet on this torch store (engine torch) instead of the env:// one.
     ``keep_engine=False``: a job that turns out to be on one node gets shared memory
@@ -189,7 +191,7 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
                           "per launcher")
     topo = Topology.from_keys(keys, rank, engine)
     if topo.engine is None and not keep_engine:
-        return job, local_start(rank, size, job)[1], Topology.single(size)
+        return job, local_start(rank, size, job, None)[1], Topology.single(size)
     if topo.engine is None:   # one node, engine forced: it stays available (native)
         topo = Topology(topo.nodes, topo.node, engine)
     here = topo.local_ranks
@@ -197,7 +199,8 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
     failed: RingletError | None = None
     if len(here) > 1:
         try:
-            local = local_start(here.index(rank), len(here), f"{job}-n{topo.node}")[1]
+            local = local_start(here.index(rank), len(here), f"{job}-n{topo.node}",
+                                here)[1]
         except RingletError as exc:
             failed = exc
     _verdict(boot, failed, local)

@@ -67,7 +67,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from .comm import Communicator
@@ -148,7 +148,8 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
                     from .engines import start
 
                     started = start(engine, rank, size, settings, job_id,
-                                    lambda lr, ls, j: _start(lr, ls, settings, j, None, check),
+                                    lambda lr, ls, j, names: _start(lr, ls, settings, j, None,
+                                                                    check, names),
                                     check=check)
     finally:
         if held:
@@ -198,15 +199,19 @@ def init_on_store(store: Any, rank: int, size: int, *,
     from .engines import start
 
     job_id, t, topo = start("torch", rank, size, settings, None,
-                            lambda lr, ls, j: _start(lr, ls, settings, j, None, lambda: None),
+                            lambda lr, ls, j, names: _start(lr, ls, settings, j, None,
+                                                            lambda: None, names),
                             store=store, keep_engine=settings.engine == "torch")
     _log(f"rank {rank} of {size} (on a torch store): {topo.describe()}")
     return _aligned(Communicator(rank, size, t, settings, job_id, topo))
 
 
 def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,
-           check: Callable[[], None]) -> tuple[str, ShmTransport]:
-    """The rendezvous, then the shared-memory transport's start-up."""
+           check: Callable[[], None], names: Sequence[int] | None = None
+           ) -> tuple[str, ShmTransport]:
+    """The rendezvous, then the shared-memory transport's start-up.  ``names``: the job's
+    ranks of this node's ranks, where the node is part of a multi-node job (messages
+    name those; ``rank`` and ``size`` are the node's)."""
     pids = [0] * size
     if size > 1:
         name = _job_rendezvous_name(job_id) if job_id is not None else \
@@ -214,13 +219,15 @@ def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: st
         hello = {"rank": rank, "size": size, "pid": os.getpid(),
                  "shm": [getattr(settings, n) for n in _SHAPE]}
         if rank == 0:
-            job_id, pids = _serve(name, hello, job_id, settings, check)
+            job_id, pids = _serve(name, hello, job_id, settings, check, names)
         else:
             job_id, pids = _join(name, hello, settings, check)
     elif job_id is None:
         job_id = secrets.token_hex(16)
     _log(f"rank {rank} of {size}: job {job_id[:8]}, ranks' pids {pids}")
     t = ShmTransport(rank, size, f"ringlet-{job_id}-w", settings)
+    if names is not None:
+        t.names = list(names)
     t.pids[:] = pids
     t.connect(settings.init_timeout, check=check)
     return job_id, t
@@ -250,7 +257,8 @@ def _shown(name: str) -> str:
 
 
 def _serve(name: str, mine: dict[str, Any], job_id: str | None, settings: Settings,
-           check: Callable[[], None]) -> tuple[str, list[int]]:
+           check: Callable[[], None], names: Sequence[int] | None = None
+           ) -> tuple[str, list[int]]:
     """Rank 0: wait for every rank's hello, then answer all with the job id and pids."""
     size = mine["size"]
     deadline = time.monotonic() + settings.init_timeout
@@ -274,7 +282,7 @@ def _serve(name: str, mine: dict[str, Any], job_id: str | None, settings: Settin
                         _read_hello(s, peers, hellos, mine, sel)
                     else:   # a rank that said hello closed its end: it ended
                         _closed(s, hellos)
-            _compare(mine, [h for _, h in hellos.values()])
+            _compare(mine, [h for _, h in hellos.values()], names)
             job = secrets.token_hex(16) if job_id is None else job_id
             pids = [mine["pid"]] + [hellos[q][1]["pid"] for q in range(1, size)]
             for s, _ in hellos.values():
@@ -409,15 +417,20 @@ def _closed(s: socket.socket, hellos: dict[int, tuple[socket.socket, dict[str, A
                     f"every rank had arrived; see its output for why")
 
 
-def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]]) -> None:
-    """One ConfigError naming every shared-memory setting on which ranks differ."""
+def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]],
+             names: Sequence[int] | None = None) -> None:
+    """One ConfigError naming every shared-memory setting on which ranks differ (by their
+    ranks in the job: ``names``, where this is one node of a multi-node job)."""
+    def name(q: int) -> int:
+        return int(names[q]) if names is not None else q
+
     diffs = []
     for i, n in enumerate(_SHAPE):
         odd = [h for h in theirs if h["shm"][i] != mine["shm"][i]]
         if odd:
-            others = "; ".join(f"rank {h['rank']} has {h['shm'][i]}"
+            others = "; ".join(f"rank {name(h['rank'])} has {h['shm'][i]}"
                                for h in sorted(odd, key=lambda h: h["rank"]))
-            diffs.append(f"RINGLET_{n.upper()}: rank 0 has {mine['shm'][i]}; {others}")
+            diffs.append(f"RINGLET_{n.upper()}: rank {name(0)} has {mine['shm'][i]}; {others}")
     if diffs:
         raise ConfigError("ranks must use the same shared-memory settings; " +
                           " | ".join(diffs))
