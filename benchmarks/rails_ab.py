@@ -20,8 +20,11 @@ own calls and puts it back):
   at 4 MiB: :data:`ringlet.algorithms.hierarchical.PIPELINE_PIECE_BYTES`);
 - ``pin``: every thread of a rank on one core, the host's (host 0 on core 0,
   host 1 on core 1), as if each host had its own CPU;
-- ``nap1``: waits that found nothing nap 1 ms instead of 0.2 ms
+- ``nap1``, ``nap5``: waits that found nothing nap 1 or 5 ms instead of 0.2 ms
   (``ringlet.transport.torch._NAP_S``);
+- ``lsleep50``, ``lspin300``: waits for messages inside the node (phases 1 and 3)
+  sleep at most 50 us at a time instead of 200, or spin 300 us before they sleep
+  instead of 50;
 - ``gloo1``: the rails' gloo groups with one worker thread instead of two (gloo
   then runs the pieces' all_reduces one after the other), on a communicator split
   from the world for it.
@@ -40,7 +43,8 @@ from typing import Any
 
 import multihost  # this script's folder: parse_size, the jobs' environment
 
-VARIANTS = ("base", "pieces1", "pieces4", "pieces8", "pin", "nap1", "gloo1")
+VARIANTS = ("base", "pieces1", "pieces4", "pieces8", "pin", "nap1", "nap5", "lsleep50",
+            "lspin300", "gloo1")
 
 
 def _variants(comm: Any, nbytes: int) -> dict[str, Callable[[], Callable[[], None]]]:
@@ -79,13 +83,26 @@ def _variants(comm: Any, nbytes: int) -> dict[str, Callable[[], Callable[[], Non
         threads({comm.topology.node % ncpu})
         return lambda: threads(set(range(ncpu)))
 
-    def nap1() -> Callable[[], None]:
-        old = tt._NAP_S
-        tt._NAP_S = 1e-3
+    def nap(seconds: float) -> Callable[[], Callable[[], None]]:
+        def on() -> Callable[[], None]:
+            old = tt._NAP_S
+            tt._NAP_S = seconds
 
-        def off() -> None:
-            tt._NAP_S = old
-        return off
+            def off() -> None:
+                tt._NAP_S = old
+            return off
+        return on
+
+    def local(**settings: float) -> Callable[[], Callable[[], None]]:
+        def on() -> Callable[[], None]:
+            t = comm._t
+            old = t._local_wait
+            t._local_wait = old.replace(**settings)
+
+            def off() -> None:
+                t._local_wait = old
+            return off
+        return on
 
     class OneThread:
         def __new__(cls, store: Any, rank: int, size: int, timeout: Any) -> Any:
@@ -103,7 +120,9 @@ def _variants(comm: Any, nbytes: int) -> dict[str, Callable[[], Callable[[], Non
         return off
 
     return {"base": lambda: nothing, "pieces1": pieces(1), "pieces4": pieces(4),
-            "pieces8": pieces(8), "pin": pin, "nap1": nap1, "gloo1": gloo1}
+            "pieces8": pieces(8), "pin": pin, "nap1": nap(1e-3), "nap5": nap(5e-3),
+            "lsleep50": local(sleep_us=50.0), "lspin300": local(spin_us=300.0),
+            "gloo1": gloo1}
 
 
 def rank_main(names: list[str], nbytes: int, calls: int) -> None:
