@@ -85,6 +85,14 @@ def test_errors_reach_every_rank(n: int) -> None:
     _mpiexec("mpi_errors.py", n)
 
 
+@needs_mpi
+def test_split_whose_member_gave_up_ends_on_every_rank() -> None:
+    """A split's first member times out before its last comes: the others must not
+    build the group without it (they waited in MPI_Comm_create_group for ever), but
+    raise naming it, and every rank's communicator is broken."""
+    _mpiexec("mpi_split_late.py", 3)
+
+
 # --- without MPI ---------------------------------------------------------------------------
 
 

@@ -484,6 +484,13 @@ _LINGER: list[MpiTransport] = []
 _LINGER_LOCK = threading.Lock()
 #: every MPI call of the process, under MPI_THREAD_SERIALIZED (see Threads above)
 _SERIAL_LOCK = threading.RLock()
+#: under MPI_THREAD_SERIALIZED, held while a group is built (MpiTransport.split)
+_GROUPS_LOCK = threading.Lock()
+#: a group's meeting (MpiTransport._meet): its words, and how long a member that failed in
+#: its second round still waits for the other members' READY already on their way
+_MEET_HELLO, _MEET_READY, _MEET_GONE = 1, 2, 3
+_MEET_WORDS = {w: np.array([w], np.uint8) for w in (_MEET_HELLO, _MEET_READY, _MEET_GONE)}
+_READY_GRACE_S = 1.0
 
 
 def _sweep() -> None:
@@ -1041,11 +1048,15 @@ class MpiTransport(Transport):
         are remote peers of this transport.
 
         ``MPI_Comm_create_group`` waits for every member without a deadline, so the
-        members first meet (:meth:`_meet`: nonblocking messages under this rank's
-        deadline, calling ``watch``, default :meth:`check`, between polls).  A member
-        that failed before it came, or is late, then ends the wait with an error that
-        names it; only a member that dies between the meeting and the group's creation
-        can still hang it (where mpiexec does not end the job)."""
+        members first meet (:meth:`_meet`, under this rank's deadline, calling
+        ``watch``, default :meth:`check`, between polls), and a member enters it only
+        once every member is sure to: one that is late, failed or gave up ends the
+        others' wait with an error naming it.  Only a member that dies between the
+        meeting and the group's creation can still hang it (where mpiexec does not end
+        the job).  Under ``MPI_THREAD_SERIALIZED`` a process builds one group at a time
+        (:data:`_GROUPS_LOCK`): two threads building two groups at once, each holding
+        MPI's lock in ``MPI_Comm_create_group`` while the other's peers waited for it,
+        hung."""
         ranks = [int(r) for r in ranks]
         if self.rank not in ranks:
             raise ArgumentError(f"split: rank {self.rank} is not a member of {ranks}")
@@ -1056,66 +1067,175 @@ class MpiTransport(Transport):
             ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         digest = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
         tag = _SPLIT_TAG_BASE + digest % (ub - _SPLIT_TAG_BASE)
-        self._meet(ranks, tag, watch)
-        with self._lock:
-            group = self.comm.Get_group()
-            sub_group = group.Incl(ranks)
-            try:
-                sub = self.comm.Create_group(sub_group, tag)
-            finally:
-                sub_group.Free()
-                group.Free()
-            try:
-                t = MpiTransport(sub, self._given, remote)
-            finally:
-                sub.Free()
+        serial = self._lock is _SERIAL_LOCK
+        if serial and not _GROUPS_LOCK.acquire(timeout=self.settings.timeout):
+            raise CommTimeoutError(
+                f"rank {self.names[self.rank]}: timed out after {self.settings.timeout:g} s "
+                f"in {self.describe()}: another thread of this process was building an MPI "
+                f"group all that time (under MPI_THREAD_SERIALIZED a process builds one at "
+                f"a time, and two threads that build groups in different orders on "
+                f"different ranks wait for each other): initialise MPI with "
+                f"MPI_THREAD_MULTIPLE, or build groups (split, group, the first "
+                f"two-level all_reduce with RINGLET_RAILS=native) from one thread at a "
+                f"time")
+        try:
+            failed = self._meet(ranks, tag, watch)
+            with self._lock:
+                group = self.comm.Get_group()
+                sub_group = group.Incl(ranks)
+                try:
+                    sub = self.comm.Create_group(sub_group, tag)
+                finally:
+                    sub_group.Free()
+                    group.Free()
+                try:
+                    if failed is not None:   # every member came: the group is built, unused
+                        raise failed
+                    t = MpiTransport(sub, self._given, remote)
+                finally:
+                    sub.Free()
+        finally:
+            if serial:
+                _GROUPS_LOCK.release()
         if names is not None:
             t.names = list(names)
         return t
 
-    def _meet(self, ranks: list[int], tag: int, watch: Callable[[], None] | None) -> None:
-        """Wait under the deadline until every member of the group ``ranks`` has come to
-        build it: each member sends every other one an empty message (tag ``tag``, on this
-        transport's communicator, where a split's tags are above the channels') and
-        waits for theirs.  Messages of one pair keep their order, so a later split
-        with the same tag cannot take this one's."""
+    def _meet(self, ranks: list[int], tag: int,
+              watch: Callable[[], None] | None) -> BaseException | None:
+        """Wait under the deadline until every member of the group ``ranks`` is sure to
+        build it, in two rounds of one-byte messages (tag ``tag``, on this transport's
+        communicator, where a split's tags are above the channels'; the messages of a
+        pair keep their order, so a later split with the same tag cannot take these):
+
+        1. each member sends every other one HELLO and waits for theirs;
+        2. then READY, and waits for theirs.
+
+        A member that fails in round 1 (its deadline, or ``watch`` raised) sends GONE
+        instead of READY, so that none of the others finishes round 2 and each fails at
+        once naming it.  A member that finished round 2 enters ``MPI_Comm_create_group``
+        knowing that every member sent READY, so every member will finish round 2 too:
+        a member that fails in round 2 still waits, up to :data:`_READY_GRACE_S`, for the
+        READYs already on their way, and if they come it builds the group with the
+        others and returns its error (to raise after); if they do not, it raises."""
         MPI = self.MPI
         check = watch if watch is not None else self.check
-        others = [r for r in ranks if r != self.rank]
+        check()   # nothing is sent to a peer known to be dead or gone
+        me = self.rank
+        others = [r for r in ranks if r != me]
         if not others:
-            return
-        hello = np.zeros(1, np.uint8)
-        got = np.zeros(len(others), np.uint8)
-        with self._lock:
-            sends = [self.comm.Issend([hello, 0, MPI.BYTE], dest=r, tag=tag) for r in others]
-            recvs = [self.comm.Irecv([got[i:i + 1], 0, MPI.BYTE], source=r, tag=tag)
-                     for i, r in enumerate(others)]
-        came = [False] * len(others)
+            return None
+        n = len(others)
+        got = np.zeros(2 * n, np.uint8)      # per peer: its first and second message
+        state = [0] * n                      # per peer: messages received
+        second = [0] * n                     # per peer: its second message (READY or GONE)
+        sends: list[Any] = []
+        recvs: list[Any] = [None] * n
 
-        def absent() -> list[int]:
-            return [self.names[r] for r, c in zip(others, came, strict=True) if not c]
+        def post(i: int) -> None:
+            k = state[i]
+            try:
+                recvs[i] = self.comm.Irecv([got[2 * i + k:2 * i + k + 1], 1, MPI.BYTE],
+                                           source=others[i], tag=tag)
+            except MPI.Exception as exc:
+                raise self._engine_error(others[i], exc, "from") from None
 
-        waiter = Waiter(self.settings,
-                        lambda: f"{self.describe()}, building the MPI group of ranks "
-                                f"{[self.names[r] for r in ranks]}",
-                        absent, check)
+        def tell(word: int) -> None:
+            msg = _MEET_WORDS[word]
+            for r in others:
+                if r in self._dead:
+                    continue
+                try:
+                    sends.append(self.comm.Isend([msg, 1, MPI.BYTE], dest=r, tag=tag))
+                except MPI.Exception as exc:
+                    raise self._engine_error(r, exc, "to") from None
+
+        def poll() -> None:
+            for i, req in enumerate(recvs):
+                if req is None:
+                    continue
+                try:
+                    done = req.Test()
+                except MPI.Exception as exc:
+                    raise self._engine_error(others[i], exc, "from") from None
+                if not done:
+                    continue
+                word = int(got[2 * i + state[i]])
+                state[i] += 1
+                recvs[i] = None
+                if state[i] == 1:
+                    post(i)
+                else:
+                    second[i] = word
+                if word == _MEET_GONE:
+                    raise PeerError(
+                        f"rank {self.names[others[i]]} gave up building the MPI group of "
+                        f"ranks {[self.names[r] for r in ranks]} (it timed out waiting for "
+                        f"a member, or failed; see its error); {self.describe()} cannot "
+                        f"complete")
+
+        def missing(round_: int) -> list[int]:
+            return [self.names[r] for i, r in enumerate(others) if state[i] < round_]
+
+        def what() -> str:
+            return (f"{self.describe()}, building the MPI group of ranks "
+                    f"{[self.names[r] for r in ranks]}")
+
         try:
-            while True:
-                with self._lock:
-                    for i, req in enumerate(recvs):
-                        if not came[i] and req.Test():
-                            came[i] = True
-                    sent = MPI.Request.Testall(sends)
-                if sent and all(came):
-                    return
-                waiter.pause()
+            with self._lock:
+                tell(_MEET_HELLO)
+                for i in range(n):
+                    post(i)
+            try:
+                waiter = Waiter(self.settings, what, lambda: missing(1), check)
+                while True:
+                    with self._lock:
+                        poll()
+                    if min(state) >= 1:
+                        break
+                    waiter.pause()
+            except BaseException:
+                with self._lock, contextlib.suppress(RingletError):
+                    tell(_MEET_GONE)   # the others must not finish: they hear this rank left
+                raise
+            with self._lock:
+                tell(_MEET_READY)
+            failed: BaseException | None = None
+            try:
+                waiter = Waiter(self.settings, what, lambda: missing(2), check)
+                while True:
+                    with self._lock:
+                        poll()
+                    if min(state) >= 2:
+                        break
+                    waiter.pause()
+            except PeerError as exc:
+                if any(w == _MEET_GONE for w in second):
+                    raise
+                failed = exc
+            except BaseException as exc:   # noqa: BLE001 - kept, raised below
+                failed = exc
+            if failed is not None:   # READYs may be on their way: then every member builds
+                end = time.monotonic() + _READY_GRACE_S
+                while min(state) < 2 and time.monotonic() < end:
+                    with self._lock:
+                        poll()
+                    time.sleep(0.001)
+                if min(state) < 2:
+                    raise failed
+            with self._lock:
+                MPI.Request.Waitall(sends)   # one byte each: sent already, or at once
+            sends.clear()
+            return failed
         except BaseException:
-            with self._lock:   # the wait failed: take back what can be taken back
-                for i, req in enumerate(recvs):
-                    if not came[i]:
-                        req.Cancel()
-                        req.Wait()
+            with self._lock:   # take back what can be taken back
+                for req in recvs:
+                    if req is not None:
+                        with contextlib.suppress(MPI.Exception):
+                            req.Cancel()
+                            req.Wait()
                 for req in sends:
                     if req != MPI.REQUEST_NULL:
-                        req.Free()
+                        with contextlib.suppress(MPI.Exception):
+                            req.Free()
             raise

@@ -333,6 +333,7 @@ class RoutedTransport(Transport):
         (a group of the engine's) among all its members (``names`` and ``watch`` as in
         :meth:`Transport.split`)."""
         ranks = list(ranks)
+        watch = self.check if watch is None else watch   # the node's ranks too
         me = self.node_of[self.rank]
         here = [r for r in ranks if self.node_of[r] == me]
         local = self.local.split([self.lidx[r] for r in here], token, watch=watch) \
@@ -342,7 +343,12 @@ class RoutedTransport(Transport):
                 local.names = list(range(len(ranks)))
                 return local
         far = [i for i, r in enumerate(ranks) if self.node_of[r] != me]
-        engine = self.engine.split(ranks, token, remote=far, names=names, watch=watch)
+        try:
+            engine = self.engine.split(ranks, token, remote=far, names=names, watch=watch)
+        except BaseException:
+            if local is not None:
+                local.close()
+            raise
         if len(here) == len(ranks):
             return engine   # a group of one rank
         return RoutedTransport(ranks.index(self.rank), [self.node_of[r] for r in ranks], local,
