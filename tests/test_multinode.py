@@ -32,6 +32,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "multinode_job.py"
 RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
 RAILS_DEAD = Path(__file__).parent / "scripts" / "rails_dead.py"
 SERIALIZED = Path(__file__).parent / "scripts" / "mpi_serialized.py"
+DEAD_EXIT = Path(__file__).parent / "scripts" / "mpi_dead_exit.py"
 STARTUP = Path(__file__).parent / "scripts" / "mpi_startup.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
@@ -120,6 +121,29 @@ def test_mpi_rail_member_late_times_out_naming_it() -> None:
     one = reports[1]
     assert one["error"] == "CommTimeoutError" and one["seconds"] < 5, out
     assert "building the MPI group of ranks [1, 3]: rank 3 did not arrive" in one["message"]
+
+
+def test_mpi_rank_exits_after_a_peer_died_where_mpiexec_does_not_end_the_job() -> None:
+    """With ``mpiexec -disable-auto-cleanup`` a rank that died leaves the others in
+    MPICH's MPI_Finalize for ever once they have raised and returned: after a failure
+    ringlet ends the process if finalizing takes longer than _FINALIZE_S (2 s here),
+    saying so."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    py, script = sys.executable, str(DEAD_EXIT)
+    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
+           script, ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, script]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_TIMEOUT="3"))
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert list(reports) == [0] and reports[0]["error"] in ("PeerError", "CommTimeoutError"), \
+        out
+    assert "this process ends in 2 s (SIGALRM)" in proc.stderr, out
+    assert took < 30, out
 
 
 def test_mpiexec_startup_late_rank_times_out() -> None:

@@ -110,6 +110,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import math
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -491,6 +494,10 @@ _GROUPS_LOCK = threading.Lock()
 _MEET_HELLO, _MEET_READY, _MEET_GONE = 1, 2, 3
 _MEET_WORDS = {w: np.array([w], np.uint8) for w in (_MEET_HELLO, _MEET_READY, _MEET_GONE)}
 _READY_GRACE_S = 1.0
+#: the first failure of an MPI communicator of this process (see _at_exit), if any
+_FAILED: list[str] = []
+#: seconds MPI_Finalize may take at exit after a failure before the process ends itself
+_FINALIZE_S = 10.0
 
 
 def _sweep() -> None:
@@ -503,7 +510,14 @@ def _sweep() -> None:
 def _at_exit() -> None:
     """Before the interpreter frees its objects (and mpi4py finalizes MPI after that):
     tell the peers, and cancel every receive still posted, so that no message that
-    arrives during MPI_Finalize is written into freed memory."""
+    arrives during MPI_Finalize is written into freed memory.
+
+    After a communicator of the process failed, a peer may be dead, and MPICH's
+    ``MPI_Finalize`` then waits for it for ever where the launcher does not end the
+    job (``mpiexec -disable-auto-cleanup``, or ranks on another host): so the process
+    ends itself if finalizing has not finished within :data:`_FINALIZE_S` (SIGALRM,
+    whose default action ends a process even once Python has stopped running
+    handlers), saying so on stderr first."""
     with _LINGER_LOCK:
         every = [*_OPEN, *_LINGER]
     for t in every:
@@ -511,6 +525,15 @@ def _at_exit() -> None:
             t._shutdown()
         except Exception:   # noqa: BLE001 - the interpreter is exiting: do what can be done
             pass
+    if _FAILED and hasattr(signal, "alarm") and \
+            threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"ringlet: {_FAILED[0]}; if MPI_Finalize waits for a rank that died, this "
+                f"process ends in {_FINALIZE_S:g} s (SIGALRM)\n")
+            sys.stderr.flush()
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(max(1, math.ceil(_FINALIZE_S)))
 
 
 #: what native() runs for each collective (the mpi4py method), for messages
@@ -716,6 +739,8 @@ class MpiTransport(Transport):
         ``unsure`` (a communicator that timed out: a rank it waited for may be dead,
         and over MPI a dead rank and a late one look the same).  The peers keep their
         duplicate of the communicator (a failure path)."""
+        if not _FAILED:
+            _FAILED.append(f"rank {self.names[self.rank]}'s MPI communicator failed")
         with self._lock:
             if self._closed:
                 return
