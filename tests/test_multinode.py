@@ -33,6 +33,7 @@ RAILS = Path(__file__).parent / "scripts" / "rails_job.py"
 RAILS_DEAD = Path(__file__).parent / "scripts" / "rails_dead.py"
 SERIALIZED = Path(__file__).parent / "scripts" / "mpi_serialized.py"
 DEAD_EXIT = Path(__file__).parent / "scripts" / "mpi_dead_exit.py"
+STORE_LATE = Path(__file__).parent / "scripts" / "torch_store_late.py"
 STARTUP = Path(__file__).parent / "scripts" / "mpi_startup.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
@@ -308,6 +309,29 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_torch_start_up_on_the_callers_store_keeps_its_deadline() -> None:
+    """``ringlet.init()`` after the caller's own ``dist.init_process_group``: start-up
+    meets on that group's store, whose own waits have the group's timeout (30 min): it
+    polls instead, under RINGLET_INIT_TIMEOUT, and a late rank is named at the deadline
+    (before, rank 0 waited for it however long it took)."""
+    _torch()
+    port = str(_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(STORE_LATE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=port, RINGLET_NODE=f"host{r}", LATE="3.5",
+                            RINGLET_INIT_TIMEOUT="1.5")) for r in range(2)]
+    outs = [p.communicate(timeout=LIMIT) for p in procs]
+    text = "".join(o + e for o, e in outs)
+    reports = {r["rank"]: r for o, _ in outs for r in _reports(o)}
+    assert sorted(reports) == [0, 1], text
+    zero = reports[0]
+    assert zero["error"] == "CommTimeoutError" and zero["seconds"] < 3, text
+    assert "torch's store" in zero["message"] and "rank 1 did not arrive" in zero["message"], \
+        text
+    assert reports[1]["error"] is not None, text
 
 
 def test_torchrun_two_nodes() -> None:

@@ -24,6 +24,7 @@ their timeout, and MPI's exchanges are nonblocking collectives polled under it
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -126,6 +127,8 @@ class _Mpi:
         return self.tm.MpiTransport(self.comm, self.settings, remote=remote)
 
 
+#: seconds between polls of torch's store while start-up waits for other ranks' keys
+_STORE_POLL_S = 0.005
 #: what start-up's exchanges are, for a timeout's message
 _EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict"}
 
@@ -135,13 +138,15 @@ class _Torch:
 
     name = "torch"
 
-    def __init__(self, settings: Settings, rank: int, size: int, store: Any = None) -> None:
+    def __init__(self, settings: Settings, rank: int, size: int, store: Any = None,
+                 check: Callable[[], None] | None = None) -> None:
         from .transport import torch as tt
 
         global _calls
         self.tt = tt
         self.settings = settings
         self.rank, self.size = rank, size
+        self.check = check
         if store is None:
             _calls += 1
             self.store = tt.env_store(settings, rank, size)
@@ -149,18 +154,61 @@ class _Torch:
         else:   # a store of the caller's own (a torch process group's): its keys are ours
             self.store, self.prefix = store, "ringlet"
 
+    def _op(self, op: Callable[[], Any], what: str) -> Any:
+        try:
+            return op()
+        except Exception as exc:  # noqa: BLE001 - the store's host ended or is unreachable
+            raise PeerError(f"rank {self.rank}'s start-up on torch's store ({what}): the "
+                            f"store failed ({type(exc).__name__}: {exc}); the rank that "
+                            f"hosts it (rank 0) may have ended") from None
+
+    def _wait(self, keys: list[str], ranks: list[int], what: str) -> None:
+        """Wait until ``keys`` (set by ``ranks``) are in the store, polling under
+        RINGLET_INIT_TIMEOUT and start-up's check: the store's own wait has the store's
+        timeout (a torch process group's, 30 minutes by default, where ringlet reuses
+        the caller's store) and holds signals until it returns."""
+        from .wait import Waiter
+
+        if self._op(lambda: self.store.check(keys), what):
+            return
+
+        def has(key: str) -> bool:
+            return bool(self._op(lambda: self.store.check([key]), what))
+
+        def missing() -> list[int]:
+            return [q for q, k in zip(ranks, keys, strict=True) if not has(k)]
+
+        def advice() -> str:
+            late = missing()
+            return (f"rank{'s' if len(late) != 1 else ''} {', '.join(map(str, late))} did "
+                    f"not arrive. A rank that did not call ringlet.init(), or whose "
+                    f"RINGLET_NODE or RINGLET_ENGINE differs from the others' (it starts "
+                    f"without the engine), never comes; if the ranks are just slow, raise "
+                    f"RINGLET_INIT_TIMEOUT (seconds)")
+
+        waiter = Waiter(
+            self.settings, lambda: f"rank {self.rank}'s start-up on torch's store ({what})",
+            missing, self.check, timeout=self.settings.init_timeout, advice=advice)
+        while not self._op(lambda: self.store.check(keys), what):
+            time.sleep(_STORE_POLL_S)   # each poll is a request to the store's host
+            waiter.tick()
+
     def allgather(self, text: str, name: str = "key") -> list[str]:
-        self.store.set(f"{self.prefix}/{name}/{self.rank}", text)
+        what = _EXCHANGES.get(name, name)
+        self._op(lambda: self.store.set(f"{self.prefix}/{name}/{self.rank}", text), what)
         keys = [f"{self.prefix}/{name}/{q}" for q in range(self.size)]
-        self.store.wait(keys)
-        return [bytes(self.store.get(k)).decode() for k in keys]
+        self._wait(keys, list(range(self.size)), what)
+        def get(key: str) -> str:
+            return bytes(self._op(lambda: self.store.get(key), what)).decode()
+
+        return [get(k) for k in keys]
 
     def from_rank0(self, text: str) -> str:
         key = f"{self.prefix}/job"
         if self.rank == 0:
-            self.store.set(key, text)
-        self.store.wait([key])
-        return bytes(self.store.get(key)).decode()
+            self._op(lambda: self.store.set(key, text), "the job id")
+        self._wait([key], [0], "the job id")
+        return bytes(self._op(lambda: self.store.get(key), "the job id")).decode()
 
     def transport(self, remote: list[int]) -> Transport:
         return self.tt.TorchTransport(self.store, self.rank, self.size, self.settings,
@@ -179,11 +227,11 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
     ``store``: meet on this torch store (engine torch) instead of the env:// one.
     ``keep_engine=False``: a job that turns out to be on one node gets shared memory
     only (its fused paths), without the engine.  ``check``: called between the polls
-    of MPI's exchanges (start-up's: a held signal, an orphaned rank)."""
+    of the engine's exchanges (start-up's: a held signal, an orphaned rank)."""
     from .transport.routed import RoutedTransport
 
     boot: _Mpi | _Torch = _Mpi(settings, rank, size, check) if engine == "mpi" else \
-        _Torch(settings, rank, size, store)
+        _Torch(settings, rank, size, store, check)
     keys = boot.allgather(node_key(settings))
     job = boot.from_rank0(job_id or secrets.token_hex(16) if rank == 0 else "")
     if job_id is not None and job != job_id:
