@@ -93,6 +93,29 @@ def test_split_whose_member_gave_up_ends_on_every_rank() -> None:
     _mpiexec("mpi_split_late.py", 3)
 
 
+@needs_mpi
+def test_a_rank_late_to_build_the_transport_times_out_on_every_rank() -> None:
+    """Building the MPI transport duplicates the communicator: MPI_Comm_dup waited for a
+    late rank however long it took.  Now polled under the deadline: rank 0 raises at 1 s
+    and stays, and rank 1, 2.5 s late, raises at its own deadline instead of waiting for
+    rank 0 in the construction's next collective."""
+    import json
+
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, str(SCRIPTS / "mpi_world_late.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, env=_env())
+    out = proc.stdout + proc.stderr
+    reports, dec, at = {}, json.JSONDecoder(), proc.stdout.find('{"rank"')
+    while at >= 0:   # mpiexec may join the ranks' lines
+        obj, end = dec.raw_decode(proc.stdout, at)
+        reports[obj["rank"]] = obj
+        at = proc.stdout.find('{"rank"', end)
+    assert sorted(reports) == [0, 1], out
+    for r in reports.values():
+        assert r["error"] == "CommTimeoutError" and r["seconds"] < 2.5, out
+        assert "duplicating the communicator" in r["message"] or \
+            "meeting on the new communicator" in r["message"], out
+
+
 # --- without MPI ---------------------------------------------------------------------------
 
 

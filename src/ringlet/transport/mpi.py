@@ -559,8 +559,11 @@ class MpiTransport(Transport):
         _sweep()
         self._lock = _SERIAL_LOCK if MPI.Query_thread() < MPI.THREAD_MULTIPLE \
             else threading.RLock()
+        # nonblocking and polled: MPI_Comm_dup waits without a deadline for every rank of
+        # ``comm`` (one that never came, or died, hung it)
         with self._lock:
-            self.comm = comm.Dup()
+            self.comm, req = comm.Idup()
+        self._poll_start(req, settings, "duplicating the communicator")
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
@@ -575,7 +578,13 @@ class MpiTransport(Transport):
             raise ArgumentError(f"remote peers {bad} are not other ranks of this "
                                 f"communicator (0..{self.size - 1}, this is rank {self.rank})")
         self._remote_set = frozenset(self.remote)
+        # a rank whose duplicate completed against one its peer abandoned (after its
+        # deadline) must not wait in MPI_Comm_split_type for it: a polled barrier on the
+        # duplicate first, which only ranks that built it complete
         with self._lock:
+            req = self.comm.Ibarrier()
+        self._poll_start(req, settings, "meeting on the new communicator")
+        with self._lock:   # every rank is here: MPI_Comm_split_type does not wait
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             local = node.Get_size()
             node.Free()
@@ -1061,6 +1070,24 @@ class MpiTransport(Transport):
         # a collective cannot be cancelled nor its request freed: after an error the
         # NativeCall keeps it (and so its buffers) for the life of the process
         return base.NativeCall(finish, req)
+
+    def _poll_start(self, req: Any, settings: Settings, what: str) -> None:
+        """Poll a nonblocking collective of the transport's construction (collective over
+        the communicator it duplicates) under the deadline."""
+        with self._lock:
+            if req.Test():
+                return
+        waiter = Waiter(
+            settings, lambda: f"{what} for a new MPI transport", list,
+            advice=lambda: (
+                "not every rank of the MPI communicator came (MPI's collectives do not say "
+                "which): a rank that never builds it, or died, never comes; if the ranks are "
+                "just slow, raise RINGLET_TIMEOUT (seconds)"))
+        while True:
+            with self._lock:
+                if req.Test():
+                    return
+            waiter.pause()
 
     # --- groups -----------------------------------------------------------------------
 
