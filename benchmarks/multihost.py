@@ -1024,6 +1024,17 @@ def write_md(path: Path, text: str) -> None:
     path.write_text(new)
 
 
+def bed_job_args(ap: argparse.ArgumentParser, calls: int, calls_help: str | None = None
+                 ) -> None:
+    """The options of a script that runs one torchrun job on the bed (rails_timeline.py,
+    rails_ab.py, rails_cpu.py): ``--rate``, ``--bytes``, ``--calls``, and the hidden
+    ``--rank`` its ranks run with."""
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
+    ap.add_argument("--calls", type=int, default=calls, help=calls_help)
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+
+
 def parse_size(text: str) -> int:
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": KiB, "M": MiB, "G": 1 << 30}.get(t[-1:], 1)

@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("names", nargs="+", choices=VARIANTS, metavar="VARIANT",
                     help=f"variants to compare: {', '.join(VARIANTS)}")
-    ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
-    ap.add_argument("--calls", type=int, default=40, help="calls per variant")
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    multihost.bed_job_args(ap, 40, "calls per variant")
     a = ap.parse_args(argv)
     nbytes = multihost.parse_size(a.bytes)
     if a.rank:

@@ -202,10 +202,7 @@ def report(data: dict[str, Any], nbytes: int, rate: str, calls: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
-    ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    multihost.bed_job_args(ap, 30)
     a = ap.parse_args(argv)
     nbytes = multihost.parse_size(a.bytes)
     if a.rank:

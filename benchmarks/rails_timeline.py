@@ -151,11 +151,8 @@ def rank_main(nbytes: int, calls: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
-    ap.add_argument("--calls", type=int, default=15)
+    multihost.bed_job_args(ap, 15)
     ap.add_argument("--no-link", action="store_true", help="do not sample the link")
-    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     nbytes = multihost.parse_size(a.bytes)
     if a.rank:

@@ -1233,19 +1233,22 @@ class MpiTransport(Transport):
             return (f"{self.describe()}, building the MPI group of ranks "
                     f"{[self.names[r] for r in ranks]}")
 
+        def round_done(k: int) -> None:   # every peer's k-th message in, under the deadline
+            waiter = Waiter(self.settings, what, lambda: missing(k), check)
+            while True:
+                with self._lock:
+                    poll()
+                if min(state) >= k:
+                    return
+                waiter.pause()
+
         try:
             with self._lock:
                 tell(_MEET_HELLO)
                 for i in range(n):
                     post(i)
             try:
-                waiter = Waiter(self.settings, what, lambda: missing(1), check)
-                while True:
-                    with self._lock:
-                        poll()
-                    if min(state) >= 1:
-                        break
-                    waiter.pause()
+                round_done(1)
             except BaseException:
                 with self._lock, contextlib.suppress(RingletError):
                     tell(_MEET_GONE)   # the others must not finish: they hear this rank left
@@ -1254,13 +1257,7 @@ class MpiTransport(Transport):
                 tell(_MEET_READY)
             failed: BaseException | None = None
             try:
-                waiter = Waiter(self.settings, what, lambda: missing(2), check)
-                while True:
-                    with self._lock:
-                        poll()
-                    if min(state) >= 2:
-                        break
-                    waiter.pause()
+                round_done(2)
             except PeerError as exc:
                 if any(w == _MEET_GONE for w in second):
                     raise
