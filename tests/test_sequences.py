@@ -570,3 +570,34 @@ def _calls_state(c: ringlet.Communicator) -> Any:
 def test_the_transport_knows_the_call_in_progress_and_the_calls_finished() -> None:
     for seen in ringlet.spawn(_calls_state, 3):
         assert seen == [(0, 1), (2, 1), (3, 2), (4, 3), (0, 4)], seen
+
+
+def _close_in_a_callback(c: Any) -> list[str]:
+    """A callback of an asynchronous call runs on the communicator's worker thread: a
+    close() there raises instead of waiting for itself; the call's result stands, and
+    close() from the rank's own thread works afterwards."""
+    sub = c.split(color=0)
+    seen: list[str] = []
+
+    def close_here(_w: Any) -> None:
+        try:
+            sub.close()
+            seen.append("closed")
+        except ringlet.RingletError as exc:
+            seen.append(str(exc))
+
+    w = sub.all_reduce(np.ones(4), async_op=True)
+    w._then(close_here)
+    got = w.wait()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sub.close()
+    return [*seen, f"sum {got[0]:g}"]
+
+
+@pytest.mark.parametrize("n", [2], ids=lambda n: f"N{n}")
+def test_close_from_a_callback_on_the_worker_thread_raises_instead_of_hanging(n: int) -> None:
+    for res in get_world(n).run(_close_in_a_callback):
+        assert len(res) == 2 and "own worker thread" in res[0], res
+        assert res[1] == f"sum {n}", res

@@ -128,6 +128,8 @@ class Calls:
     _exec_lock: threading.RLock
     _submit_lock: threading.Lock
     _queue: queue.Queue[Any] | None
+    #: the worker thread's ident, once it runs (close() must not wait for itself on it)
+    _worker_ident: int | None = None
     _inflight: int
     _broken: str | None
     _closed: bool
@@ -199,8 +201,10 @@ class Calls:
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
             self._queue = queue.Queue()
-            threading.Thread(target=self._work_loop, name=f"ringlet-{self.rank}",
-                             daemon=True).start()
+            t = threading.Thread(target=self._work_loop, name=f"ringlet-{self.rank}",
+                                 daemon=True)
+            t.start()
+            self._worker_ident = t.ident
         return self._queue
 
     def _work_loop(self) -> None:

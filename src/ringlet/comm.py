@@ -404,6 +404,11 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         """Finish pending work and release the shared memory (idempotent)."""
         if self._closed:
             return
+        if self._worker_ident == threading.get_ident():
+            raise RingletError(
+                "close() was called on the communicator's own worker thread (from a "
+                "callback of an asynchronous call, such as a torch future's), where it "
+                "would wait for itself: close the communicator from another thread")
         if self._queue is not None:
             done = Work("close")
             self._queue.put((0, None, None, done, "", None, None, None))
