@@ -170,6 +170,24 @@ def test_stopped_peer_heartbeat() -> None:
     _all_ok(codes, out, [0], "a stopped peer")
 
 
+@needs_torch
+def test_a_rank_late_to_build_the_transport_is_named_at_the_deadline() -> None:
+    """A second world() on the job's store, one rank 2 s late: gloo's constructor waited
+    for it without ringlet's deadline (up to init_timeout + 30 s); the ranks now meet
+    first, and rank 0 raises CommTimeoutError naming rank 1 at its 1 s deadline."""
+    import json
+
+    codes, out = _job("torch_world_late.py", 2)
+    reports, dec, at = {}, json.JSONDecoder(), out.find('{"rank"')
+    while at >= 0:
+        obj, end = dec.raw_decode(out, at)
+        reports[obj["rank"]] = obj
+        at = out.find('{"rank"', end)
+    zero = reports.get(0)
+    assert zero is not None and zero["error"] == "CommTimeoutError", out
+    assert zero["seconds"] < 1.9 and "rank 1 did not arrive" in zero["message"], out
+
+
 # --- in this process ---------------------------------------------------------------------
 
 

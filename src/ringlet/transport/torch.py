@@ -544,6 +544,39 @@ with contextlib.suppress(AttributeError, RuntimeError):
     threading._register_atexit(_close_all)  # type: ignore[attr-defined]
 
 
+def _meet(keys: Any, me: int, size: int, name: Callable[[int], int], settings: Settings,
+          what: Callable[[], str], check: Callable[[], None] | None,
+          failed: Callable[[], str], timeout: float | None = None) -> None:
+    """Say that member ``me`` of a new gloo group came (key ``here/<me>`` in ``keys``, the
+    group's store prefix) and wait, polling under the deadline and calling ``check``,
+    until all ``size`` members have: gloo's constructor waits for them without a
+    deadline of ringlet's and without noticing one that died (up to the group's gloo
+    timeout).  A timeout names the members that did not come (``name``: a member's rank
+    in messages); a store that fails is a PeerError (``failed``: what was going on)."""
+    every = [f"here/{i}" for i in range(size)]
+
+    def store(op: Callable[[], Any]) -> Any:
+        try:
+            return op()
+        except Exception as exc:  # noqa: BLE001 - the store's host ended or is unreachable
+            if check is not None:
+                check()   # a peer that died or aborted says it better
+            raise PeerError(f"{failed()} ({_first_line(exc)})") from None
+
+    def came(which: list[str]) -> bool:
+        return bool(store(lambda: keys.check(which)))
+
+    def absent() -> list[int]:
+        return [name(i) for i in range(size) if not came([f"here/{i}"])]
+
+    store(lambda: keys.set(f"here/{me}", "1"))
+    if came(every):
+        return
+    waiter = Waiter(settings, what, absent, check, timeout=timeout)
+    while not came(every):
+        waiter.pause()
+
+
 class TorchTransport(Transport):
     """ringlet's messages on a private ``ProcessGroupGloo`` (see the module documentation).
 
@@ -590,7 +623,14 @@ class TorchTransport(Transport):
         self.describe: Callable[[], str] = lambda: "a collective"
         self._given = settings
         self._keys = dist.PrefixStore(f"{prefix}/", store)
-        self._keys.set(f"here/{rank}", "1")     # for the message if some rank never comes
+        if heartbeat is None:   # a world: its ranks meet first (a split's met in split())
+            _meet(self._keys, rank, size, lambda q: self.names[q], settings,
+                  lambda: f"building ringlet's gloo group of {size} ranks", None,
+                  lambda: f"rank {self.names[rank]}: the job's store failed while ringlet's "
+                          f"gloo group of {size} ranks was built",
+                  timeout=max(settings.timeout, settings.init_timeout))
+        else:
+            self._keys.set(f"here/{rank}", "1")   # for the message if some rank never comes
         if heartbeat is None:
             self._hb = _Heartbeat(dist.PrefixStore(f"{prefix}/hb/", store), rank,
                                   [self._world[q] for q in self.remote])
@@ -934,33 +974,12 @@ class TorchTransport(Transport):
               watch: Callable[[], None] | None) -> None:
         """Wait until every member of the group ``prefix`` of ``ranks`` has said it came
         (the key the group's constructor sets too; see :meth:`split`)."""
-        check = watch if watch is not None else self.check
-        keys = self._d.PrefixStore(f"{prefix}/", self._store)
-        every = [f"here/{i}" for i in range(len(ranks))]
-
-        def store(op: Callable[[], Any]) -> Any:
-            try:
-                return op()
-            except Exception as exc:  # noqa: BLE001 - the store's host ended or is unreachable
-                check()   # a peer that died or aborted says it better
-                raise PeerError(f"rank {self.names[self.rank]}: the job's store failed while "
-                                f"the gloo group of ranks {ranks} was built in "
-                                f"{self.describe()} ({_first_line(exc)})") from None
-
-        def came(which: list[str]) -> bool:
-            return bool(store(lambda: keys.check(which)))
-
-        def absent() -> list[int]:
-            return [ranks[i] for i in range(len(ranks)) if not came([f"here/{i}"])]
-
-        store(lambda: keys.set(f"here/{me}", "1"))
-        if came(every):
-            return
-        waiter = Waiter(self.settings,
-                        lambda: f"{self.describe()}, building the gloo group of ranks {ranks}",
-                        absent, check)
-        while not came(every):
-            waiter.pause()
+        _meet(self._d.PrefixStore(f"{prefix}/", self._store), me, len(ranks),
+              lambda i: ranks[i], self.settings,
+              lambda: f"{self.describe()}, building the gloo group of ranks {ranks}",
+              watch if watch is not None else self.check,
+              lambda: f"rank {self.names[self.rank]}: the job's store failed while the gloo "
+                      f"group of ranks {ranks} was built in {self.describe()}")
 
     # --- the engine's own collectives -----------------------------------------------------
 
