@@ -24,7 +24,6 @@ their timeout, and MPI's exchanges are nonblocking collectives polled under it
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -127,8 +126,8 @@ class _Mpi:
         return self.tm.MpiTransport(self.comm, self.settings, remote=remote)
 
 
-#: seconds between polls of torch's store while start-up waits for other ranks' keys
-_STORE_POLL_S = 0.005
+#: seconds of each of the store's own waits while start-up waits for other ranks' keys
+_STORE_SLICE_S = 0.1
 #: what start-up's exchanges are, for a timeout's message
 _EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict"}
 
@@ -147,11 +146,13 @@ class _Torch:
         self.settings = settings
         self.rank, self.size = rank, size
         self.check = check
+        #: meeting on a store of the caller's own (a torch process group's)
+        self.callers = store is not None
         if store is None:
             _calls += 1
             self.store = tt.env_store(settings, rank, size)
             self.prefix = f"ringlet/{_calls}"
-        else:   # a store of the caller's own (a torch process group's): its keys are ours
+        else:   # its keys are ours
             self.store, self.prefix = store, "ringlet"
 
     def _op(self, op: Callable[[], Any], what: str) -> Any:
@@ -159,18 +160,22 @@ class _Torch:
             return op()
         except Exception as exc:  # noqa: BLE001 - the store's host ended or is unreachable
             raise PeerError(f"rank {self.rank}'s start-up on torch's store ({what}): the "
-                            f"store failed ({type(exc).__name__}: {exc}); the rank that "
-                            f"hosts it (rank 0) may have ended") from None
+                            f"store failed ({type(exc).__name__}: {exc}); the process that "
+                            f"hosts it may have ended") from None
 
     def _wait(self, keys: list[str], ranks: list[int], what: str) -> None:
-        """Wait until ``keys`` (set by ``ranks``) are in the store, polling under
-        RINGLET_INIT_TIMEOUT and start-up's check: the store's own wait has the store's
-        timeout (a torch process group's, 30 minutes by default, where ringlet reuses
-        the caller's store) and holds signals until it returns."""
+        """Wait until ``keys`` (set by ``ranks``) are in the store, under the deadline and
+        start-up's check: the store's own wait in slices (the store answers when the keys
+        are in; a poll of every key by every rank would load the store's host at scale),
+        not one wait with the store's timeout, which holds signals until it returns.
+        The deadline is RINGLET_INIT_TIMEOUT, or on a store of the caller's own (a torch
+        process group's) the group's timeout where that is longer."""
+        from datetime import timedelta
+
         from .wait import Waiter
 
-        if self._op(lambda: self.store.check(keys), what):
-            return
+        timeout = self.settings.init_timeout if not self.callers else \
+            max(self.settings.init_timeout, self.settings.timeout)
 
         def has(key: str) -> bool:
             return bool(self._op(lambda: self.store.check([key]), what))
@@ -181,16 +186,22 @@ class _Torch:
         def advice() -> str:
             late = missing()
             return (f"rank{'s' if len(late) != 1 else ''} {', '.join(map(str, late))} did "
-                    f"not arrive. A rank that did not call ringlet.init(), or whose "
-                    f"RINGLET_NODE or RINGLET_ENGINE differs from the others' (it starts "
-                    f"without the engine), never comes; if the ranks are just slow, raise "
-                    f"RINGLET_INIT_TIMEOUT (seconds)")
+                    f"not arrive. A rank that did not start ringlet (ringlet.init(), or the "
+                    f"torch group), or whose RINGLET_NODE or RINGLET_ENGINE differs from the "
+                    f"others' (it starts without the engine), never comes; if the ranks are "
+                    f"just slow, raise RINGLET_INIT_TIMEOUT (seconds)")
 
         waiter = Waiter(
             self.settings, lambda: f"rank {self.rank}'s start-up on torch's store ({what})",
-            missing, self.check, timeout=self.settings.init_timeout, advice=advice)
-        while not self._op(lambda: self.store.check(keys), what):
-            time.sleep(_STORE_POLL_S)   # each poll is a request to the store's host
+            missing, self.check, timeout=timeout, advice=advice)
+        slice_ = timedelta(seconds=_STORE_SLICE_S)
+        while True:
+            try:
+                self.store.wait(keys, slice_)
+                return
+            except Exception:  # noqa: BLE001 - the slice ended, or the store failed
+                if self._op(lambda: self.store.check(keys), what):
+                    return
             waiter.tick()
 
     def allgather(self, text: str, name: str = "key") -> list[str]:

@@ -5,7 +5,8 @@ Run as ``mpiexec -disable-auto-cleanup -n 1 -env RINGLET_NODE a python mpi_dead_
 between them).  Rank 1 dies after a first all_reduce; rank 0's next all_reduce raises,
 it closes its communicator, prints a JSON line and returns from its script normally.
 MPICH's ``MPI_Finalize`` then waits for rank 1 for ever (mpiexec does not end the job),
-so ringlet ends the process after ``_FINALIZE_S`` (2 s here) with SIGALRM.
+so ringlet ends the process with SIGALRM after ``_FINALIZE_S`` (2 s here) or, after a
+timeout (MPI may not report the death), after the deadline.
 """
 
 from __future__ import annotations

@@ -494,8 +494,8 @@ _GROUPS_LOCK = threading.Lock()
 _MEET_HELLO, _MEET_READY, _MEET_GONE = 1, 2, 3
 _MEET_WORDS = {w: np.array([w], np.uint8) for w in (_MEET_HELLO, _MEET_READY, _MEET_GONE)}
 _READY_GRACE_S = 1.0
-#: the first failure of an MPI communicator of this process (see _at_exit), if any
-_FAILED: list[str] = []
+#: this process's MPI failures, each with how long MPI_Finalize may then take (_at_exit)
+_FAILED: list[tuple[str, float]] = []
 #: seconds MPI_Finalize may take at exit after a failure before the process ends itself
 _FINALIZE_S = 10.0
 
@@ -512,12 +512,16 @@ def _at_exit() -> None:
     tell the peers, and cancel every receive still posted, so that no message that
     arrives during MPI_Finalize is written into freed memory.
 
-    After a communicator of the process failed, a peer may be dead, and MPICH's
-    ``MPI_Finalize`` then waits for it for ever where the launcher does not end the
-    job (``mpiexec -disable-auto-cleanup``, or ranks on another host): so the process
-    ends itself if finalizing has not finished within :data:`_FINALIZE_S` (SIGALRM,
-    whose default action ends a process even once Python has stopped running
-    handlers), saying so on stderr first."""
+    After a failure a peer may be dead, and MPICH's ``MPI_Finalize`` then waits for it
+    for ever where the launcher does not end the job (``mpiexec
+    -disable-auto-cleanup``, or ranks on another host): so the process ends itself
+    (SIGALRM, whose default action ends a process even once Python has stopped running
+    handlers; not where the program handles SIGALRM itself) if finalizing has not
+    finished in time, saying so on stderr first.  In time is :data:`_FINALIZE_S` once
+    MPI reported a peer failed (an error on a message to or from it); after a failure
+    that MPI did not report (a timeout: the ranks waited for may be alive and busy, and
+    finalizing waits for them as it should) it is the communicator's deadline
+    (RINGLET_TIMEOUT) if that is longer."""
     with _LINGER_LOCK:
         every = [*_OPEN, *_LINGER]
     for t in every:
@@ -526,14 +530,16 @@ def _at_exit() -> None:
         except Exception:   # noqa: BLE001 - the interpreter is exiting: do what can be done
             pass
     if _FAILED and hasattr(signal, "alarm") and \
-            threading.current_thread() is threading.main_thread():
+            threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+        why, grace = min(_FAILED, key=lambda f: f[1])
+        seconds = max(1, math.ceil(grace))
         with contextlib.suppress(Exception):
             sys.stderr.write(
-                f"ringlet: {_FAILED[0]}; if MPI_Finalize waits for a rank that died, this "
-                f"process ends in {_FINALIZE_S:g} s (SIGALRM)\n")
+                f"ringlet: {why}; if MPI_Finalize waits for a rank that died, this "
+                f"process ends in {seconds} s (SIGALRM)\n")
             sys.stderr.flush()
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(max(1, math.ceil(_FINALIZE_S)))
+            signal.alarm(seconds)
 
 
 #: what native() runs for each collective (the mpi4py method), for messages
@@ -749,7 +755,8 @@ class MpiTransport(Transport):
         and over MPI a dead rank and a late one look the same).  The peers keep their
         duplicate of the communicator (a failure path)."""
         if not _FAILED:
-            _FAILED.append(f"rank {self.names[self.rank]}'s MPI communicator failed")
+            _FAILED.append((f"rank {self.names[self.rank]}'s MPI communicator failed",
+                            max(_FINALIZE_S, self.settings.timeout)))
         with self._lock:
             if self._closed:
                 return
@@ -962,6 +969,7 @@ class MpiTransport(Transport):
             f"{direction} it "
             f"({why}); {self.describe()} cannot complete")
         self._dead.add(peer)
+        _FAILED.append((f"MPI reported rank {self.names[peer]} failed or dead", _FINALIZE_S))
         if self._error is None:
             self._error = err
         return err
@@ -1140,12 +1148,15 @@ class MpiTransport(Transport):
                 finally:
                     sub_group.Free()
                     group.Free()
+                # every member builds the transport, whose construction is collective;
+                # then one that failed in the meeting's second round closes it and raises
                 try:
-                    if failed is not None:   # every member came: the group is built, unused
-                        raise failed
                     t = MpiTransport(sub, self._given, remote)
                 finally:
                     sub.Free()
+            if failed is not None:
+                t.close()
+                raise failed
         finally:
             if serial:
                 _GROUPS_LOCK.release()

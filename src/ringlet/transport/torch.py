@@ -573,8 +573,17 @@ def _meet(keys: Any, me: int, size: int, name: Callable[[int], int], settings: S
     if came(every):
         return
     waiter = Waiter(settings, what, absent, check, timeout=timeout)
-    while not came(every):
-        waiter.pause()
+    # the store's own wait, in slices: it answers when the keys are in (a poll of every
+    # key by every member, thousands of times a second, would load the store's host)
+    slice_ = timedelta(seconds=max(settings.liveness_s, 0.01))
+    while True:
+        try:
+            keys.wait(every, slice_)
+            return
+        except Exception:  # noqa: BLE001 - the slice ended, or the store failed
+            if came(every):
+                return
+        waiter.tick()
 
 
 class TorchTransport(Transport):
