@@ -600,8 +600,9 @@ class MpiTransport(Transport):
         self.describe: Callable[[], str] = lambda: "a collective"
         self._status = MPI.Status()
         self._pending: list[MpiSend | MpiRecv] = []     # collective requests not yet done
-        # every message not yet done, held here: mpi4py frees the MPI request of a
-        # collected Request object, and MPI would then write into (or read) freed memory
+        # every message not yet done, held here with its buffers: MPI writes into (or
+        # reads) a buffer until its request completes, whatever becomes of the Python
+        # Request object (mpi4py 4.1 does not free a collected one's MPI request)
         self._recvs: set[MpiRecv] = set()
         self._sends: set[MpiSend] = set()
         self._orphans: list[Any] = []                    # forgotten requests, for close()
