@@ -165,13 +165,10 @@ class _Torch:
 
     def _wait(self, keys: list[str], ranks: list[int], what: str) -> None:
         """Wait until ``keys`` (set by ``ranks``) are in the store, under the deadline and
-        start-up's check: the store's own wait in slices (the store answers when the keys
-        are in; a poll of every key by every rank would load the store's host at scale),
-        not one wait with the store's timeout, which holds signals until it returns.
-        The deadline is RINGLET_INIT_TIMEOUT, or on a store of the caller's own (a torch
-        process group's) the group's timeout where that is longer."""
-        from datetime import timedelta
-
+        start-up's check (``store_wait``), not in one wait with the store's timeout,
+        which holds signals until it returns.  The deadline is RINGLET_INIT_TIMEOUT, or
+        on a store of the caller's own (a torch process group's) the group's timeout
+        where that is longer."""
         from .wait import Waiter
 
         timeout = self.settings.init_timeout if not self.callers else \
@@ -194,21 +191,16 @@ class _Torch:
         waiter = Waiter(
             self.settings, lambda: f"rank {self.rank}'s start-up on torch's store ({what})",
             missing, self.check, timeout=timeout, advice=advice)
-        slice_ = timedelta(seconds=_STORE_SLICE_S)
-        while True:
-            try:
-                self.store.wait(keys, slice_)
-                return
-            except Exception:  # noqa: BLE001 - the slice ended, or the store failed
-                if self._op(lambda: self.store.check(keys), what):
-                    return
-            waiter.tick()
+        self.tt.store_wait(self.store, keys, waiter,
+                           lambda: bool(self._op(lambda: self.store.check(keys), what)),
+                           _STORE_SLICE_S)
 
     def allgather(self, text: str, name: str = "key") -> list[str]:
         what = _EXCHANGES.get(name, name)
         self._op(lambda: self.store.set(f"{self.prefix}/{name}/{self.rank}", text), what)
         keys = [f"{self.prefix}/{name}/{q}" for q in range(self.size)]
         self._wait(keys, list(range(self.size)), what)
+
         def get(key: str) -> str:
             return bytes(self._op(lambda: self.store.get(key), what)).decode()
 

@@ -572,16 +572,24 @@ def _meet(keys: Any, me: int, size: int, name: Callable[[int], int], settings: S
     store(lambda: keys.set(f"here/{me}", "1"))
     if came(every):
         return
-    waiter = Waiter(settings, what, absent, check, timeout=timeout)
-    # the store's own wait, in slices: it answers when the keys are in (a poll of every
-    # key by every member, thousands of times a second, would load the store's host)
-    slice_ = timedelta(seconds=max(settings.liveness_s, 0.01))
+    store_wait(keys, every, Waiter(settings, what, absent, check, timeout=timeout),
+               lambda: came(every), max(settings.liveness_s, 0.01))
+
+
+def store_wait(store: Any, keys: list[str], waiter: Waiter, came: Callable[[], bool],
+               slice_s: float) -> None:
+    """Wait until ``keys`` are in ``store`` under ``waiter`` (its deadline and checks):
+    the store's own wait, in slices of ``slice_s``, which the store answers when the keys
+    are in (a poll of every key by every rank, thousands of times a second, would load
+    the store's host at scale); ``came()`` asks the store once more after a slice that
+    ended (and raises if the store failed)."""
+    slice_ = timedelta(seconds=slice_s)
     while True:
         try:
-            keys.wait(every, slice_)
+            store.wait(keys, slice_)
             return
         except Exception:  # noqa: BLE001 - the slice ended, or the store failed
-            if came(every):
+            if came():
                 return
         waiter.tick()
 
