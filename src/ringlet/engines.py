@@ -89,9 +89,7 @@ class _Mpi:
         RINGLET_INIT_TIMEOUT (MPI's blocking ones would wait for ever, deaf to signals)."""
         from .wait import Waiter
 
-        if req.Test():
-            return
-        waiter = Waiter(
+        self.tm.poll_request(req, Waiter(
             self.settings, lambda: f"rank {self.rank}'s start-up over MPI ({what})", list,
             self.check, timeout=self.settings.init_timeout,
             advice=lambda: (
@@ -99,9 +97,7 @@ class _Mpi:
                 "which). A rank that did not call ringlet.init(), or whose RINGLET_NODE or "
                 "RINGLET_ENGINE differs from the others' (it starts without the engine), "
                 "never comes; if the ranks are just slow, raise RINGLET_INIT_TIMEOUT "
-                "(seconds)"))
-        while not req.Test():
-            waiter.pause()
+                "(seconds)")))
 
     def allgather(self, text: str, name: str = "key") -> list[str]:
         data = np.frombuffer(text.encode(), np.uint8)

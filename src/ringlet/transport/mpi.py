@@ -211,6 +211,19 @@ def world(settings: Settings | None = None) -> MpiTransport:
                         Settings.from_env())
 
 
+def poll_request(req: Any, waiter: Waiter,
+                 lock: threading.RLock | contextlib.nullcontext[None] | None = None) -> None:
+    """Test ``req`` (a nonblocking collective: MPI's blocking ones wait for every rank for
+    ever, deaf to signals) until it completes, pausing ``waiter`` (its deadline and
+    checks) between tests, each under ``lock`` (the transport's MPI lock), if any."""
+    guard = lock if lock is not None else contextlib.nullcontext()
+    while True:
+        with guard:
+            if req.Test():
+                return
+        waiter.pause()
+
+
 def _pieces(nbytes: int) -> list[tuple[int, int]]:
     """The byte ranges a message of ``nbytes`` travels as (none for an empty one)."""
     return base.pieces(nbytes, PIECE_BYTES)
@@ -1083,20 +1096,12 @@ class MpiTransport(Transport):
     def _poll_start(self, req: Any, settings: Settings, what: str) -> None:
         """Poll a nonblocking collective of the transport's construction (collective over
         the communicator it duplicates) under the deadline."""
-        with self._lock:
-            if req.Test():
-                return
-        waiter = Waiter(
+        poll_request(req, Waiter(
             settings, lambda: f"{what} for a new MPI transport", list,
             advice=lambda: (
                 "not every rank of the MPI communicator came (MPI's collectives do not say "
                 "which): a rank that never builds it, or died, never comes; if the ranks are "
-                "just slow, raise RINGLET_TIMEOUT (seconds)"))
-        while True:
-            with self._lock:
-                if req.Test():
-                    return
-            waiter.pause()
+                "just slow, raise RINGLET_TIMEOUT (seconds)")), self._lock)
 
     # --- groups -----------------------------------------------------------------------
 
