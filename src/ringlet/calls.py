@@ -42,7 +42,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -315,10 +315,7 @@ class Calls:
                 raise
             except BaseException as exc:
                 recorder.failed(rec, exc)
-                self._fail(exc)
-                if isinstance(exc, RingletError) or not isinstance(exc, Exception):
-                    raise  # KeyboardInterrupt and SystemExit reach the caller as they are
-                raise PeerError(self._broken) from exc
+                self._failed(exc)
             finally:
                 self._now = 0
                 self._rest = None
@@ -329,6 +326,14 @@ class Calls:
         running, queued or inline, is the first unfinished."""
         now = self._now
         return now, (now - 1 if now else self._seq - self._inflight)
+
+    def _failed(self, exc: BaseException) -> NoReturn:
+        """Abort the communicator after ``exc`` (:meth:`_fail`) and raise: a RingletError,
+        KeyboardInterrupt or SystemExit as it is, anything else as a PeerError."""
+        self._fail(exc)
+        if isinstance(exc, RingletError) or not isinstance(exc, Exception):
+            raise exc
+        raise PeerError(self._broken) from exc
 
     def _fail(self, exc: BaseException) -> None:
         """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .calls import Calls, _collective
-from .errors import ArgumentError, MismatchError, PeerError, RingletError
+from .errors import ArgumentError, MismatchError
 from .topology import Topology
 from .transport.shm import SHM_DIR, create_region, open_region
 
@@ -206,10 +206,7 @@ class Groups(Calls):
         except BaseException as exc:
             # a member failed, timed out or gave up: the communicator is broken, and every
             # rank hears why (a barrier here would only wait for the ranks that left)
-            self._fail(exc)
-            if isinstance(exc, RingletError) or not isinstance(exc, Exception):
-                raise
-            raise PeerError(self._broken) from exc
+            self._failed(exc)
         # no rank leaves before every group has mapped its segments
         self.barrier()
         from .comm import Communicator
