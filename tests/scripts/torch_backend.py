@@ -209,7 +209,7 @@ def timeout(r: int, n: int, bad: list[str]) -> None:
     gets ringlet's CommTimeoutError naming them."""
     from datetime import timedelta
 
-    sub = dist.new_group(list(range(n)), timeout=timedelta(seconds=2))
+    sub = dist.new_group(list(range(n)), timeout=timedelta(seconds=1))
     if r == 0:
         t0 = time.monotonic()
         try:
