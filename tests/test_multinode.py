@@ -167,6 +167,29 @@ def test_mpiexec_startup_late_rank_times_out() -> None:
     assert time.monotonic() - t0 < 90, out
 
 
+def test_mpiexec_startup_timeout_exits_where_mpiexec_does_not_end_the_job() -> None:
+    """A rank dies before ringlet.init() and ``mpiexec -disable-auto-cleanup`` leaves the
+    job running: the other times out in start-up's exchange over MPI, whose collective
+    stays pending, and then ends itself at exit (before, MPICH's MPI_Finalize waited
+    for the dead rank for ever)."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    py, script = sys.executable, str(STARTUP)
+    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
+           script, ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, script]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(STARTUP_CASE="dead", RINGLET_INIT_TIMEOUT="2"))
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    reports = {r["rank"]: r for r in _reports(proc.stdout)}
+    assert list(reports) == [0] and reports[0]["error"] == "CommTimeoutError", out
+    assert "rank 0's start-up over MPI" in proc.stderr and \
+        "this process ends in 2 s (SIGALRM)" in proc.stderr, out
+    assert took < 30, out
+
+
 def test_mpiexec_startup_failure_on_one_node_fails_every_rank() -> None:
     """A node whose shared-memory start-up fails (its two ranks differ in
     RINGLET_SHM_SLOTS) fails every rank of the job with that ConfigError at once: the

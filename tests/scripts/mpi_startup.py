@@ -5,6 +5,11 @@
 - ``late``: every rank starts MPI, then the last rank waits 6 s before
   ``ringlet.init()``; with ``RINGLET_INIT_TIMEOUT=2`` the others time out in
   start-up's exchange over MPI (nonblocking collectives under the deadline);
+- ``dead``: the last rank exits before ``ringlet.init()``.  Run under ``mpiexec
+  -disable-auto-cleanup`` (the job is not ended for it) with
+  ``RINGLET_INIT_TIMEOUT=2``, the others time out in start-up's exchange, whose MPI
+  collective stays pending, so MPICH's ``MPI_Finalize`` waits for the dead rank for
+  ever: ringlet ends the process after ``_FINALIZE_S`` (2 s here);
 - ``node``: ranks differ in ``RINGLET_SHM_*`` inside one node (set by the
   launch): that node's start-up fails, and every rank of the job gets its
   ConfigError (the nodes tell each other before the engine's next collective).
@@ -24,12 +29,18 @@ import time
 from mpi4py import MPI
 
 import ringlet
+import ringlet.transport.mpi as tm
 
 
 def main() -> int:
     r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    if os.environ.get("STARTUP_CASE") == "late" and r == n - 1:
+    case = os.environ.get("STARTUP_CASE")
+    if case == "late" and r == n - 1:
         time.sleep(6)
+    if case == "dead":
+        tm._FINALIZE_S = 2.0
+        if r == n - 1:
+            os._exit(3)
     t0 = time.monotonic()
     try:
         comm = ringlet.init()

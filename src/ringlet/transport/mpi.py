@@ -215,13 +215,24 @@ def poll_request(req: Any, waiter: Waiter,
                  lock: threading.RLock | contextlib.nullcontext[None] | None = None) -> None:
     """Test ``req`` (a nonblocking collective: MPI's blocking ones wait for every rank for
     ever, deaf to signals) until it completes, pausing ``waiter`` (its deadline and
-    checks) between tests, each under ``lock`` (the transport's MPI lock), if any."""
+    checks) between tests, each under ``lock`` (the transport's MPI lock), if any.
+
+    If it does not complete, the collective stays pending for the life of the process,
+    and MPICH's ``MPI_Finalize`` waits for the ranks that never joined it: the exit
+    alarm (:func:`_at_exit`) is armed as after any failure, with the wait's deadline
+    as the grace where it is longer (those ranks may be alive and just late)."""
     guard = lock if lock is not None else contextlib.nullcontext()
-    while True:
-        with guard:
-            if req.Test():
-                return
-        waiter.pause()
+    try:
+        while True:
+            with guard:
+                if req.Test():
+                    return
+            waiter.pause()
+    except BaseException as exc:
+        if not _FAILED:
+            _FAILED.append((f"{waiter.what()} failed ({type(exc).__name__}), and MPI's "
+                            f"collective in it stays pending", max(_FINALIZE_S, waiter.timeout)))
+        raise
 
 
 def _pieces(nbytes: int) -> list[tuple[int, int]]:
