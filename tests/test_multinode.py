@@ -124,23 +124,29 @@ def test_mpi_rail_member_late_times_out_naming_it() -> None:
     assert "building the MPI group of ranks [1, 3]: rank 3 did not arrive" in one["message"]
 
 
+def _left_running(script: Path, **env: str
+                  ) -> tuple[subprocess.CompletedProcess[str], float, dict[int, Any]]:
+    """``script`` as two ranks on two emulated nodes under ``mpiexec
+    -disable-auto-cleanup`` (a rank that dies does not end the job, as on other hosts):
+    the job, how long it took, and the ranks' JSON lines by rank."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    py = sys.executable
+    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
+           str(script), ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, str(script)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, env=_env(**env))
+    return proc, time.monotonic() - t0, {r["rank"]: r for r in _reports(proc.stdout)}
+
+
 def test_mpi_rank_exits_after_a_peer_died_where_mpiexec_does_not_end_the_job() -> None:
     """With ``mpiexec -disable-auto-cleanup`` a rank that died leaves the others in
     MPICH's MPI_Finalize for ever once they have raised and returned: after a failure
     ringlet ends the process if finalizing takes longer than _FINALIZE_S (2 s here) or,
     after a timeout, the deadline (3 s here), saying so."""
-    if MPIEXEC is None:
-        pytest.skip("mpiexec is not installed (pip install mpich)")
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
-    py, script = sys.executable, str(DEAD_EXIT)
-    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
-           script, ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, script]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
-                          env=_env(RINGLET_TIMEOUT="3"))
-    took = time.monotonic() - t0
+    proc, took, reports = _left_running(DEAD_EXIT, RINGLET_TIMEOUT="3")
     out = proc.stdout + proc.stderr
-    reports = {r["rank"]: r for r in _reports(proc.stdout)}
     assert list(reports) == [0] and reports[0]["error"] in ("PeerError", "CommTimeoutError"), \
         out
     # rank 0 timed out (one rank per node: MPI did not report rank 1 dead): the grace is
@@ -172,18 +178,8 @@ def test_mpiexec_startup_timeout_exits_where_mpiexec_does_not_end_the_job() -> N
     job running: the other times out in start-up's exchange over MPI, whose collective
     stays pending, and then ends itself at exit (before, MPICH's MPI_Finalize waited
     for the dead rank for ever)."""
-    if MPIEXEC is None:
-        pytest.skip("mpiexec is not installed (pip install mpich)")
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
-    py, script = sys.executable, str(STARTUP)
-    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
-           script, ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, script]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
-                          env=_env(STARTUP_CASE="dead", RINGLET_INIT_TIMEOUT="2"))
-    took = time.monotonic() - t0
+    proc, took, reports = _left_running(STARTUP, STARTUP_CASE="dead", RINGLET_INIT_TIMEOUT="2")
     out = proc.stdout + proc.stderr
-    reports = {r["rank"]: r for r in _reports(proc.stdout)}
     assert list(reports) == [0] and reports[0]["error"] == "CommTimeoutError", out
     assert "rank 0's start-up over MPI" in proc.stderr and \
         "this process ends in 2 s (SIGALRM)" in proc.stderr, out
