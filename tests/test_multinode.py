@@ -35,6 +35,7 @@ SERIALIZED = Path(__file__).parent / "scripts" / "mpi_serialized.py"
 DEAD_EXIT = Path(__file__).parent / "scripts" / "mpi_dead_exit.py"
 STORE_LATE = Path(__file__).parent / "scripts" / "torch_store_late.py"
 STARTUP = Path(__file__).parent / "scripts" / "mpi_startup.py"
+NODE_DEAD = Path(__file__).parent / "scripts" / "mpi_node_dead.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -124,17 +125,18 @@ def test_mpi_rail_member_late_times_out_naming_it() -> None:
     assert "building the MPI group of ranks [1, 3]: rank 3 did not arrive" in one["message"]
 
 
-def _left_running(script: Path, **env: str
+def _left_running(script: Path, *args: str, per: int = 1, **env: str
                   ) -> tuple[subprocess.CompletedProcess[str], float, dict[int, Any]]:
-    """``script`` as two ranks on two emulated nodes under ``mpiexec
+    """``script args`` as ``per`` ranks on each of two emulated nodes under ``mpiexec
     -disable-auto-cleanup`` (a rank that dies does not end the job, as on other hosts):
     the job, how long it took, and the ranks' JSON lines by rank."""
     if MPIEXEC is None:
         pytest.skip("mpiexec is not installed (pip install mpich)")
     pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
-    py = sys.executable
-    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", "1", "-env", "RINGLET_NODE", "a", py,
-           str(script), ":", "-n", "1", "-env", "RINGLET_NODE", "b", py, str(script)]
+    cmd = [MPIEXEC, "-disable-auto-cleanup"]
+    for node in ("a", "b"):
+        cmd += [*([":"] if node == "b" else []), "-n", str(per), "-env", "RINGLET_NODE", node,
+                sys.executable, str(script), *args]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, env=_env(**env))
     return proc, time.monotonic() - t0, {r["rank"]: r for r in _reports(proc.stdout)}
@@ -153,6 +155,23 @@ def test_mpi_rank_exits_after_a_peer_died_where_mpiexec_does_not_end_the_job() -
     # then the deadline, 3 s
     assert "this process ends in 3 s (SIGALRM)" in proc.stderr, out
     assert took < 30, out
+
+
+@pytest.mark.parametrize("case", ["ring", "native"])
+def test_mpi_rank_dead_inside_a_call_is_a_peer_error_at_once(case: str) -> None:
+    """The last rank agrees to a call and dies before its first message.  Its node peer's
+    wait is for MPI alone (ringlet's ring: a message from the other node; the native
+    case: MPI's all_reduce), which cannot tell a dead rank from a late one: that wait
+    also watches the node's shared memory, so the node peer raises PeerError naming the
+    dead rank at once and tells the others (before, every rank waited out the 6 s
+    deadline)."""
+    proc, took, reports = _left_running(NODE_DEAD, case, per=2, RINGLET_TIMEOUT="6")
+    out = proc.stdout + proc.stderr
+    assert sorted(reports) == [0, 1, 2], out
+    for r in reports.values():
+        assert r["error"] == "PeerError" and "rank 3" in r["message"], out
+        assert r["seconds"] < 4, out
+    assert took < 60, out
 
 
 def test_mpiexec_startup_late_rank_times_out() -> None:

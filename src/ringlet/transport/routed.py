@@ -74,6 +74,10 @@ class RoutedTransport(Transport):
         self.engine = engine
         if local is not None:
             local.names = list(self.locals)
+            # the engine's own waits (its requests alone, its native collectives) also
+            # watch this node: over MPI a dead rank and a late one look the same, but
+            # shared memory knows a node peer died, or that one aborted
+            engine.watch_also = self._watch_node
         # waits poll both transports: an engine whose messages are reported by threads
         # (torch's gloo) needs waits that let them run, so its settings win over the
         # shared memory's spinning ones
@@ -270,6 +274,12 @@ class RoutedTransport(Transport):
         return node if own is None or node is not None and node[0] > own[0] else own
 
     # --- liveness ---------------------------------------------------------------------
+
+    def _watch_node(self, watch: Sequence[int] | None, what: str | None) -> None:
+        """The engine's ``watch_also``: the node's abort mailbox, and inside a collective
+        every node peer (between collectives a dead node peer is none of a point-to-point
+        wait's business; that wait watches its own peer)."""
+        self.local.check(None if self._calls()[0] else [], what)  # type: ignore[union-attr]
 
     def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
         peers = range(self.size) if watch is None else watch

@@ -1,0 +1,52 @@
+"""A rank dies inside a call, after agreeing to it, on a node with another rank.
+
+Run as ``mpiexec -disable-auto-cleanup -n 2 -env RINGLET_NODE a python mpi_node_dead.py
+CASE : -n 2 -env RINGLET_NODE b python mpi_node_dead.py CASE`` (two emulated nodes of
+two ranks, the MPI engine between them).  After a good all_reduce the last rank agrees
+to the next one and exits before it moves any data: ``ring`` (ringlet's ring over the
+routed transport: its node peer's only message in the first round is over MPI) or
+``native`` (MPI's own all_reduce).  Every other rank must get a PeerError naming it
+within seconds (its node peer sees it die in shared memory and aborts), not wait for
+the deadline.  One JSON line per surviving rank: ``{"rank", "error", "message",
+"seconds"}``; the ranks then end (MPI_Finalize would wait for the dead rank: the exit
+alarm ends them, after ``_FINALIZE_S``, 1 s here, where MPI reported it dead, else after
+the deadline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import ringlet
+import ringlet.comm
+import ringlet.transport.mpi as tm
+
+
+def main() -> None:
+    case = sys.argv[1]
+    tm._FINALIZE_S = 1.0
+    comm = ringlet.init()
+    x = np.ones(1024, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == comm.size - 1:   # dies once the call is agreed, before its first message
+        if case == "ring":
+            ringlet.comm.execute = lambda *a, **k: os._exit(3)
+        else:
+            comm._t.native_start = lambda *a, **k: os._exit(3)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, algorithm="ring" if case == "ring" else "native")
+        got = {"error": None, "message": ""}
+    except ringlet.RingletError as exc:
+        got = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps({"rank": comm.rank, "seconds": time.monotonic() - t0, **got}), flush=True)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
