@@ -402,10 +402,12 @@ class P2PEngine:
                                 return
                             recorder.failed(w._rec, exc)
                             recorder.dump(f"timeout: {exc}")
+                            t.failed_wait(f"rank {self.c.rank}'s {w._what} timed out")
                             raise
             except PeerError as exc:
                 recorder.failed(w._rec, exc)
                 recorder.dump(f"abort: {exc}")
+                t.failed_wait(f"rank {self.c.rank}'s {w._what} failed")
                 raise
             except KeyboardInterrupt as exc:
                 # a message may be half sent or received: the channels are out of step
@@ -446,7 +448,9 @@ class P2PEngine:
                     f"{', '.join(pending)}; check that send and recv use the same tag")
         if not timed_out:
             return f"nothing from rank {q} is pending: it has not sent this rank a message"
-        return (f"rank {q} has not sent this rank a message, though it is alive: it may be "
+        alive = ", though it is alive" if self.c._t.sees_death(q) else \
+            " (MPI cannot tell whether it is alive: it may have died)"
+        return (f"rank {q} has not sent this rank a message{alive}: it may be "
                 f"waiting itself (if every rank receives before it sends, they wait for each "
                 f"other in a cycle; `ringlet run` prints the wait-for graph, `ringlet "
                 f"diagnose DIR` reads it from the dumps in RINGLET_DUMP_DIR)")

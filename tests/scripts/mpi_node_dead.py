@@ -7,7 +7,9 @@ to the next one and exits before it moves any data: ``ring`` (ringlet's ring ove
 routed transport: its node peer's only message in the first round is over MPI) or
 ``native`` (MPI's own all_reduce).  Every other rank must get a PeerError naming it
 within seconds (its node peer sees it die in shared memory and aborts), not wait for
-the deadline.  One JSON line per surviving rank: ``{"rank", "error", "message",
+the deadline.  ``recv`` (one rank per node): the last rank exits after the good call
+while rank 0 waits to receive from it; rank 0 times out (MPI cannot tell a dead rank
+from a late one), saying so.  One JSON line per surviving rank: ``{"rank", "error", "message",
 "seconds"}``; the ranks then end (MPI_Finalize would wait for the dead rank: the exit
 alarm ends them, after ``_FINALIZE_S``, 1 s here, where MPI reported it dead, else after
 the deadline).
@@ -33,6 +35,19 @@ def main() -> None:
     comm = ringlet.init()
     x = np.ones(1024, np.float32)
     comm.all_reduce(x)
+    if case == "recv":
+        if comm.rank == comm.size - 1:
+            os._exit(3)
+        t0 = time.monotonic()
+        try:
+            comm.recv(x, comm.size - 1)
+            got = {"error": None, "message": ""}
+        except ringlet.RingletError as exc:
+            got = {"error": type(exc).__name__, "message": str(exc)}
+        print(json.dumps({"rank": comm.rank, "seconds": time.monotonic() - t0, **got}),
+              flush=True)
+        comm.close()
+        return
     if comm.rank == comm.size - 1:   # dies once the call is agreed, before its first message
         if case == "ring":
             ringlet.comm.execute = lambda *a, **k: os._exit(3)

@@ -767,6 +767,12 @@ class MpiTransport(Transport):
                 if err is not None:
                     raise err
 
+    def sees_death(self, q: int) -> bool:
+        return q == self.rank
+
+    def failed_wait(self, message: str) -> None:
+        _FAILED.append((message, max(_FINALIZE_S, self.settings.timeout)))
+
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
               unsure: bool = False) -> None:
         """Tell every remote peer to fail with ``message``; this rank's own ``check``

@@ -297,6 +297,12 @@ class RoutedTransport(Transport):
             self.local.abort(message, timeout)
         self.engine.abort(message, timeout, tell=tell and not told, unsure=unsure)
 
+    def sees_death(self, q: int) -> bool:
+        return q in self.lidx or self.engine.sees_death(q)
+
+    def failed_wait(self, message: str) -> None:
+        self.engine.failed_wait(message)
+
     def mark_closed(self) -> None:
         if self.local is not None:
             self.local.mark_closed()
