@@ -188,6 +188,17 @@ def test_mpi_recv_from_a_dead_rank_times_out_and_the_rank_exits() -> None:
     assert took < 30, out
 
 
+def test_mpi_rank_that_heard_of_a_failure_sends_nothing_at_close() -> None:
+    """A rank in no call when a peer died and the others failed closes its communicator
+    later: it has heard of the failure (the node's shared memory, the peers' notices), so
+    it sends no closed notice over MPI, to the dead rank or any other (a send to a dead
+    rank can crash MPICH), and ends (before, it sent one to every remote peer)."""
+    proc, took, reports = _left_running(NODE_DEAD, "idle", per=2, RINGLET_TIMEOUT="3")
+    out = proc.stdout + proc.stderr
+    assert reports.get(0, {}).get("sent") == [], out
+    assert took < 30, out
+
+
 def test_mpiexec_startup_late_rank_times_out() -> None:
     """Start-up's exchanges over MPI are nonblocking collectives under
     RINGLET_INIT_TIMEOUT: a rank that comes 6 s late (MPI started) makes the others

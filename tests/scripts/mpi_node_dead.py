@@ -1,18 +1,25 @@
-"""A rank dies inside a call, after agreeing to it, on a node with another rank.
+"""Ranks die during a job on two emulated nodes: the others end in an error, and exit.
 
 Run as ``mpiexec -disable-auto-cleanup -n 2 -env RINGLET_NODE a python mpi_node_dead.py
 CASE : -n 2 -env RINGLET_NODE b python mpi_node_dead.py CASE`` (two emulated nodes of
-two ranks, the MPI engine between them).  After a good all_reduce the last rank agrees
-to the next one and exits before it moves any data: ``ring`` (ringlet's ring over the
-routed transport: its node peer's only message in the first round is over MPI) or
-``native`` (MPI's own all_reduce).  Every other rank must get a PeerError naming it
-within seconds (its node peer sees it die in shared memory and aborts), not wait for
-the deadline.  ``recv`` (one rank per node): the last rank exits after the good call
-while rank 0 waits to receive from it; rank 0 times out (MPI cannot tell a dead rank
-from a late one), saying so.  One JSON line per surviving rank: ``{"rank", "error", "message",
-"seconds"}``; the ranks then end (MPI_Finalize would wait for the dead rank: the exit
-alarm ends them, after ``_FINALIZE_S``, 1 s here, where MPI reported it dead, else after
-the deadline).
+two ranks, the MPI engine between them; ``-n 1`` each for ``recv``).  After a good
+all_reduce:
+
+- ``ring``, ``native``: the last rank agrees to the next all_reduce and exits before it
+  moves any data (ringlet's ring over the routed transport, whose first round has its
+  node peer wait for a message over MPI; or MPI's own all_reduce).  Every other rank
+  must get a PeerError naming it within seconds (its node peer sees it die in shared
+  memory and aborts), not wait for the deadline;
+- ``recv`` (one rank per node): the last rank exits while rank 0 waits to receive from
+  it; rank 0 times out (MPI cannot tell a dead rank from a late one), saying so;
+- ``idle``: the last rank exits, the others but rank 0 fail in the next all_reduce, and
+  rank 0, in no call, closes its communicator 2 s later: having heard of the failure
+  it sends nothing more (a send to a dead rank can crash MPICH).
+
+One JSON line per surviving rank: ``{"rank", "error", "message", "seconds"}`` (for
+``idle``, rank 0's ``{"rank", "sent"}``: the peers it sent to in close()).  The ranks
+then end: MPI_Finalize would wait for the dead rank, and the exit alarm ends them,
+after ``_FINALIZE_S`` (1 s here) where MPI reported it dead, else after the deadline.
 """
 
 from __future__ import annotations
@@ -47,6 +54,29 @@ def main() -> None:
         print(json.dumps({"rank": comm.rank, "seconds": time.monotonic() - t0, **got}),
               flush=True)
         comm.close()
+        return
+    if case == "idle":
+        if comm.rank == comm.size - 1:
+            os._exit(3)
+        if comm.rank > 0:
+            try:
+                comm.all_reduce(x)
+            except ringlet.RingletError:
+                pass
+            comm.close()
+            return
+        time.sleep(2)
+        engine = comm._t.engine
+        sent: list[int] = []
+        isend = engine.isend
+
+        def spy(peer: int, *args: object, **kw: object) -> object:
+            sent.append(peer)
+            return isend(peer, *args, **kw)
+
+        engine.isend = spy
+        comm.close()
+        print(json.dumps({"rank": 0, "sent": sent}), flush=True)
         return
     if comm.rank == comm.size - 1:   # dies once the call is agreed, before its first message
         if case == "ring":

@@ -799,10 +799,19 @@ class MpiTransport(Transport):
                 self.board.error = (CommTimeoutError if timeout else PeerError)(message)
 
     def mark_closed(self) -> None:
-        """Tell the remote peers this rank makes no more calls."""
+        """Tell the remote peers this rank makes no more calls; unless this rank has heard
+        of a failure (a peer's abort notice, an MPI error), though it was in no call
+        then: a rank may be dead, and a send to it can crash MPICH (as :meth:`abort`)."""
         with self._lock:
-            if not self._closed and not self.MPI.Is_finalized():
-                self._tell(CLOSED, str(self.calls()[1]))
+            if self._closed or self.MPI.Is_finalized():
+                return
+            self.board.poll()
+            err = self._error or self.board.error
+        if err is not None:
+            self.abort(str(err), tell=False)
+            return
+        with self._lock:
+            self._tell(CLOSED, str(self.calls()[1]))
 
     def _tell(self, kind: int, text: str) -> None:
         """This rank's last word on the communicator (an abort or a close), to every

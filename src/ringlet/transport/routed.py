@@ -304,8 +304,11 @@ class RoutedTransport(Transport):
         self.engine.failed_wait(message)
 
     def mark_closed(self) -> None:
+        told = None if self.local is None else self.local.aborted()
         if self.local is not None:
             self.local.mark_closed()
+        if told is not None:   # the node heard of a failure: the engine says nothing more
+            self.engine.abort(str(told), tell=False)
         self.engine.mark_closed()
 
     def close(self) -> None:
