@@ -351,14 +351,18 @@ def test_rails_nodes_that_differ(launcher: str) -> None:
     assert all(r["native"] for r in _rails_reports(proc, 4))
 
 
-def test_torch_rail_peer_dies_before_building_its_rail() -> None:
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_torch_rail_peer_dies_building_its_rail(where: str) -> None:
     """The first call on the engine's all_reduce builds every rail's gloo group, whose
     constructor waits without ringlet's deadline and does not notice a dead member
     (gloo's own timeout is init_timeout + 30 s).  The members meet first under the
-    deadline, watching the communicator: a rank that dies before building its rail
-    fails every survivor within seconds, its rail peer too, naming it."""
+    deadline, watching the communicator, and the constructor runs on a thread of its
+    own while the caller waits the same way: a rank that dies before building its rail,
+    or inside gloo's constructor, fails every survivor within seconds, its rail peer
+    too, naming it (inside: the rail peer waited 90 s before)."""
     _torch()
-    cmd = [sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4", str(RAILS_DEAD)]
+    cmd = [sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4", str(RAILS_DEAD),
+           *(["--inside"] if where == "inside" else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
                           env=_env(RINGLET_RAILS="native", RINGLET_TIMEOUT="60",
                                    RINGLET_GRACE="60"))

@@ -10,6 +10,9 @@ survivor prints a JSON line ``{"rank", "error", "message", "seconds"}``, then
 rank 0, which may host the job's store, stays a few seconds so that the others
 read what they read with the store up.
 
+With ``--inside`` the last rank dies inside gloo's constructor instead, after the
+members met in the store (the constructor then waited for it up to gloo's timeout).
+
 With ``--late S`` the last rank sleeps S seconds there and then builds its rail (under
 mpiexec, whose ``MPI_Comm_create_group`` would wait for it without a deadline), and
 prints its line too.
@@ -30,12 +33,21 @@ import ringlet
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--late", type=float, default=0.0)
+    ap.add_argument("--inside", action="store_true")
     args = ap.parse_args()
     comm = ringlet.init()
     r = comm.rank
     x = np.ones(1 << 16, np.float32)
     comm.all_reduce(x, algorithm="ring")
-    if r == comm.size - 1:
+    if r == comm.size - 1 and args.inside:
+        import torch.distributed as dist
+
+        def die(*_: object, **__: object) -> None:
+            time.sleep(0.2)
+            os._exit(9)
+
+        dist.ProcessGroupGloo = die
+    elif r == comm.size - 1:
         rail = comm._t.rail
 
         def late(g: int) -> object:

@@ -605,7 +605,8 @@ class TorchTransport(Transport):
     ``world_ranks`` maps this group's ranks to the world's (for the heartbeat,
     which ``heartbeat`` passes on to splits); ``names``, the ranks its messages
     name (by default its own numbering: a rail group's are the communicator's
-    ranks).  Building it waits for every rank of the group (collective).
+    ranks).  Building it waits for every rank of the group (collective), under the
+    deadline and calling ``watch`` (a split's: see :meth:`split`) between polls.
     """
 
     caps = Caps(engine="torch", native=True)
@@ -614,7 +615,8 @@ class TorchTransport(Transport):
                  remote: Sequence[int] | None = None, *,
                  world_ranks: Sequence[int] | None = None,
                  heartbeat: _Heartbeat | None = None,
-                 names: Sequence[int] | None = None) -> None:
+                 names: Sequence[int] | None = None,
+                 watch: Callable[[], None] | None = None) -> None:
         dist = _dist()
         self._d = dist
         self.rank, self.size, self.prefix = rank, size, prefix
@@ -656,20 +658,59 @@ class TorchTransport(Transport):
             self._hb = heartbeat
             heartbeat.acquire()
             own_hb = False
-        gloo_timeout = timedelta(seconds=max(settings.timeout, settings.init_timeout) +
-                                 _GLOO_MARGIN_S)
         try:
-            self._pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/pg/", store), rank,
-                                             size, gloo_timeout)
+            self._pg = self._build(dist.PrefixStore(f"{prefix}/pg/", store), watch)
         except (RuntimeError, ValueError) as exc:
             self._hb.release()
             raise self._start_error(exc) from None
+        except BaseException:
+            self._hb.release()
+            raise
         if own_hb:
             self._hb.start()
         self._agree = MessageAgreement(self, self.remote)
         self._status = StatusBoard(self, self.remote)
         _LIVE.add(self)
         _ALL.add(self)
+
+    def _build(self, store: Any, watch: Callable[[], None] | None) -> Any:
+        """gloo's group: its constructor, on a thread of its own while this one waits
+        under the deadline (both of them: building is collective) and calls ``watch``.
+
+        The members met in the store before, but one can still fail or die while the
+        group is built, and the constructor then waits for it without noticing, up to
+        the group's gloo timeout (the deadline + :data:`_GLOO_MARGIN_S`).  A wait that
+        ends in an error leaves the thread there: it ends when the constructor does,
+        and what it built is dropped."""
+        settings = self.settings
+        limit = max(settings.timeout, settings.init_timeout)
+        size, rank = self.size, self.rank
+        built: dict[str, Any] = {}
+        done = threading.Event()
+
+        def build() -> None:
+            try:
+                built["pg"] = self._d.ProcessGroupGloo(
+                    store, rank, size, timedelta(seconds=limit + _GLOO_MARGIN_S))
+            except BaseException as exc:  # noqa: BLE001 - raised by the waiting thread
+                built["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=build, name="ringlet-gloo-build", daemon=True).start()
+        waiter = Waiter(
+            settings, lambda: f"building ringlet's gloo group of {size} ranks", list, watch,
+            timeout=limit,
+            advice=lambda: (
+                "every member came to the store, but gloo's constructor did not finish: a "
+                "member may have failed or died while building it (ranks on other hosts: "
+                "check that they can reach each other)"))
+        slice_s = min(max(settings.liveness_s, 0.01), 0.1)
+        while not done.wait(slice_s):
+            waiter.tick()
+        if "error" in built:
+            raise built["error"]
+        return built["pg"]
 
     def _start_error(self, exc: BaseException) -> RingletError:
         """Why the group could not be built, naming the ranks that never came."""
@@ -985,7 +1026,8 @@ class TorchTransport(Transport):
         self._meet(prefix, ranks, me, watch)
         return TorchTransport(
             self._store, me, len(ranks), self._given, prefix, remote=remote,
-            world_ranks=[self._world[r] for r in ranks], heartbeat=self._hb, names=names)
+            world_ranks=[self._world[r] for r in ranks], heartbeat=self._hb, names=names,
+            watch=watch if watch is not None else self.check)
 
     def _meet(self, prefix: str, ranks: list[int], me: int,
               watch: Callable[[], None] | None) -> None:
