@@ -74,6 +74,29 @@ def test_dead_peer_detected_within_seconds() -> None:
         assert m and float(m.group(1)) < 5.0, fails[r]
 
 
+def _recv_after_abort(comm: ringlet.Communicator) -> str:
+    if comm.rank > 0:   # time out waiting for rank 0, which abort the communicator
+        with pytest.raises(ringlet.CommTimeoutError):
+            comm.all_reduce(np.ones(4))
+        return "timed out"
+    time.sleep(2.0)
+    try:
+        comm.recv(np.empty(4), 1, tag=5)
+    except ringlet.RingletError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_p2p_wait_after_an_abort_says_what_failed_here_and_there() -> None:
+    """A receive on a communicator its peers aborted (their all_reduce timed out waiting
+    for this rank) raises their error, and says first that it is this receive that
+    failed (it quoted only the peers' all_reduce, which this rank never called)."""
+    res = ringlet.spawn(_recv_after_abort, 3, settings=Settings(timeout=1.0))
+    assert res[1:] == ["timed out", "timed out"], res
+    assert res[0].startswith("CommTimeoutError: recv from rank 1") and "failed: " in res[0] \
+        and "all_reduce #1" in res[0], res[0]
+
+
 def _absent(comm: ringlet.Communicator) -> str:
     if comm.rank == 1:
         time.sleep(3.0)   # never calls the collective

@@ -425,11 +425,12 @@ class P2PEngine:
     def _check(self, watch: list[int], w: Work) -> None:
         try:
             self.c._t.check(watch, w._what)
-        except PeerError as exc:
-            advice = self._advice(w)
-            if not advice:
-                raise
-            raise PeerError(f"{exc} ({advice})") from None
+        except (PeerError, CommTimeoutError) as exc:
+            # a peer's abort notice says what failed there (a timeout too: this wait's own
+            # is its waiter's): say what failed here first
+            text = str(exc) if w._what in str(exc) else f"{w._what} failed: {exc}"
+            advice = self._advice(w) if isinstance(exc, PeerError) else ""
+            raise type(exc)(f"{text} ({advice})" if advice else text) from None
 
     def _advice(self, w: Work, timed_out: bool = False) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer."""
