@@ -199,6 +199,17 @@ def test_mpi_rank_that_heard_of_a_failure_sends_nothing_at_close() -> None:
     assert took < 30, out
 
 
+def test_mpi_rank_that_heard_of_a_failure_sends_nothing_point_to_point() -> None:
+    """As above, but the rank sends to the dead rank twice before it closes: both sends
+    raise PeerError and nothing goes to MPI (before, both went: a send to a dead rank
+    can crash MPICH)."""
+    proc, took, reports = _left_running(NODE_DEAD, "send", per=2, RINGLET_TIMEOUT="3")
+    out = proc.stdout + proc.stderr
+    assert reports.get(0, {}).get("sent") == [], out
+    assert reports[0]["errors"] == ["PeerError", "PeerError"], out
+    assert took < 30, out
+
+
 def test_mpiexec_startup_late_rank_times_out() -> None:
     """Start-up's exchanges over MPI are nonblocking collectives under
     RINGLET_INIT_TIMEOUT: a rank that comes 6 s late (MPI started) makes the others

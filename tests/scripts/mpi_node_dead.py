@@ -14,10 +14,13 @@ all_reduce:
   it; rank 0 times out (MPI cannot tell a dead rank from a late one), saying so;
 - ``idle``: the last rank exits, the others but rank 0 fail in the next all_reduce, and
   rank 0, in no call, closes its communicator 2 s later: having heard of the failure
-  it sends nothing more (a send to a dead rank can crash MPICH).
+  it sends nothing more (a send to a dead rank can crash MPICH);
+- ``send``: as ``idle``, but rank 0 sends to the dead rank twice first: both sends
+  raise, and nothing goes to MPI.
 
 One JSON line per surviving rank: ``{"rank", "error", "message", "seconds"}`` (for
-``idle``, rank 0's ``{"rank", "sent"}``: the peers it sent to in close()).  The ranks
+``idle`` and ``send``, rank 0's ``{"rank", "sent", "errors"}``: the peers it sent to
+over MPI, and what its sends raised).  The ranks
 then end: MPI_Finalize would wait for the dead rank, and the exit alarm ends them,
 after ``_FINALIZE_S`` (1 s here) where MPI reported it dead, else after the deadline.
 """
@@ -55,7 +58,7 @@ def main() -> None:
               flush=True)
         comm.close()
         return
-    if case == "idle":
+    if case in ("idle", "send"):
         if comm.rank == comm.size - 1:
             os._exit(3)
         if comm.rank > 0:
@@ -71,12 +74,21 @@ def main() -> None:
         isend = engine.isend
 
         def spy(peer: int, *args: object, **kw: object) -> object:
-            sent.append(peer)
-            return isend(peer, *args, **kw)
+            req = isend(peer, *args, **kw)
+            sent.append(peer)   # what MPI was given
+            return req
 
         engine.isend = spy
+        errors = []
+        if case == "send":
+            for _ in range(2):
+                try:
+                    comm.send(np.ones(1 << 20), comm.size - 1, tag=1)
+                    errors.append(None)
+                except ringlet.RingletError as exc:
+                    errors.append(type(exc).__name__)
         comm.close()
-        print(json.dumps({"rank": 0, "sent": sent}), flush=True)
+        print(json.dumps({"rank": 0, "sent": sent, "errors": errors}), flush=True)
         return
     if comm.rank == comm.size - 1:   # dies once the call is agreed, before its first message
         if case == "ring":

@@ -645,7 +645,19 @@ class MpiTransport(Transport):
     # --- messages ---------------------------------------------------------------------
 
     def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> MpiSend:
-        """Start sending ``parts`` (uint8 views) to ``peer``."""
+        """Start sending ``parts`` (uint8 views) to ``peer``.  A point-to-point message is
+        refused once this rank has heard of a failure (a peer's abort notice, or MPI
+        reporting ``peer`` dead), though it was in no call then: a send to a dead rank
+        can crash MPICH, and over MPI a dead rank and a late one look the same."""
+        if channel == P2P:
+            with self._lock:
+                self.board.poll()
+            err = self._error or self.board.error
+            if err is not None:
+                raise type(err)(str(err))
+            if peer in self._dead:
+                raise PeerError(f"MPI reported rank {self.names[peer]} failed or dead: nothing "
+                                f"more is sent to it")
         req = MpiSend(self, peer, parts, channel)
         if channel == COLL and not req.done:
             self._pending.append(req)

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..config import Settings
 from ..wait import Waiter
-from .base import COLL, OTHER, Caps, NativeCall, Reducer, Request, Transport
+from .base import COLL, OTHER, P2P, Caps, NativeCall, Reducer, Request, Transport
 from .shm import ShmTransport
 
 #: seconds a rank waits in a two-level agreement before it also sends its descriptor to every
@@ -128,6 +128,12 @@ class RoutedTransport(Transport):
     def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> Request:
         i = self.lidx.get(peer)
         if i is None:
+            if channel == P2P and self.local is not None:
+                # the node heard of a failure: nothing more to other nodes (as the engine
+                # refuses once it heard; a send to a dead rank can crash MPICH)
+                err = self.local.aborted()
+                if err is not None:
+                    raise type(err)(str(err))
             return self.engine.isend(peer, parts, channel)
         r = self.local.isend(i, parts, channel)  # type: ignore[union-attr]
         r.peer = peer
