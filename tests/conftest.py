@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from world import World
@@ -35,6 +36,17 @@ def _close_worlds() -> Iterator[None]:
 @pytest.fixture(params=SIZES, ids=lambda n: f"N{n}")
 def world(request: pytest.FixtureRequest) -> World:
     return get_world(request.param)
+
+
+def outcome(fn: Callable[[], Any]) -> str:
+    """What ``fn()`` ended in: "no error", or the RingletError it raised as "Type: text"."""
+    import ringlet
+
+    try:
+        fn()
+    except ringlet.RingletError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
 
 
 def shm_files() -> set[str]:
