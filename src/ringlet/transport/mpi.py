@@ -229,9 +229,8 @@ def poll_request(req: Any, waiter: Waiter,
                     return
             waiter.pause()
     except BaseException as exc:
-        if not _FAILED:
-            _FAILED.append((f"{waiter.what()} failed ({type(exc).__name__}), and MPI's "
-                            f"collective in it stays pending", max(_FINALIZE_S, waiter.timeout)))
+        _failed_unsure(f"{waiter.what()} failed ({type(exc).__name__}), and MPI's collective "
+                       f"in it stays pending", waiter.timeout)
         raise
 
 
@@ -524,6 +523,14 @@ _FAILED: list[tuple[str, float]] = []
 _FINALIZE_S = 10.0
 
 
+def _failed_unsure(why: str, deadline: float) -> None:
+    """Arm the exit alarm (:func:`_at_exit`) after a failure MPI did not report, where the
+    ranks waited for may be alive and busy: the grace is the deadline if it is longer
+    than :data:`_FINALIZE_S`.  The first such failure is the one the alarm names."""
+    if not _FAILED:
+        _FAILED.append((why, max(_FINALIZE_S, deadline)))
+
+
 def _sweep() -> None:
     """Free the communicators of closed transports that have become quiet."""
     with _LINGER_LOCK:
@@ -651,8 +658,7 @@ class MpiTransport(Transport):
         can crash MPICH, and over MPI a dead rank and a late one look the same."""
         if channel == P2P:
             with self._lock:
-                self.board.poll()
-            err = self._error or self.board.error
+                err = self._heard()
             if err is not None:
                 raise type(err)(str(err))
             if peer in self._dead:
@@ -779,11 +785,17 @@ class MpiTransport(Transport):
                 if err is not None:
                     raise err
 
+    def _heard(self) -> RingletError | None:
+        """The failure this rank has heard of, if any: MPI's error on a message of its, or
+        a peer's abort notice (taken in now).  Under the lock."""
+        self.board.poll()
+        return self._error or self.board.error
+
     def sees_death(self, q: int) -> bool:
         return q == self.rank
 
     def failed_wait(self, message: str) -> None:
-        _FAILED.append((message, max(_FINALIZE_S, self.settings.timeout)))
+        _failed_unsure(message, self.settings.timeout)
 
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
               unsure: bool = False) -> None:
@@ -797,9 +809,8 @@ class MpiTransport(Transport):
         ``unsure`` (a communicator that timed out: a rank it waited for may be dead,
         and over MPI a dead rank and a late one look the same).  The peers keep their
         duplicate of the communicator (a failure path)."""
-        if not _FAILED:
-            _FAILED.append((f"rank {self.names[self.rank]}'s MPI communicator failed",
-                            max(_FINALIZE_S, self.settings.timeout)))
+        _failed_unsure(f"rank {self.names[self.rank]}'s MPI communicator failed",
+                       self.settings.timeout)
         with self._lock:
             if self._closed:
                 return
@@ -817,8 +828,7 @@ class MpiTransport(Transport):
         with self._lock:
             if self._closed or self.MPI.Is_finalized():
                 return
-            self.board.poll()
-            err = self._error or self.board.error
+            err = self._heard()
         if err is not None:
             self.abort(str(err), tell=False)
             return
