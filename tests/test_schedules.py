@@ -414,6 +414,15 @@ def test_verify_catches_writing_in() -> None:
         verify(_sched("reduce", 2, table, {IN: Layout(1), OUT: Layout(1)}, root=1))
 
 
+def test_verify_catches_writing_the_broadcast_roots_vector() -> None:
+    # rank 1 echoes the vector back into the root's (comm.broadcast takes it read-only)
+    table = {0: [[send(1, (OUT, 0))], [recv(1, (OUT, 0))]], 1: [[recv(0, (OUT, 0))],
+                                                             [send(0, (OUT, 0))]]}
+    with pytest.raises(VerificationError, match=r"rank 0 round 1: 'recv OUT\[0\] <- 1' writes "
+                                                r"the root's vector, which is its input"):
+        verify(_sched("broadcast", 2, table, {OUT: Layout(1)}))
+
+
 def test_verify_catches_mismatched_sizes() -> None:
     # rank 0 sends one of its two chunks, rank 1 receives into both
     table = {0: [[send(1, (OUT, 0))]], 1: [[recv(0, (OUT, 0, 2))]]}

@@ -96,13 +96,15 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
     """Run ``s`` symbolically and raise :class:`VerificationError` unless it meets its spec.
 
     Also checks that every send has a matching receive of the same size
-    (for several unit counts ``sizes``), that no step writes ``IN`` or reads
-    a chunk its rank does not hold, that no reduction counts a rank twice,
-    and, for all-reduce, that every rank that ends with a chunk computed it as
-    the same expression: the same association order and the same operand
-    order (``a (op) b`` on one rank and ``b (op) a`` on another differ bit for
-    bit for MIN/MAX of signed zeros and for NaNs with different payloads; a
-    step's ``src_first`` flag says which operand goes first).
+    (for several unit counts ``sizes``), that no step writes ``IN`` (nor, for
+    broadcast, the root's ``OUT``, which is the root's input: ``comm.broadcast``
+    takes a read-only vector there) or reads a chunk its rank does not hold,
+    that no reduction counts a rank twice, and, for all-reduce, that every
+    rank that ends with a chunk computed it as the same expression: the same
+    association order and the same operand order (``a (op) b`` on one rank and
+    ``b (op) a`` on another differ bit for bit for MIN/MAX of signed zeros and
+    for NaNs with different payloads; a step's ``src_first`` flag says which
+    operand goes first).
 
     ``on_round``, if given, is called after every round that passed its checks
     with the round's index and what each rank then holds (``ringlet show``
@@ -110,6 +112,7 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
     """
     n = s.nranks
     where = s.name
+    root_in = s.root if s.collective == "broadcast" else -1
     for buf in s.layouts:
         if buf is not Buf.TMP and buf not in COLLECTIVES[s.collective]:
             raise VerificationError(f"{where}: {s.collective} has no {buf.name} buffer")
@@ -213,6 +216,10 @@ def verify(s: Schedule, sizes: tuple[int, ...] | None = None,
                 if writes_in:
                     raise VerificationError(
                         f"{where}: rank {r} round {rnd}: '{st}' writes IN, which is read-only")
+                if r == root_in and any(ref[0] == Buf.OUT for ref in st.dst):
+                    raise VerificationError(
+                        f"{where}: rank {r} round {rnd}: '{st}' writes the root's vector, "
+                        f"which is its input and may be read-only")
                 if kind is RECV or kind is RRED:
                     q = outbox.get((st.peer, r))
                     if not q:

@@ -153,6 +153,11 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     objs = comm.all_gather_object({"rank": r})
     if [o["rank"] for o in objs] != list(range(n)):
         bad.append("all_gather_object")
+    # a large object: its pickle (read-only at the root) goes by hierarchical broadcast on
+    # equal nodes, which once wrote into the root's vector
+    blob = comm.broadcast_object(bytes(range(256)) * 1024 if r == n - 1 else None, root=n - 1)
+    if blob != bytes(range(256)) * 1024:
+        bad.append("broadcast_object of 256 KiB")
     sub = comm.split(r % 2)
     assert sub is not None
     x = np.full(4, r, np.float64)

@@ -51,6 +51,8 @@ def call(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp, cou
         got = comm.all_reduce(x, op=op, algorithm=name)
     elif coll == "broadcast":
         ref = ins[root]
+        if r == root:   # the root's vector is its input: comm.broadcast takes it read-only
+            x.flags.writeable = False
         got = comm.broadcast(x, root=root, algorithm=name)
     elif coll == "reduce":
         ref = reference_reduce(np.stack(ins), op)

@@ -405,8 +405,10 @@ def reduce_scatter_hierarchical(n: int, root: int = 0, group: int = 0,
 def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
                            pieces: int = 1) -> Schedule:
     """Scatter of shards in the root's group, binomial broadcast of each shard across
-    groups on its rail, ring all-gather in every group; 1 + ceil(lg G) + (g-1) rounds
-    (times ``pieces``; the scatter only when g > 1).  ``group`` as for all_reduce."""
+    groups on its rail, ring all-gather in every group (the root, which holds every
+    shard, only passes them on: nothing is written into its vector, which is its
+    input); 1 + ceil(lg G) + (g-1) rounds (times ``pieces``; the scatter only when
+    g > 1).  ``group`` as for all_reduce."""
     g, G = _groups("broadcast", n, group)
     P = check_pieces("broadcast/hierarchical", pieces)
     s1, L = (1 if g > 1 else 0), lg(G)
@@ -431,14 +433,19 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
                 rounds[t + k * P + p].append(send(peer, ref) if kind == SEND else
                                              recv(peer, ref))
         t += L * P
+        # the root holds every shard already: it only passes them on (its vector is its
+        # input, which comm.broadcast takes read-only), and its left neighbour sends it none
         for k in range(g - 1):
             for p in range(P):
-                rounds[t] = [send(right, (OUT, ((i - k) % g) * P + p)),
-                             recv(left, (OUT, ((i - k - 1) % g) * P + p))]
+                rounds[t] = ([send(right, (OUT, ((i - k) % g) * P + p))] if right != root
+                             else []) + \
+                    ([recv(left, (OUT, ((i - k - 1) % g) * P + p))] if r != root else [])
                 t += 1
         return rounds
 
-    ring = _phases(n, g, [(P * (g - 1), "right", 1, False)])
+    whole = _phases(n, g, [(P * (g - 1), "right", 1, False)])(0)
+    keep = whole["dst"] != root
+    ring = frozen({k: v[keep] for k, v in whole.items()})
     rails = np.arange(g, dtype=np.int64)
 
     def rounds(t: int) -> Messages:
@@ -451,7 +458,7 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
             src = ((w + j0) % G)[:, None] * g + rails
             dst = ((w + d + j0) % G)[:, None] * g + rails
             return messages(src, dst)
-        return ring(t - L * P)
+        return ring if g > 1 else no_messages()
 
     return Schedule("broadcast", "hierarchical", n, R, {OUT: Layout(g, P)}, rank_fn,
                     root=root, round_fn=rounds)
