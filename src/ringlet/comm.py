@@ -471,11 +471,16 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         key = (collective, algorithm, nbytes)
         name = self._chosen.get(key)
         if name is None and algorithm == NATIVE:
-            if not self._t.caps.native:
+            natives = self._t.caps.native
+            if not natives:
                 raise ArgumentError(
                     f"algorithm 'native' runs the engine's own {collective}: it needs an "
                     f"engine (MPI or torch.distributed, RINGLET_ENGINE=mpi|torch); this "
                     f"communicator has none")
+            if collective not in natives:
+                raise ArgumentError(
+                    f"algorithm 'native': the {self._t.caps.engine} engine has no {collective} "
+                    f"of its own; it runs {', '.join(sorted(natives))}")
             name = NATIVE
         if name is None:
             from .algorithms.select import choose, tuner_for
@@ -513,7 +518,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         topo = self.topology
         return len(topo.nodes) > 1 and topo.ranks_per_node is not None and \
             self._t.caps.rails and \
-            rails.wanted(self.settings.rails, self._t.caps.engine, self._t.caps.native, op, dt)
+            rails.wanted(self.settings.rails, self._t.caps.engine, bool(self._t.caps.native),
+                         op, dt)
 
     def _rail_group(self, name: str, op: ReduceOp | None, dt: Any) -> bool:
         """Whether the all_reduce schedule ``name`` crosses nodes on the engine's all_reduce."""

@@ -51,6 +51,10 @@ def every_algorithm(comm: Communicator, rep: Report) -> None:
                             err = f"raised {type(exc).__name__}: {exc}"
                         rep.check(err is None, f"{coll}/{name} {dtype} count {count} root "
                                                f"{root}: {err}")
+    for coll in NO_NATIVE:   # MPI's own is not run: refused before the call, on every rank
+        rep.expect_raise(ArgumentError,
+                         lambda coll=coll: getattr(comm, coll)(np.ones(3), algorithm="native"),
+                         f"{coll} on rank {comm.rank}: algorithm 'native'", "mpi engine has no")
 
 
 def _valid(op: ReduceOp, dtype: str) -> bool:

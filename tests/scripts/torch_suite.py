@@ -117,6 +117,11 @@ def native_extras(comm: Communicator, t: TorchTransport, rep: Report) -> None:
     """gloo's own collectives beyond float32/int64: ringlet's meaning of bool SUM (OR),
     complex SUM, torch bfloat16, an unsupported type on every rank, NaN-free MIN."""
     n, r = comm.size, comm.rank
+    for coll in ("scan", "exscan"):   # gloo has none: refused before the call, on every rank
+        err = raises(lambda coll=coll: getattr(comm, coll)(np.ones(3), algorithm="native"),
+                     ArgumentError)
+        rep.check(f"{coll} on rank {r}: algorithm 'native'" in str(err)
+                  and "torch engine has no" in str(err), f"native {coll}: {err!r}")
     b = np.array([r == 0, False, True, r % 2 == 1])
     comm.all_reduce(b, algorithm="native")
     rep.check(b.tolist() == [True, False, True, n > 1], f"native bool SUM (OR): {b}")

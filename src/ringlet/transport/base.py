@@ -176,8 +176,8 @@ class Caps:
     shared_buffers: bool = False
     #: the engine under the transport ("mpi", "torch"), None for shared memory only
     engine: str | None = None
-    #: the engine's own collectives can run a call (algorithm "native")
-    native: bool = False
+    #: the collectives the engine's own implementation can run (algorithm "native")
+    native: frozenset[str] = frozenset()
     #: ranks on several nodes, with the engine's groups per rail (:meth:`Transport.rail`)
     rails: bool = False
 

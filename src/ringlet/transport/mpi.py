@@ -587,7 +587,7 @@ class MpiTransport(Transport):
     rank).
     """
 
-    caps = Caps(engine="mpi", native=True)
+    caps = Caps(engine="mpi", native=frozenset(_NATIVE))
 
     def __init__(self, comm: Any, settings: Settings,
                  remote: Sequence[int] | None = None) -> None:

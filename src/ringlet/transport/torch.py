@@ -146,6 +146,9 @@ _CLOSE_LANES_S = 2.0
 _EXIT_LANES_S = 5.0
 #: the timeout of the heartbeat thread's store calls (bounds the join at close)
 _STORE_CALL_S = 3.0
+#: the collectives gloo runs for algorithm "native" (:meth:`TorchTransport.native_start`)
+_NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+           "scatter", "gather")
 
 #: messages larger than this travel as several gloo messages (base.PIECE_BYTES; a module
 #: global, so that a test can make them small)
@@ -609,7 +612,7 @@ class TorchTransport(Transport):
     deadline and calling ``watch`` (a split's: see :meth:`split`) between polls.
     """
 
-    caps = Caps(engine="torch", native=True)
+    caps = Caps(engine="torch", native=frozenset(_NATIVE))
 
     def __init__(self, store: Any, rank: int, size: int, settings: Settings, prefix: str,
                  remote: Sequence[int] | None = None, *,
@@ -1178,8 +1181,6 @@ class TorchTransport(Transport):
                             f"{what()}: {_gloo_message(exc)}") from None
 
 
-_NATIVE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
-           "scatter", "gather")
 #: element types gloo reduces arithmetically (numpy name -> torch name)
 _ARITH = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64",
           "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool"}
