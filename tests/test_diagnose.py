@@ -208,3 +208,17 @@ def test_mixed_cycle_and_no_diagnosis_when_all_done() -> None:
                         "in all_reduce #1"), lines
     done = {q: _doc(q, [_op("all_reduce", 1, "done")]) for q in range(3)}
     assert diagnose(done) == []
+
+
+def test_dumps_asked_for_again_and_again_across_nodes_never_hang_a_rank() -> None:
+    """A flight-recorder dump (SIGUSR1) runs in the main thread, wherever it was: on the
+    torch engine it once polled the agreement from there and took the lock of a post the
+    thread was in the middle of, and that rank hung for good."""
+    pytest.importorskip("torch", reason="torch is not installed (the engine between nodes)")
+    env = clean_env(OMP_NUM_THREADS="1", RINGLET_TIMEOUT="20")
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--grace", "5", "--nodes",
+                           "2", "-n", "4", "dump_storm.py"], cwd=SCRIPTS, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()
+                  if "barriers" in line) == [f"rank {r}: 300 barriers" for r in range(4)]

@@ -313,35 +313,45 @@ def dump(reason: str, comms: Iterable[Communicator] | None = None,
     on_demand = reason.startswith("SIGUSR1")
     if on_demand and _failure_dumped:
         return None   # this process is failing: its dump says why, and it is on its way out
-    try:
-        cs = list(_live() if comms is None else comms)
-        if not cs:
-            return None
-        directory = directory or cs[0].settings.dump_dir
-        if not directory:
-            return None
-        world = cs[0]._world_ranks[cs[0].rank]
-        waits = []
-        from .wait import WAITS
+    from .transport.base import read_only
 
-        for ident, w in list(WAITS.items()):
-            on = w.waiting_on()
-            if on:
-                waits.append({"thread": ident, "what": w.what(), "waiting_on": on})
-        doc = {"format": FORMAT, "rank": world, "pid": os.getpid(), "host": socket.gethostname(),
-               "job": cs[0].job_id, "reason": reason, "time_unix": time.time(),
-               "now_us": _us(now_ns(), cs[0]._fr.offset_ns if cs[0]._fr else 0),
-               "waits": waits, "comms": [comm_json(c) for c in cs]}
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"rank-{world}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-        _failure_dumped = _failure_dumped or not on_demand
-        return path
+    try:
+        with read_only():   # it may have interrupted a poll or a post: do neither again
+            return _dump(reason, on_demand, comms, directory)
     except Exception:  # noqa: BLE001 - see the docstring
         return None
+
+
+def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
+          directory: str | None) -> str | None:
+    """:func:`dump`'s work (which see), within ``read_only``."""
+    global _failure_dumped
+    cs = list(_live() if comms is None else comms)
+    if not cs:
+        return None
+    directory = directory or cs[0].settings.dump_dir
+    if not directory:
+        return None
+    world = cs[0]._world_ranks[cs[0].rank]
+    waits = []
+    from .wait import WAITS
+
+    for ident, w in list(WAITS.items()):
+        on = w.waiting_on()
+        if on:
+            waits.append({"thread": ident, "what": w.what(), "waiting_on": on})
+    doc = {"format": FORMAT, "rank": world, "pid": os.getpid(), "host": socket.gethostname(),
+           "job": cs[0].job_id, "reason": reason, "time_unix": time.time(),
+           "now_us": _us(now_ns(), cs[0]._fr.offset_ns if cs[0]._fr else 0),
+           "waits": waits, "comms": [comm_json(c) for c in cs]}
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank-{world}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+    _failure_dumped = _failure_dumped or not on_demand
+    return path
 
 
 _installed = False

@@ -56,8 +56,10 @@ engines); shared memory publishes descriptors in place instead.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,6 +72,28 @@ from ..wait import Waiter
 #: channels: collective data, the user's point-to-point messages, agreement frames and
 #: status frames (abort, closed).  They never mix.
 COLL, P2P, CTRL, STATUS = 0, 1, 2, 3
+
+
+class _ReadOnly(threading.local):
+    depth = 0
+
+
+#: inside :func:`read_only` (per thread): transports report what they already know
+READ_ONLY = _ReadOnly()
+
+
+@contextlib.contextmanager
+def read_only() -> Iterator[None]:
+    """Within it, asking a transport what it knows (a peer's descriptor, whether a request
+    is done) polls, posts and delivers nothing.  A flight recorder dump runs in a signal
+    handler, which may have interrupted this very thread in the middle of a poll or of
+    posting a message: doing either again there took a lock the thread already held (the
+    rank hung for good) or handled one frame twice."""
+    READ_ONLY.depth += 1
+    try:
+        yield
+    finally:
+        READ_ONLY.depth -= 1
 #: what Transport.take_message found
 TAKEN, EMPTY, OTHER = 1, 0, -1
 
@@ -493,7 +517,10 @@ class MessageAgreement:
                 self._sends.append(r)
 
     def poll(self) -> bool:
-        """Take in every frame that has arrived; True if any did."""
+        """Take in every frame that has arrived; True if any did (nothing is taken in
+        :func:`read_only`)."""
+        if READ_ONLY.depth:
+            return False
         got = False
         for r in self._sends:
             r.advance()

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..config import Settings
 from ..wait import Waiter
-from .base import COLL, OTHER, P2P, Caps, NativeCall, Reducer, Request, Transport
+from .base import COLL, OTHER, P2P, READ_ONLY, Caps, NativeCall, Reducer, Request, Transport
 from .shm import ShmTransport
 
 #: seconds a rank waits in a two-level agreement before it also sends its descriptor to every
@@ -230,7 +230,7 @@ class RoutedTransport(Transport):
         every descriptor of the node is in; send this rank's own to every rank on other
         nodes if the node did not agree, or after :data:`FALLBACK_S`."""
         call = self._call
-        if call is None or self._told and self._spread:
+        if call is None or self._told and self._spread or READ_ONLY.depth:
             return
         seq, words, note = call
         if not self._told:

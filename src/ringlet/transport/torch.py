@@ -300,8 +300,9 @@ class _Msg:
 
     @property
     def done(self) -> bool:
-        """True once the message was sent, or arrived and is in the parts."""
-        if not self._fin:
+        """True once the message was sent, or arrived and is in the parts (delivering what
+        arrived, but in :func:`~ringlet.transport.base.read_only`)."""
+        if not self._fin and not base.READ_ONLY.depth:
             self.advance()
         return self._fin
 
