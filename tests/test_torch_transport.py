@@ -171,6 +171,30 @@ def test_stopped_peer_heartbeat() -> None:
 
 
 @needs_torch
+@pytest.mark.parametrize("limit", ["0.6", "30"])
+def test_a_rank_that_holds_the_gil_is_stopped_only_past_ringlet_heartbeat_s(limit: str) -> None:
+    """Rank 3 holds Python's GIL for about 2 s in one call into C, so its heartbeat thread
+    cannot beat: with RINGLET_HEARTBEAT_S=30 its all_reduce across 2 emulated nodes
+    succeeds everywhere (the limit was a fixed 5 s whatever the user allowed); with 0.6
+    every rank raises PeerError naming rank 3 and the setting."""
+    from jobs import clean_env
+
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
+                           "gil_hold.py"], cwd=Path(__file__).parent / "scripts",
+                          capture_output=True, text=True, timeout=120,
+                          env=clean_env(OMP_NUM_THREADS="1", RINGLET_HEARTBEAT_S=limit))
+    said = {int(line[1]): line.split(": ", 1)[1] for line in proc.stdout.splitlines()
+            if line.startswith("[") and ": " in line and "held the GIL" not in line}
+    assert sorted(said) == [0, 1, 2, 3], proc.stdout + proc.stderr[-3000:]
+    for r, text in said.items():
+        if limit == "30":
+            assert text == "ok 4", f"rank {r}: {text}"
+        else:
+            assert text.startswith("PeerError: rank 3 ") and "stopped answering" in text \
+                and f"RINGLET_HEARTBEAT_S={limit}" in text, f"rank {r}: {text}"
+
+
+@needs_torch
 def test_a_rank_late_to_build_the_transport_is_named_at_the_deadline() -> None:
     """A second world() on the job's store, one rank 2 s late: gloo's constructor waited
     for it without ringlet's deadline (up to init_timeout + 30 s); the ranks now meet

@@ -123,6 +123,13 @@ class Settings:
         "doc": "Longest sleep between polls of a long wait, in microseconds."})
     liveness_s: float = field(default=0.1, metadata={
         "doc": "Seconds between checks, during a wait, that the peers are alive."})
+    heartbeat_s: float = field(default=5.0, metadata={
+        "doc": "Seconds without a heartbeat after which a rank on another node counts as "
+               "stopped on the torch engine (a process that hangs or was stopped, or whose "
+               "host is down; a process that dies closes its connections and is known at "
+               "once). The heartbeat is a thread of the rank's: a rank that holds Python's "
+               "GIL longer than this, in one long call into C code that does not release "
+               "it, looks stopped too; raise it for such programs."})
     grace: float = field(default=3.0, metadata={
         "doc": "Seconds `ringlet run` and `ringlet.spawn` let the other ranks fail on "
                "their own after one rank failed, before stopping them."})
@@ -175,6 +182,8 @@ class Settings:
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.heartbeat_s > 0:
+            raise ConfigError(f"heartbeat_s must be > 0, got {self.heartbeat_s!r}")
         if self.flight_records < 0:
             raise ConfigError(f"flight_records must be >= 0, got {self.flight_records!r}")
         if self.start_method not in ("auto", "spawn", "forkserver", "fork"):

@@ -58,7 +58,7 @@ peer dead (a peer that closed the communicator sent CLOSED on that channel
 first).  A peer whose host dies, or that hangs or is stopped, closes nothing;
 for those a heartbeat through the store: a thread per process bumps
 ``beat/<rank>`` every second and reads the watched peers' counters; a
-counter that has not moved for :data:`STALE_S` seconds makes ``check``
+counter that has not moved for ``RINGLET_HEARTBEAT_S`` seconds (5) makes ``check``
 raise "rank q (host ...) stopped answering".  Counters, not clocks, so
 hosts' clocks need not agree.  ``check`` only reads what the threads found.
 
@@ -432,7 +432,8 @@ class _Heartbeat:
                  interval: float = HEARTBEAT_S, stale: float = STALE_S) -> None:
         self.store, self.rank = store, rank
         self.watch = sorted(set(watch) - {rank})
-        self.interval, self.stale = interval, stale
+        # beats at least three times within ``stale`` (RINGLET_HEARTBEAT_S may be short)
+        self.interval, self.stale = min(interval, stale / 3), stale
         self.hosts: dict[int, str] = {}
         self._seen: dict[int, tuple[int, float]] = {}
         self._ok_at = time.monotonic()
@@ -656,7 +657,8 @@ class TorchTransport(Transport):
             self._keys.set(f"here/{rank}", "1")   # for the message if some rank never comes
         if heartbeat is None:
             self._hb = _Heartbeat(dist.PrefixStore(f"{prefix}/hb/", store), rank,
-                                  [self._world[q] for q in self.remote])
+                                  [self._world[q] for q in self.remote],
+                                  stale=settings.heartbeat_s)
             own_hb = True
         else:
             self._hb = heartbeat
@@ -921,7 +923,9 @@ class TorchTransport(Transport):
                 raise PeerError(
                     f"rank {self.names[q]} ({self._hb.host(w)}) stopped answering: its "
                     f"heartbeat has not moved for {gap:.0f} s (the process hangs or was "
-                    f"stopped, or its host is down); {what or self.describe()} cannot complete")
+                    f"stopped, or its host is down; or it held Python's GIL that long in one "
+                    f"call into C: RINGLET_HEARTBEAT_S={self._hb.stale:g} sets the limit); "
+                    f"{what or self.describe()} cannot complete")
             if w == 0:
                 gap = self._hb.store_silent()
                 if gap is not None:
