@@ -122,7 +122,7 @@ class _Mpi:
         return self.tm.MpiTransport(self.comm, self.settings, remote=remote)
 
 
-#: seconds of each of the store's own waits while start-up waits for other ranks' keys
+#: the longest nap between polls of the store while start-up waits for other ranks' keys
 _STORE_SLICE_S = 0.1
 #: what start-up's exchanges are, for a timeout's message
 _EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict"}
@@ -187,7 +187,7 @@ class _Torch:
         waiter = Waiter(
             self.settings, lambda: f"rank {self.rank}'s start-up on torch's store ({what})",
             missing, self.check, timeout=timeout, advice=advice)
-        self.tt.store_wait(self.store, keys, waiter,
+        self.tt.store_wait(waiter,
                            lambda: bool(self._op(lambda: self.store.check(keys), what)),
                            _STORE_SLICE_S)
 

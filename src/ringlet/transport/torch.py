@@ -577,26 +577,23 @@ def _meet(keys: Any, me: int, size: int, name: Callable[[int], int], settings: S
     store(lambda: keys.set(f"here/{me}", "1"))
     if came(every):
         return
-    store_wait(keys, every, Waiter(settings, what, absent, check, timeout=timeout),
-               lambda: came(every), max(settings.liveness_s, 0.01))
+    store_wait(Waiter(settings, what, absent, check, timeout=timeout), lambda: came(every),
+               max(settings.liveness_s, 0.01))
 
 
-def store_wait(store: Any, keys: list[str], waiter: Waiter, came: Callable[[], bool],
-               slice_s: float) -> None:
-    """Wait until ``keys`` are in ``store`` under ``waiter`` (its deadline and checks):
-    the store's own wait, in slices of ``slice_s``, which the store answers when the keys
-    are in (a poll of every key by every rank, thousands of times a second, would load
-    the store's host at scale); ``came()`` asks the store once more after a slice that
-    ended (and raises if the store failed)."""
-    slice_ = timedelta(seconds=slice_s)
-    while True:
-        try:
-            store.wait(keys, slice_)
-            return
-        except Exception:  # noqa: BLE001 - the slice ended, or the store failed
-            if came():
-                return
+def store_wait(waiter: Waiter, came: Callable[[], bool], slice_s: float) -> None:
+    """Wait until keys are in the job's store under ``waiter`` (its deadline and checks):
+    ``came()`` asks the store whether they are (and raises if the store failed), after
+    naps that grow from 1 ms to ``slice_s`` (a poll of every key by every rank, thousands
+    of times a second, would load the store's host at scale).  Not the store's own wait
+    in slices: each slice that ended without the keys made torch's store client log a
+    warning ("waitForInput ... likely a timeout"), a dozen of them on stderr in a job of
+    4 ranks that went well."""
+    nap = 0.001
+    while not came():
         waiter.tick()
+        time.sleep(nap)
+        nap = min(2 * nap, slice_s)
 
 
 class TorchTransport(Transport):
