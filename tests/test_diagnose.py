@@ -222,3 +222,11 @@ def test_dumps_asked_for_again_and_again_across_nodes_never_hang_a_rank() -> Non
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()
                   if "barriers" in line) == [f"rank {r}: 300 barriers" for r in range(4)]
+
+
+def test_a_receive_from_any_rank_with_any_tag_is_named_so_in_the_records() -> None:
+    from ringlet.recorder import RECV, SEND, record_json
+
+    rec = record_json([3, (RECV, -1, -1, 0, 64), "", 1000, 0])
+    assert rec["what"] == "recv from any rank (any tag)" and rec["peer"] == -1
+    assert record_json([4, (SEND, 2, 5, 0, 64), "", 1000, 0])["what"] == "send to rank 2 (tag 5)"

@@ -459,17 +459,24 @@ def test_torch_and_mpi4py_ops_are_accepted() -> None:
     assert out == [[5.0, 3.0, 5.0, 6.0]] * 2
 
 
-def _recv_wrong_tag(c: ringlet.Communicator) -> str:
+def _recv_wrong_tag(c: ringlet.Communicator, src: int = 0) -> str:
     x = np.ones(4)
     if c.rank == 0:
         c.send(x, 1, tag=3)
         time.sleep(2.5)   # stays open: rank 1 times out
         return ""
     try:
-        c.recv(x, 0, tag=7)
+        c.recv(x, src, tag=7)
     except ringlet.CommTimeoutError as exc:
         return str(exc)
     return "no timeout"
+
+
+def test_p2p_timeout_from_any_rank_says_what_is_pending() -> None:
+    out = ringlet.spawn(_recv_wrong_tag, 2, ringlet.ANY_SOURCE,
+                        settings=ringlet.Settings(timeout=1.0))
+    assert "no rank has sent this rank a message it matches" in out[1], out[1]
+    assert "rank 0 tag 3 (32 B)" in out[1] and "collective order" not in out[1], out[1]
 
 
 def test_p2p_timeout_says_what_is_pending() -> None:

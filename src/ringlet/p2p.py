@@ -435,8 +435,14 @@ class P2PEngine:
     def _advice(self, w: Work, timed_out: bool = False) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer."""
         q = w._peer
-        if q is None:
-            return ""
+        if q is None:   # a receive from any rank
+            if not timed_out:
+                return ""
+            held = [f"rank {s} tag {tag} ({data.size} B)"
+                    for s, queue in enumerate(self.unexpected) for tag, _, data, _ in queue]
+            return ("no rank has sent this rank a message it matches"
+                    + (f"; messages no receive matched: {', '.join(held)} (check the tags)"
+                       if held else ""))
         if w._what.startswith("send"):
             return (f"rank {q} has not received the message (is a matching recv posted on "
                     f"rank {q}, with the same tag?)")

@@ -239,9 +239,11 @@ def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
     else:
         k, peer, tag, dtype, nbytes = r[INFO]
         kind = "send" if k == SEND else "recv"
+        who = f"rank {peer}" if peer >= 0 else "any rank"    # a receive's ANY_SOURCE (-1)
         out = {"kind": kind, "seq": r[SEQ], "peer": peer, "tag": tag, "bytes": nbytes,
                "dtype": _dtype_name(dtype),
-               "what": f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} (tag {tag})"}
+               "what": f"{kind} {'to' if kind == 'send' else 'from'} {who} "
+                       f"({f'tag {tag}' if tag >= 0 else 'any tag'})"}
     out["state"] = _state(r)
     out["t_queued_us"] = _us(_queued(r), offset)
     out["t_start_us"] = _us(r[T_START], offset)
