@@ -311,7 +311,6 @@ def dump(reason: str, comms: Iterable[Communicator] | None = None,
     process); ``directory``: default the communicators' ``dump_dir`` setting.
     Never raises (a dump runs while something else already went wrong).
     """
-    global _failure_dumped
     on_demand = reason.startswith("SIGUSR1")
     if on_demand and _failure_dumped:
         return None   # this process is failing: its dump says why, and it is on its way out
