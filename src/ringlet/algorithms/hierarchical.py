@@ -437,9 +437,10 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
         # input, which comm.broadcast takes read-only), and its left neighbour sends it none
         for k in range(g - 1):
             for p in range(P):
-                rounds[t] = ([send(right, (OUT, ((i - k) % g) * P + p))] if right != root
-                             else []) + \
-                    ([recv(left, (OUT, ((i - k - 1) % g) * P + p))] if r != root else [])
+                if right != root:
+                    rounds[t].append(send(right, (OUT, ((i - k) % g) * P + p)))
+                if r != root:
+                    rounds[t].append(recv(left, (OUT, ((i - k - 1) % g) * P + p)))
                 t += 1
         return rounds
 
@@ -458,7 +459,7 @@ def broadcast_hierarchical(n: int, root: int = 0, group: int = 0,
             src = ((w + j0) % G)[:, None] * g + rails
             dst = ((w + d + j0) % G)[:, None] * g + rails
             return messages(src, dst)
-        return ring if g > 1 else no_messages()
+        return ring   # the ring's rounds (none when g == 1)
 
     return Schedule("broadcast", "hierarchical", n, R, {OUT: Layout(g, P)}, rank_fn,
                     root=root, round_fn=rounds)
