@@ -67,6 +67,11 @@ hosts' clocks need not agree.  ``check`` only reads what the threads found.
 ``Work.abort`` is not bound), so :meth:`TorchTransport.close` uses the one
 switch gloo has: it lets a private receive time out, which closes every
 connection of the group, fails every pending request and ends the lanes.
+Each rank's last close stops its heartbeat and says so in the store
+(``left/<rank>``).  Where rank 0 hosts the store (env:// outside torchrun),
+its process waits at exit until every other rank has left, died or stopped
+beating (at most the deadline, :func:`_linger`): a host that ended first made
+the others' store calls fail, each logged by torch with a C++ stack trace.
 
 *Native collectives* (``caps.native``): gloo's own allreduce, broadcast,
 reduce, allgather, reduce_scatter, alltoall, scatter and gather, started with
@@ -81,6 +86,7 @@ import contextlib
 import functools
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -219,6 +225,9 @@ def env_store(settings: Settings, rank: int | None = None, size: int | None = No
         try:
             store, r, n = next(dist.rendezvous(
                 "env://", timeout=timedelta(seconds=settings.init_timeout)))
+            # torch's env:// rendezvous: rank 0 hosts the store, unless torchrun's agent does
+            if r == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                _HOST.append(store)
         except (RuntimeError, ValueError) as exc:
             text = str(exc).lower()
             if "timeout" in text or "timed out" in text:
@@ -428,10 +437,14 @@ class _Heartbeat:
     without an active exception", exit code -6, after every rank succeeded).
     """
 
-    def __init__(self, store: Any, rank: int, watch: Iterable[int],
-                 interval: float = HEARTBEAT_S, stale: float = STALE_S) -> None:
-        self.store, self.rank = store, rank
+    def __init__(self, store: Any, rank: int, size: int, watch: Iterable[int],
+                 interval: float = HEARTBEAT_S, stale: float = STALE_S,
+                 linger: float | None = None) -> None:
+        self.store, self.rank, self.size = store, rank, size
         self.watch = sorted(set(watch) - {rank})
+        #: if this process hosts the job's store: how long it waits at exit for this world's
+        #: other ranks to be done with it (see _linger)
+        self.linger = linger
         # beats at least three times within ``stale`` (RINGLET_HEARTBEAT_S may be short)
         self.interval, self.stale = min(interval, stale / 3), stale
         self.hosts: dict[int, str] = {}
@@ -441,7 +454,10 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._failing = False
         _BEATS.add(self)
+        if linger is not None:
+            _HOSTED.append(self)
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
         store.add(f"beat/{rank}", 1)
 
@@ -478,16 +494,27 @@ class _Heartbeat:
             th = self._thread
             if th is not None and th is not threading.current_thread():
                 th.join(_STORE_CALL_S + 1.0)
+            if (th is None or not th.is_alive()) and not self._failing:
+                # this rank is done with the store: its host may end (see _linger)
+                with contextlib.suppress(Exception):
+                    self.store.set(f"left/{self.rank}", "1")
 
     def _run(self, client: Any) -> None:
         mine = f"beat/{self.rank}"
         keys = [f"beat/{q}" for q in self.watch]
-        while not self._stop.wait(self.interval):
+        wait = self.interval
+        while not self._stop.wait(wait):
             try:
                 client.add(mine, 1)
                 values = client.multi_get(keys) if keys else []
             except Exception:  # noqa: BLE001 - the store is unreachable: see store_silent()
+                # torch's client logs every failure with a C++ stack trace: a store whose
+                # host ended is asked ever more rarely (store_silent reads the clock alone)
+                self._failing = True
+                wait = min(2 * wait, 30.0)
                 continue
+            self._failing = False
+            wait = self.interval
             now = time.monotonic()
             for q, v in zip(self.watch, values, strict=True):
                 n = int(v)
@@ -539,9 +566,62 @@ def _close_all() -> None:
             t._end_lanes(_EXIT_LANES_S)
     for hb in list(_BEATS):
         hb._stop.set()
+    _linger()
+    _HOSTED.clear()
 
 
 _BEATS: weakref.WeakSet[_Heartbeat] = weakref.WeakSet()
+#: the job's store if this process hosts it (rank 0 of torch's env:// rendezvous outside
+#: torchrun), and the heartbeats of the worlds on it
+_HOST: list[Any] = []
+_HOSTED: list[_Heartbeat] = []
+
+
+def _linger() -> None:
+    """At exit, the store's host waits until every other rank of its worlds is done with
+    the store (its last heartbeat stopped: key ``left/<rank>``), has stopped beating
+    (dead or stuck: ``stale`` seconds), or the world's deadline passed.  A host that ended
+    first made the others' heartbeats and closes fail, each failure logged by torch's
+    client with a C++ stack trace.  torchrun's agent, which hosts the store there, waits
+    for every worker the same way."""
+    if not _HOSTED:
+        return
+    with contextlib.suppress(KeyboardInterrupt):   # Ctrl-C at exit: stop waiting
+        _linger_for(_HOSTED)
+
+
+def _linger_for(beats: list[_Heartbeat]) -> None:
+    start = time.monotonic()
+    told = False
+    for hb in list(beats):
+        # a peer this rank's transports know is dead is not waited for
+        dead = {t._world[q] for t in list(_ALL) if t._hb is hb for q in t._dead}
+        others = [q for q in range(hb.size) if q != hb.rank and q not in dead]
+        seen = {q: (b"", start) for q in others}
+        nap = 0.001
+        while others:
+            now = time.monotonic()
+            try:
+                left = [q for q in others if hb.store.check([f"left/{q}"])]
+                counts = hb.store.multi_get([f"beat/{q}" for q in others])
+            except Exception:  # noqa: BLE001 - nothing to wait for without the store
+                return
+            for q, b in zip(others, counts, strict=True):
+                if b != seen[q][0]:
+                    seen[q] = (b, now)
+            others = [q for q in others if q not in left and now - seen[q][1] <= hb.stale]
+            if not others or now - start > (hb.linger or 0.0):
+                break
+            if not told and now - start > 5.0:
+                told = True
+                print(f"ringlet: rank {hb.rank} hosts the job's torch store and waits for "
+                      f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
+                      f"to close ringlet (at most {hb.linger:g} s, RINGLET_TIMEOUT)",
+                      file=sys.stderr, flush=True)
+            time.sleep(nap)
+            nap = min(2 * nap, 0.05)
+
+
 #: every transport, closed or not, whose lanes may still run (see _close_all)
 _ALL: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
 atexit.register(_close_all)
@@ -653,9 +733,11 @@ class TorchTransport(Transport):
         else:
             self._keys.set(f"here/{rank}", "1")   # for the message if some rank never comes
         if heartbeat is None:
-            self._hb = _Heartbeat(dist.PrefixStore(f"{prefix}/hb/", store), rank,
+            self._hb = _Heartbeat(dist.PrefixStore(f"{prefix}/hb/", store), rank, size,
                                   [self._world[q] for q in self.remote],
-                                  stale=settings.heartbeat_s)
+                                  stale=settings.heartbeat_s,
+                                  linger=settings.timeout if any(store is h for h in _HOST)
+                                  else None)
             own_hb = True
         else:
             self._hb = heartbeat
