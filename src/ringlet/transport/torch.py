@@ -594,8 +594,10 @@ def _linger_for(beats: list[_Heartbeat]) -> None:
     start = time.monotonic()
     told = False
     for hb in list(beats):
-        # a peer this rank's transports know is dead is not waited for
+        # a peer this rank's transports know is dead, or whose beat had stopped, is not
+        # waited for
         dead = {t._world[q] for t in list(_ALL) if t._hb is hb for q in t._dead}
+        dead |= {q for q in hb.watch if hb.silent(q) is not None}
         others = [q for q in range(hb.size) if q != hb.rank and q not in dead]
         seen = {q: (b"", start) for q in others}
         nap = 0.001
