@@ -475,8 +475,8 @@ def _job_env() -> dict[str, str | None]:
 
 
 def torch_job(script: str, args: list[str], rate: str, who: str,
-              during: Callable[[Any], AbstractContextManager[Any]] | None = None
-              ) -> dict[str, Any] | None:
+              during: Callable[[Any], AbstractContextManager[Any]] | None = None,
+              own_cpus: bool = False) -> dict[str, Any] | None:
     """Run ``script --rank ARGS`` under torchrun on a fresh 2-host bed shaped to ``rate``
     (2 ranks per host) and return the JSON object its ranks printed on a line of their
     own (rank 0 prints it), or None after saying why on stderr (``who`` names the
@@ -487,7 +487,7 @@ def torch_job(script: str, args: list[str], rate: str, who: str,
     if why:
         print(f"{who}: cannot run here: {why}", file=sys.stderr)
         return None
-    with netbed.NetBed(2, rate=rate) as bed, \
+    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus) as bed, \
             (during(bed) if during is not None else contextlib.nullcontext()):
         job = bed.torchrun(script, ["--rank", *args], nproc_per_node=2, env=_job_env())
         codes = job.wait(timeout=900)
@@ -538,12 +538,13 @@ def run_job(bed: Any, engine: str, mode: str, sizes: list[int], limit: float) ->
 
 
 def run_rate(rate: str, sizes: list[int], limit: float,
-             phase_sizes: list[int] | None) -> dict[str, Any]:
+             phase_sizes: list[int] | None, own_cpus: bool = False) -> dict[str, Any]:
     """Build a 2-host bed shaped to ``rate``, measure the link, run both jobs (and the
     phase breakdown at ``phase_sizes``, if given)."""
     netbed = _netbed()
     out: dict[str, Any] = {"rate": rate, "rate_bps": netbed.parse_rate(rate), "sizes": sizes}
-    with netbed.NetBed(2, rate=rate) as bed:
+    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus) as bed:
+        out["cpus"] = bed.cpus
         fwd = bed.measure_throughput(0, 1, seconds=1.0)
         back = bed.measure_throughput(1, 0, seconds=1.0)
         both = _two_flows(bed)
@@ -1033,6 +1034,7 @@ def bed_job_args(ap: argparse.ArgumentParser, calls: int, calls_help: str | None
     ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
     ap.add_argument("--calls", type=int, default=calls, help=calls_help)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--own-cpus", action="store_true", help=OWN_CPUS_HELP)
 
 
 def parse_size(text: str) -> int:
@@ -1045,6 +1047,11 @@ def parse_rate_spec(text: str) -> tuple[str, int]:
     """``RATE[:MAX]`` (e.g. ``1gbit``, ``200mbit:16M``) -> (rate, largest size)."""
     rate, _, top = text.partition(":")
     return rate, parse_size(top) if top else SIZES[-1]
+
+
+OWN_CPUS_HELP = ("each host's processes on CPUs of their own (the machine's in equal "
+                 "blocks, taskset), as on separate machines; by default the hosts share "
+                 "every CPU")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1062,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-predict", action="store_true", help="skip ringlet predict")
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the breakdown of where the time goes (at the first rate)")
+    ap.add_argument("--own-cpus", action="store_true", help=OWN_CPUS_HELP)
     a = ap.parse_args(argv)
     specs = [parse_rate_spec(x) for x in (a.rate or DEFAULT_RATES)]
     netbed = _netbed()
@@ -1073,6 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = ["python", "benchmarks/multihost.py"]
     shown += [x for r in (a.rate or DEFAULT_RATES) for x in ("--rate", r)]
     shown += ["--no-predict"] * a.no_predict + ["--no-phases"] * a.no_phases
+    shown += ["--own-cpus"] * a.own_cpus
     shown += ["--out", os.path.relpath(a.out, ROOT)]
     data: dict[str, Any] = {
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -1085,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
         data["cpu_us"].append(cpu_probe())
         sizes = [s for s in SIZES if s <= top]
         phases = None if a.no_phases or i else [s for s in PHASE_SIZES if s <= top]
-        data["runs"].append(run_rate(rate, sizes, a.limit, phases))
+        data["runs"].append(run_rate(rate, sizes, a.limit, phases, a.own_cpus))
     if not a.no_predict:
         data["intra"] = calibrate()
         for run in data["runs"]:

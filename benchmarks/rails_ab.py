@@ -20,6 +20,9 @@ own calls and puts it back):
   at 4 MiB: :data:`ringlet.algorithms.hierarchical.PIPELINE_PIECE_BYTES`);
 - ``pin``: every thread of a rank on one core, the host's (host 0 on core 0,
   host 1 on core 1), as if each host had its own CPU;
+- ``lpin``: every thread of a rank on the core of its place in the host (each
+  host's local rank 0 on core 0, local rank 1 on core 1): a rail's two ends
+  share a core, a host's two ranks do not;
 - ``nap1``, ``nap5``: waits that found nothing nap 1 or 5 ms instead of 0.2 ms
   (``ringlet.transport.torch._NAP_S``);
 - ``lsleep50``, ``lspin300``: waits for messages inside the node (phases 1 and 3)
@@ -43,7 +46,7 @@ from typing import Any
 
 import multihost  # this script's folder: parse_size, the jobs' environment
 
-VARIANTS = ("base", "pieces1", "pieces4", "pieces8", "pin", "nap1", "nap5", "lsleep50",
+VARIANTS = ("base", "pieces1", "pieces4", "pieces8", "pin", "lpin", "nap1", "nap5", "lsleep50",
             "lspin300", "gloo1")
 
 
@@ -83,6 +86,10 @@ def _variants(comm: Any, nbytes: int) -> dict[str, Callable[[], Callable[[], Non
         threads({comm.topology.node % ncpu})
         return lambda: threads(set(range(ncpu)))
 
+    def lpin() -> Callable[[], None]:
+        threads({comm.topology.local_ranks.index(comm.rank) % ncpu})
+        return lambda: threads(set(range(ncpu)))
+
     def nap(seconds: float) -> Callable[[], Callable[[], None]]:
         def on() -> Callable[[], None]:
             old = tt._NAP_S
@@ -120,7 +127,7 @@ def _variants(comm: Any, nbytes: int) -> dict[str, Callable[[], Callable[[], Non
         return off
 
     return {"base": lambda: nothing, "pieces1": pieces(1), "pieces4": pieces(4),
-            "pieces8": pieces(8), "pin": pin, "nap1": nap(1e-3), "nap5": nap(5e-3),
+            "pieces8": pieces(8), "pin": pin, "lpin": lpin, "nap1": nap(1e-3), "nap5": nap(5e-3),
             "lsleep50": local(sleep_us=50.0), "lspin300": local(spin_us=300.0),
             "gloo1": gloo1}
 
@@ -174,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         rank_main(a.names, nbytes, a.calls)
         return 0
     times = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls),
-                                           *a.names], a.rate, "rails_ab")
+                                           *a.names], a.rate, "rails_ab",
+                                own_cpus=a.own_cpus)
     if times is None:
         return 1
     netbed = multihost._netbed()

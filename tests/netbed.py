@@ -453,11 +453,15 @@ class NetBed:
 
     ``rate``/``delay`` shape every host's link (both directions) from the start; ``shape``
     changes them later.  ``subnet`` is the first three octets; host i is ``<subnet>.<i+1>``,
-    the switch ``<subnet>.254``.
+    the switch ``<subnet>.254``.  ``own_cpus``: every process started in host i runs on
+    CPUs of its own (``taskset``: this process's CPUs in k equal blocks), as on separate
+    machines, instead of every host sharing all of them; :attr:`cpus` says which (None:
+    shared, also when there are fewer CPUs than hosts).
     """
 
     def __init__(self, k: int = 2, *, rate: str | float | None = None,
-                 delay: str | float | None = None, subnet: str = "10.77.0") -> None:
+                 delay: str | float | None = None, subnet: str = "10.77.0",
+                 own_cpus: bool = False) -> None:
         if not 1 <= k <= 200:
             raise ValueError(f"k must be in 1..200, not {k}")
         why = check().why_not(rate, delay)
@@ -471,6 +475,11 @@ class NetBed:
         self.hosts = [Host(i, f"host{i}", f"{self.tag}-h{i}", f"{subnet}.{i + 1}", f"h{i}")
                       for i in range(k)]
         self.tmpdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", suffix="-bed"))
+        mine = sorted(os.sched_getaffinity(0))
+        per = len(mine) // k
+        #: each host's CPUs (``own_cpus``), or None: every host shares this process's
+        self.cpus: list[list[int]] | None = \
+            [mine[i * per:(i + 1) * per] for i in range(k)] if own_cpus and per else None
         self._created: list[str] = []
         self._procs: list[subprocess.Popen[Any]] = []
         #: why a shaped link may still burst faster than its rate (None: it does not)
@@ -636,6 +645,12 @@ class NetBed:
                 env[k] = v
         return env
 
+    def _in(self, i: int) -> list[str]:
+        """The command that runs what follows it in host i (its namespace, its CPUs)."""
+        pin = [] if self.cpus is None else \
+            [shutil.which("taskset") or "taskset", "-c", ",".join(map(str, self.cpus[i]))]
+        return [_ip(), "netns", "exec", self.hosts[i].ns, *pin]
+
     def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str | None] | None = None,
               **kw: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` in host i (``ip netns exec``); ``env`` adds to (None: removes from)
@@ -643,7 +658,7 @@ class NetBed:
         kills it on close if it still runs."""
         full = self._env({**os.environ, **self.env(i)}, env)
         p: subprocess.Popen[Any] = subprocess.Popen(
-            [_ip(), "netns", "exec", self.hosts[i].ns, *argv], env=full, **kw)
+            [*self._in(i), *argv], env=full, **kw)
         self._procs.append(p)
         return p
 
@@ -651,18 +666,19 @@ class NetBed:
             timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in host i to completion, output captured as text."""
         full = self._env({**os.environ, **self.env(i)}, env)
-        return subprocess.run([_ip(), "netns", "exec", self.hosts[i].ns, *argv], env=full,
+        return subprocess.run([*self._in(i), *argv], env=full,
                               capture_output=True, text=True, timeout=timeout, check=check)
 
-    def _job(self, name: str, starts: list[tuple[str, list[str], dict[str, str]]]) -> Job:
+    def _job(self, name: str, starts: list[tuple[list[str], list[str], dict[str, str]]]
+             ) -> Job:
         self._jobs += 1
         d = self.tmpdir / f"{self._jobs:03d}-{name}"
         d.mkdir()
         procs, outs, errs = [], [], []
-        for j, (ns, argv, env) in enumerate(starts):
+        for j, (where, argv, env) in enumerate(starts):
             out, err = d / f"{j}.out", d / f"{j}.err"
             with open(out, "wb") as fo, open(err, "wb") as fe:
-                p = subprocess.Popen([_ip(), "netns", "exec", ns, *argv], env=env,
+                p = subprocess.Popen([*where, *argv], env=env,
                                      stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                                      start_new_session=True)
             self._procs.append(p)
@@ -687,8 +703,7 @@ class NetBed:
                     "--node-rank", str(node_rank), "--nproc-per-node", str(nproc_per_node),
                     "--master-addr", self.hosts[hosts[0]].ip, "--master-port", str(port),
                     *torchrun_args, os.fspath(script), *args]
-            starts.append((self.hosts[i].ns, argv,
-                           self._env({**os.environ, **self.env(i)}, env)))
+            starts.append((self._in(i), argv, self._env({**os.environ, **self.env(i)}, env)))
         return self._job("torchrun", starts)
 
     def hydra_launcher(self) -> Path:
@@ -701,6 +716,13 @@ class NetBed:
         if not path.exists():
             cases = "\n".join(
                 f"  {h.name}|{h.ip}) ns={h.ns}; node={h.name};;" for h in self.hosts)
+            pin = "" if self.cpus is None else \
+                f'{shutil.which("taskset") or "taskset"} -c "$cpus" '
+            if self.cpus is not None:
+                cases = "\n".join(
+                    f"  {h.name}|{h.ip}) ns={h.ns}; node={h.name}; "
+                    f"cpus={','.join(map(str, c))};;" for h, c in zip(self.hosts, self.cpus,
+                                                                      strict=True))
             path.write_text(f"""#!/bin/sh
 # netbed {self.tag}: Hydra's "ssh" into a host = ip netns exec into its namespace.
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
@@ -710,7 +732,7 @@ case "$host" in
   *) echo "netbed hydra launcher: unknown host '$host'" >&2; exit 255;;
 esac
 export RINGLET_NODE="$node" GLOO_SOCKET_IFNAME={IFNAME} TP_SOCKET_IFNAME={IFNAME}
-exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
+exec {_ip()} netns exec "$ns" {pin}/bin/sh -c "$*"
 """)
             path.chmod(0o755)
         return path
@@ -745,14 +767,14 @@ exec {_ip()} netns exec "$ns" /bin/sh -c "$*"
         for k in ("RINGLET_NODE", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
             base.pop(k, None)
         full = self._env(base, env)
-        return self._job("mpiexec", [(self.switch_ns, self.mpiexec_argv(
+        return self._job("mpiexec", [([_ip(), "netns", "exec", self.switch_ns], self.mpiexec_argv(
             argv, ppn=ppn, hosts=hosts, mpiexec_args=mpiexec_args), full)])
 
     # -- measuring
 
     def _tool_proc(self, i: int, *args: str) -> subprocess.Popen[str]:
         full = {**os.environ, **self.env(i)}
-        p = subprocess.Popen([_ip(), "netns", "exec", self.hosts[i].ns, sys.executable,
+        p = subprocess.Popen([*self._in(i), sys.executable,
                               os.path.abspath(__file__), *args], env=full, text=True,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
