@@ -744,10 +744,15 @@ def machine(load: tuple[float, float], data: dict[str, Any]) -> list[str]:
     for run in data["runs"]:
         for eng in ("mpi", "torch"):
             vers.update(run.get(eng, {}).get("versions", {}))
+    cpus = next((run["cpus"] for run in data["runs"] if run.get("cpus")), None)
+    where = (f"each \"host\" has CPUs of its own (`--own-cpus`: "
+             f"{'; '.join(f'host{i} on {c}' for i, c in enumerate(cpus))}, taskset), as on "
+             f"separate machines: a host's 2 ranks and their threads share its CPUs"
+             if cpus else f"the 4 ranks (2 per \"host\") and everything else share these "
+             f"{nproc} cores")
     return [f"- date: {data['date']}",
             f"- machine: `nproc` = {nproc}, {model or platform.machine()}, {mem:.0f} GiB, "
-            f"{platform.system()} {platform.release()}; the 4 ranks (2 per \"host\") and "
-            f"everything else share these {nproc} cores",
+            f"{platform.system()} {platform.release()}; {where}",
             f"- load average (1 min) before the runs: {load[0]:.1f}, after: {load[1]:.1f}",
             *([f"- CPU speed, a pure-Python loop (`python -m timeit 'sum(range(1000))'`, "
                f"best of 5) before each rate's jobs and at the end: "
