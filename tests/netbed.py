@@ -22,7 +22,9 @@ the leftovers of a crashed run (whose pid is dead) can be recognised and removed
 
 What the namespaces share and what they don't: TCP ports and abstract Unix
 sockets are per namespace; ``/dev/shm``, the file system, the pid space, the
-hostname and the boot id are shared.  So a host is identified by the
+hostname and the boot id are shared, and so are the CPUs unless the bed is made
+with ``own_cpus`` (each host's processes then run on a block of CPUs of their own,
+through ``taskset``, as on separate machines).  So a host is identified by the
 ``RINGLET_NODE=host<i>`` variable every command started in it gets, and a test
 that wants to prove its traffic went over the network should compare
 :meth:`NetBed.counters` before and after (a transport that thinks two ranks share

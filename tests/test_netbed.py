@@ -181,6 +181,29 @@ def test_mpi_allreduce_two_hosts_by_mpiexec(bed: netbed.NetBed) -> None:
 
 
 @needs_bed
+def test_own_cpus_puts_each_hosts_processes_on_its_cpus(bed: netbed.NetBed) -> None:
+    """``own_cpus``: what runs in host i (directly, or a rank Hydra starts there) may run on
+    host i's block of this process's CPUs only; by default on all of them."""
+    mine = sorted(os.sched_getaffinity(0))
+    show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    assert bed.cpus is None and json.loads(bed.run(0, show, check=True).stdout) == mine
+    with netbed.NetBed(2, own_cpus=True, subnet="10.78.0") as b:
+        if len(mine) < 2:
+            assert b.cpus is None
+            return
+        half = len(mine) // 2
+        assert b.cpus == [mine[:half], mine[half:2 * half]]
+        for i in range(2):
+            assert json.loads(b.run(i, show, check=True).stdout) == b.cpus[i]
+        if importlib.util.find_spec("mpi4py") is None or \
+                shutil.which("mpiexec", path=os.path.dirname(sys.executable)) is None:
+            return
+        job = b.mpiexec([sys.executable, str(SCRIPTS / "netbed_mpi.py")], ppn=1)
+        ranks = sorted(records(job.check(timeout=60)), key=lambda r: int(str(r["rank"])))
+        assert [r["cpus"] for r in ranks] == b.cpus, ranks
+
+
+@needs_bed
 def test_teardown_and_stale_cleanup() -> None:
     with netbed.NetBed(1) as b:
         sleeper = b.popen(0, [sys.executable, "-c", "import time; time.sleep(600)"])
