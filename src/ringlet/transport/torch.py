@@ -228,6 +228,7 @@ def env_store(settings: Settings, rank: int | None = None, size: int | None = No
             # torch's env:// rendezvous: rank 0 hosts the store, unless torchrun's agent does
             if r == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
                 _HOST.append(store)
+                _HOST_PID[0] = os.getpid()
         except (RuntimeError, ValueError) as exc:
             text = str(exc).lower()
             if "timeout" in text or "timed out" in text:
@@ -575,6 +576,8 @@ _BEATS: weakref.WeakSet[_Heartbeat] = weakref.WeakSet()
 #: torchrun), and the heartbeats of the worlds on it
 _HOST: list[Any] = []
 _HOSTED: list[_Heartbeat] = []
+#: the process that hosts it (a child forked from it does not)
+_HOST_PID = [0]
 
 
 def _linger() -> None:
@@ -584,7 +587,7 @@ def _linger() -> None:
     first made the others' heartbeats and closes fail, each failure logged by torch's
     client with a C++ stack trace.  torchrun's agent, which hosts the store there, waits
     for every worker the same way."""
-    if not _HOSTED:
+    if not _HOSTED or os.getpid() != _HOST_PID[0]:
         return
     with contextlib.suppress(KeyboardInterrupt):   # Ctrl-C at exit: stop waiting
         _linger_for(_HOSTED)
