@@ -36,6 +36,7 @@ DEAD_EXIT = Path(__file__).parent / "scripts" / "mpi_dead_exit.py"
 STORE_LATE = Path(__file__).parent / "scripts" / "torch_store_late.py"
 STARTUP = Path(__file__).parent / "scripts" / "mpi_startup.py"
 NODE_DEAD = Path(__file__).parent / "scripts" / "mpi_node_dead.py"
+PEER_KILLED = Path(__file__).parent / "scripts" / "peer_killed_at_end.py"
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -300,6 +301,21 @@ def test_ringlet_run_nodes(nodes: int) -> None:
                           env=_env(EXPECT_NODES=",".join("abc"[k // 2] for k in range(2 * nodes))))
     _check(proc, 2 * nodes, [[2 * k, 2 * k + 1] for k in range(nodes)], "torch")
     assert "TCPStore" not in proc.stderr and "Broken pipe" not in proc.stderr, proc.stderr
+
+
+def test_a_peer_killed_after_the_last_call_does_not_hold_the_store_host() -> None:
+    """Rank 3 dies (SIGKILL) after the job's last call: rank 0, which hosts the torch store
+    and waits at exit for the others to leave it, sees that its process is gone (its beat
+    would take RINGLET_HEARTBEAT_S to stop) and exits normally, before ringlet run's grace
+    ends it with SIGTERM (which it did)."""
+    _torch()
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
+                           str(PEER_KILLED)], capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(KILL="3"))
+    out = proc.stdout + proc.stderr
+    assert "ranks 0-2 finished (exit code 0)" in proc.stderr, out
+    assert all(f"rank {r}: done 4" in proc.stdout for r in range(3)), out
+    assert "TCPStore" not in proc.stderr, out
 
 
 def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:

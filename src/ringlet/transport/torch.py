@@ -69,8 +69,9 @@ switch gloo has: it lets a private receive time out, which closes every
 connection of the group, fails every pending request and ends the lanes.
 Each rank's last close stops its heartbeat and says so in the store
 (``left/<rank>``).  Where rank 0 hosts the store (env:// outside torchrun),
-its process waits at exit until every other rank has left, died or stopped
-beating (at most the deadline, :func:`_linger`): a host that ended first made
+its process waits at exit until every other rank has left, died (known to a
+transport, or a process of this machine that is gone) or stopped beating (at
+most the deadline, :func:`_linger`): a host that ended first made
 the others' store calls fail, each logged by torch with a C++ stack trace.
 
 *Native collectives* (``caps.native``): gloo's own allreduce, broadcast,
@@ -460,6 +461,7 @@ class _Heartbeat:
         if linger is not None:
             _HOSTED.append(self)
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
+        store.set(f"proc/{rank}", f"{_machine()} {os.getpid()}")   # see _linger
         store.add(f"beat/{rank}", 1)
 
     def start(self) -> None:
@@ -593,6 +595,33 @@ def _linger() -> None:
         _linger_for(_HOSTED)
 
 
+def _machine() -> str:
+    """This machine: its host name and boot id (a pid means something only there)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` of this machine has ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[:1] in (["Z"], ["X"])
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
 def _linger_for(beats: list[_Heartbeat]) -> None:
     start = time.monotonic()
     told = False
@@ -602,6 +631,19 @@ def _linger_for(beats: list[_Heartbeat]) -> None:
         dead = {t._world[q] for t in list(_ALL) if t._hb is hb for q in t._dead}
         dead |= {q for q in hb.watch if hb.silent(q) is not None}
         others = [q for q in range(hb.size) if q != hb.rank and q not in dead]
+        # a peer on this machine whose process is gone (killed, say) is not waited for
+        # either: its beat would take ``stale`` seconds to stop, longer than a launcher's
+        # grace before it ends the survivors (ringlet run's: 3 s)
+        try:
+            procs = dict(zip(others, hb.store.multi_get([f"proc/{q}" for q in others]),
+                             strict=True))
+        except Exception:  # noqa: BLE001 - nothing to wait for without the store
+            return
+        here, pids = _machine(), {}
+        for q, v in procs.items():
+            machine, _, pid = v.decode(errors="replace").rpartition(" ")
+            if machine == here and pid.isdigit():
+                pids[q] = int(pid)
         seen = {q: (b"", start) for q in others}
         nap = 0.001
         while others:
@@ -614,7 +656,8 @@ def _linger_for(beats: list[_Heartbeat]) -> None:
             for q, b in zip(others, counts, strict=True):
                 if b != seen[q][0]:
                     seen[q] = (b, now)
-            others = [q for q in others if q not in left and now - seen[q][1] <= hb.stale]
+            others = [q for q in others if q not in left and now - seen[q][1] <= hb.stale
+                      and not (q in pids and _gone(pids[q]))]
             if not others or now - start > (hb.linger or 0.0):
                 break
             if not told and now - start > 5.0:
