@@ -22,16 +22,21 @@ from dataclasses import dataclass
 from .config import Settings
 
 
-def node_key(settings: Settings) -> str:
-    """This process's node key: ``settings.node``, else the host's name and boot id."""
-    if settings.node:
-        return f"node:{settings.node}"
+def machine() -> str:
+    """This machine: its host name and boot id (``name:boot-id``)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"host:{socket.gethostname()}:{boot}"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def node_key(settings: Settings) -> str:
+    """This process's node key: ``settings.node``, else the machine (:func:`machine`)."""
+    if settings.node:
+        return f"node:{settings.node}"
+    return f"host:{machine()}"
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,7 @@ from ..errors import (
     RingletError,
 )
 from ..ops import ReduceOp
+from ..topology import machine
 from ..wait import Waiter
 from . import base
 from .base import (
@@ -461,7 +462,7 @@ class _Heartbeat:
         if linger is not None:
             _HOSTED.append(self)
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
-        store.set(f"proc/{rank}", f"{_machine()} {os.getpid()}")   # see _linger
+        store.set(f"proc/{rank}", f"{machine()} {os.getpid()}")   # see _linger
         store.add(f"beat/{rank}", 1)
 
     def start(self) -> None:
@@ -595,16 +596,6 @@ def _linger() -> None:
         _linger_for(_HOSTED)
 
 
-def _machine() -> str:
-    """This machine: its host name and boot id (a pid means something only there)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` of this machine has ended (a zombie has)."""
     try:
@@ -639,10 +630,10 @@ def _linger_for(beats: list[_Heartbeat]) -> None:
                              strict=True))
         except Exception:  # noqa: BLE001 - nothing to wait for without the store
             return
-        here, pids = _machine(), {}
+        here, pids = machine(), {}
         for q, v in procs.items():
-            machine, _, pid = v.decode(errors="replace").rpartition(" ")
-            if machine == here and pid.isdigit():
+            where, _, pid = v.decode(errors="replace").rpartition(" ")
+            if where == here and pid.isdigit():
                 pids[q] = int(pid)
         seen = {q: (b"", start) for q in others}
         nap = 0.001
