@@ -585,8 +585,9 @@ _HOST_PID = [0]
 
 def _linger() -> None:
     """At exit, the store's host waits until every other rank of its worlds is done with
-    the store (its last heartbeat stopped: key ``left/<rank>``), has stopped beating
-    (dead or stuck: ``stale`` seconds), or the world's deadline passed.  A host that ended
+    the store (its last heartbeat stopped: key ``left/<rank>``), is known dead (to a
+    transport, or a process of this machine that is gone), has stopped beating (dead or
+    stuck: ``stale`` seconds), or the world's deadline passed.  A host that ended
     first made the others' heartbeats and closes fail, each failure logged by torch's
     client with a C++ stack trace.  torchrun's agent, which hosts the store there, waits
     for every worker the same way."""
