@@ -716,15 +716,13 @@ class NetBed:
         GLOO_SOCKET_IFNAME set for that host."""
         path = self.tmpdir / "hydra-launch"
         if not path.exists():
-            cases = "\n".join(
-                f"  {h.name}|{h.ip}) ns={h.ns}; node={h.name};;" for h in self.hosts)
+            cpus = [""] * len(self.hosts) if self.cpus is None else \
+                [f" cpus={','.join(map(str, c))};" for c in self.cpus]
+            cases = "\n".join(f"  {h.name}|{h.ip}) ns={h.ns}; node={h.name};{c};"
+                               for h, c in zip(self.hosts, cpus, strict=True))
             pin = "" if self.cpus is None else \
                 f'{shutil.which("taskset") or "taskset"} -c "$cpus" '
-            if self.cpus is not None:
-                cases = "\n".join(
-                    f"  {h.name}|{h.ip}) ns={h.ns}; node={h.name}; "
-                    f"cpus={','.join(map(str, c))};;" for h, c in zip(self.hosts, self.cpus,
-                                                                      strict=True))
+
             path.write_text(f"""#!/bin/sh
 # netbed {self.tag}: Hydra's "ssh" into a host = ip netns exec into its namespace.
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done

@@ -230,7 +230,6 @@ def env_store(settings: Settings, rank: int | None = None, size: int | None = No
             # torch's env:// rendezvous: rank 0 hosts the store, unless torchrun's agent does
             if r == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
                 _HOST.append(store)
-                _HOST_PID[0] = os.getpid()
         except (RuntimeError, ValueError) as exc:
             text = str(exc).lower()
             if "timeout" in text or "timed out" in text:
@@ -459,6 +458,7 @@ class _Heartbeat:
         self._thread: threading.Thread | None = None
         self._failing = False
         _BEATS.add(self)
+        self._pid = os.getpid()   # a child forked from the store's host does not linger
         if linger is not None:
             _HOSTED.append(self)
         store.set(f"host/{rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
@@ -579,8 +579,6 @@ _BEATS: weakref.WeakSet[_Heartbeat] = weakref.WeakSet()
 #: torchrun), and the heartbeats of the worlds on it
 _HOST: list[Any] = []
 _HOSTED: list[_Heartbeat] = []
-#: the process that hosts it (a child forked from it does not)
-_HOST_PID = [0]
 
 
 def _linger() -> None:
@@ -591,10 +589,8 @@ def _linger() -> None:
     first made the others' heartbeats and closes fail, each failure logged by torch's
     client with a C++ stack trace.  torchrun's agent, which hosts the store there, waits
     for every worker the same way."""
-    if not _HOSTED or os.getpid() != _HOST_PID[0]:
-        return
     with contextlib.suppress(KeyboardInterrupt):   # Ctrl-C at exit: stop waiting
-        _linger_for(_HOSTED)
+        _linger_for([hb for hb in _HOSTED if hb._pid == os.getpid()])
 
 
 def _gone(pid: int) -> bool:
