@@ -8,7 +8,9 @@ on a bridge, each host's link shaped to ``--rate`` in both directions (HTB;
 this kernel has no netem, so no added delay: the bed's own round trip is tens
 of microseconds).  Two ranks per host, float32 all_reduce (sum) from 8 B to
 64 MiB (``--rate RATE:MAX`` stops at MAX; the default stops at 16 MiB at 200 Mbit/s,
-where one 64 MiB all_reduce takes 3-5 s), two jobs per rate:
+where one 64 MiB all_reduce takes 3-5 s), two kinds of job per rate, three of
+each (``--jobs``: the engines take turns, and each figure is the median of the
+jobs', see :func:`combine`):
 
 - ``mpiexec`` (MPICH Hydra from the bed's switch, UCX on TCP over eth0):
   ringlet's automatic choice (``hierarchical`` across nodes, pipelined from
@@ -38,7 +40,8 @@ text of ``--out`` between the ``generated`` markers is replaced, the text
 around it is kept.
 
 At the first rate, two more jobs break hierarchical down into its phases (see
-:func:`_phases`): where the time goes.  About 5 minutes in all on 2 cores.
+:func:`_phases`): where the time goes.  About 15 minutes in all on 2 cores (5
+with ``--jobs 1``).
 """
 
 from __future__ import annotations
@@ -537,10 +540,50 @@ def run_job(bed: Any, engine: str, mode: str, sizes: list[int], limit: float) ->
     return res
 
 
+def combine(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's sweep jobs at a rate as one result: per method and size the median of
+    the jobs' figures (each job's the median over its loops; ``jobs_s`` keeps every job's),
+    the prediction's inputs (``costs``) the median of the jobs' (``costs_jobs`` keeps
+    them).  A job that failed or computed a wrong sum is the result (with ``error`` or
+    ``wrong``): a run with one is a failed run.
+
+    Why several jobs: on this bed a job settles into a mode for its whole life.  The same
+    code's 4 MiB call took 39.7-43.6 ms from job to job (sessions 23-24) and a job's
+    steps inside a node ran at ~50 us or ~200-300 us (``steps``), while the loops of one
+    job agree within a few per cent.  One job is one draw of that mode; the median of
+    three is the typical job, and the jobs' range is shown beside it."""
+    if len(jobs) == 1:
+        return jobs[0]
+    for j in jobs:
+        if "results" not in j or j.get("error") or j.get("wrong"):
+            return {**j, "jobs": len(jobs)}
+    first = jobs[0]
+    out = {k: v for k, v in first.items() if k not in ("results", "costs", "costs_each")}
+    out["results"] = {m: {s: {"median_s": statistics.median(j["results"][m][s]["median_s"]
+                                                            for j in jobs),
+                              "jobs_s": [j["results"][m][s]["median_s"] for j in jobs],
+                              "calls_per_rep": v["calls_per_rep"],
+                              "rank0_median_s": statistics.median(
+                                  j["results"][m][s]["rank0_median_s"] for j in jobs)}
+                          for s, v in per.items()}
+                      for m, per in first["results"].items()}
+    out["costs"] = {k: statistics.median(j["costs"][k] for j in jobs) for k in first["costs"]
+                    if all(k in j["costs"] for j in jobs)}
+    out["costs_jobs"] = [j["costs"] for j in jobs]
+    out["autos_differ"] = any(j["auto"] != first["auto"] for j in jobs)
+    out["exit_codes"] = [j["exit_codes"] for j in jobs]
+    out["seconds"] = sum(j["seconds"] for j in jobs)
+    out["host0_eth0"] = {k: sum(j["host0_eth0"][k] for j in jobs) for k in first["host0_eth0"]}
+    out["jobs"] = len(jobs)
+    return out
+
+
 def run_rate(rate: str, sizes: list[int], limit: float,
-             phase_sizes: list[int] | None, own_cpus: bool = False) -> dict[str, Any]:
-    """Build a 2-host bed shaped to ``rate``, measure the link, run both jobs (and the
-    phase breakdown at ``phase_sizes``, if given)."""
+             phase_sizes: list[int] | None, own_cpus: bool = False, jobs: int = 1
+             ) -> dict[str, Any]:
+    """Build a 2-host bed shaped to ``rate``, measure the link, run ``jobs`` sweep jobs per
+    engine, the engines taking turns (:func:`combine`), and the phase breakdown at
+    ``phase_sizes``, if given."""
     netbed = _netbed()
     out: dict[str, Any] = {"rate": rate, "rate_bps": netbed.parse_rate(rate), "sizes": sizes}
     with netbed.NetBed(2, rate=rate, own_cpus=own_cpus) as bed:
@@ -558,8 +601,12 @@ def run_rate(rate: str, sizes: list[int], limit: float,
               f"{both / 1e6:.0f} Mbit/s, RTT min {rtt.min * 1e6:.0f} us median "
               f"{rtt.median * 1e6:.0f} us, 64 KiB message {msg * 1e3:.2f} ms",
               file=sys.stderr, flush=True)
-        for engine in ("mpi", "torch"):
-            out[engine] = run_job(bed, engine, "sweep", sizes, limit)
+        each: dict[str, list[dict[str, Any]]] = {"mpi": [], "torch": []}
+        for _ in range(jobs):
+            for engine in ("mpi", "torch"):
+                each[engine].append(run_job(bed, engine, "sweep", sizes, limit))
+        for engine, done in each.items():
+            out[engine] = combine(done)
         if phase_sizes:
             out["phases"] = {e: run_job(bed, e, "phases", phase_sizes, limit)
                              for e in ("mpi", "torch")}
@@ -708,6 +755,14 @@ def _t(job: dict[str, Any], method: str, nbytes: int) -> float | None:
     return None if v is None else float(v["median_s"])
 
 
+def _spread(job: dict[str, Any], method: str, nbytes: int) -> tuple[float, float] | None:
+    """The fastest and slowest job's figure where the result combines several jobs."""
+    v = job.get("results", {}).get(method, {}).get(str(nbytes))
+    if v is None or len(v.get("jobs_s", [])) < 2:
+        return None
+    return min(v["jobs_s"]), max(v["jobs_s"])
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
@@ -784,8 +839,16 @@ def targets_for(run: dict[str, Any]) -> list[tuple[str, str, str]]:
     for eng in ("mpi", "torch"):
         vals = [None if (t := _t(run.get(eng, {}), "hierarchical", s)) is None
                 else t / (s / rate_Bps) for s in big]
-        shown = ", ".join(f"{human(s)}: {v:.2f}x" for s, v in zip(big, vals, strict=True)
-                          if v is not None)
+        job = run.get(eng, {})
+
+        def each(s: int, job: dict[str, Any] = job) -> str:
+            """The jobs' range of the ratio, where several jobs ran."""
+            sp = _spread(job, "hierarchical", s)
+            return "" if sp is None else \
+                f" [jobs {sp[0] / (s / rate_Bps):.2f}-{sp[1] / (s / rate_Bps):.2f}x]"
+
+        shown = ", ".join(f"{human(s)}: {v:.2f}x{each(s)}"
+                          for s, v in zip(big, vals, strict=True) if v is not None)
         rows.append((f"hierarchical ({eng} engine) within {BOUND_RATIO}x of S/rate from "
                      f"{human(BOUND_FROM)}", shown or "-",
                      verdict(vals, lambda v: v <= BOUND_RATIO)))
@@ -859,8 +922,12 @@ def tables(run: dict[str, Any]) -> list[str]:
             continue
         peer = job["peer"]
         autos = sorted(set(job["auto"].values()))
-        lines += [f"**{'mpiexec' if eng == 'mpi' else 'torchrun'} job** (ringlet's engine: "
-                  f"{eng}; ringlet's automatic choice at every size: {', '.join(autos)}; "
+        n = job.get("jobs", 1)
+        lines += [f"**{'mpiexec' if eng == 'mpi' else 'torchrun'} "
+                  f"{'job' if n == 1 else f'jobs ({n}, taking turns with the other engine)'}"
+                  f"** (ringlet's engine: "
+                  f"{eng}; ringlet's automatic choice at every size: {', '.join(autos)}"
+                  f"{' (the jobs chose differently)' if job.get('autos_differ') else ''}; "
                   f"{job['seconds']:.0f} s; host0's eth0 sent "
                   f"{job['host0_eth0']['tx_bytes'] / 1e9:.2f} GB)", "",
                   "| size | bound | hierarchical (auto) | ring | native | " + peer +
@@ -874,7 +941,9 @@ def tables(run: dict[str, Any]) -> list[str]:
             b = s / rate_Bps
             pr = cal.get(str(s))
             pl = pred.get("hierarchical", {}).get(str(s))
-            cells = [human(s), ms(b), ms(h), ms(_t(job, "ring", s)), ms(_t(job, "native", s)),
+            sp = _spread(job, "hierarchical", s)
+            cells = [human(s), ms(b), ms(h) + (f" [{ms(sp[0])}-{ms(sp[1])}]" if sp else ""),
+                     ms(_t(job, "ring", s)), ms(_t(job, "native", s)),
                      ms(p), "-" if h is None else f"{h / b:.2f}",
                      "-" if h is None or p is None else f"{p / h:.2f}",
                      ms(pr), "-" if pr is None or h is None else f"{(pr / h - 1) * 100:+.0f}%",
@@ -942,7 +1011,9 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
              "Regenerate (the tables, this section) with:", "",
              f"    {data['command']}", "",
              "Times are milliseconds per all_reduce (float32, sum): per timed loop between "
-             "barriers the slowest rank's time per call, the median over the loops; 2 hosts "
+             "barriers the slowest rank's time per call, the median over the loops; where "
+             "an engine ran several jobs (`--jobs`), the median of the jobs' figures, with "
+             "the fastest and slowest job's in brackets; 2 hosts "
              "x 2 ranks.  *hierarchical (auto)*: "
              "`comm.all_reduce(x)`, ringlet's automatic choice; *ring*: "
              "`algorithm=\"ring\"` over the routed transport (shared memory inside a host, the "
@@ -985,9 +1056,12 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
             lines += ["```", ""]
             for eng, e in pr.get("engines", {}).items():
                 c = run.get(eng, {}).get("costs", {})
-                lines += [f"With the {eng} engine's costs, measured in its job (at the "
+                nj = run.get(eng, {}).get("jobs", 1)
+                lines += [f"With the {eng} engine's costs, measured in "
+                          f"{'its job' if nj == 1 else f'each of its {nj} jobs'} (at the "
                           f"start, halfway and at the end of the sweep; the median of the "
-                          f"three): an 8 B "
+                          f"three{'' if nj == 1 else ', then the median of the jobs'}"
+                          f"): an 8 B "
                           f"`comm.send`/`comm.recv` between the hosts takes "
                           f"{c.get('half_rtt_s', 0) * 1e6:.0f} us each way (both pairs at "
                           f"once), the inter-node alpha" + (
@@ -1075,7 +1149,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the breakdown of where the time goes (at the first rate)")
     ap.add_argument("--own-cpus", action="store_true", help=OWN_CPUS_HELP)
+    ap.add_argument("--jobs", type=int, default=3,
+                    help="sweep jobs per engine and rate, the engines taking turns; each "
+                         "figure is the median of the jobs' (default 3; see combine)")
     a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error("--jobs must be at least 1")
     specs = [parse_rate_spec(x) for x in (a.rate or DEFAULT_RATES)]
     netbed = _netbed()
     why = netbed.check().why_not(rate=specs[0][0])
@@ -1086,7 +1165,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = ["python", "benchmarks/multihost.py"]
     shown += [x for r in (a.rate or DEFAULT_RATES) for x in ("--rate", r)]
     shown += ["--no-predict"] * a.no_predict + ["--no-phases"] * a.no_phases
-    shown += ["--own-cpus"] * a.own_cpus
+    shown += ["--own-cpus"] * a.own_cpus + ["--jobs", str(a.jobs)] * (a.jobs != 3)
     shown += ["--out", os.path.relpath(a.out, ROOT)]
     data: dict[str, Any] = {
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -1099,7 +1178,7 @@ def main(argv: list[str] | None = None) -> int:
         data["cpu_us"].append(cpu_probe())
         sizes = [s for s in SIZES if s <= top]
         phases = None if a.no_phases or i else [s for s in PHASE_SIZES if s <= top]
-        data["runs"].append(run_rate(rate, sizes, a.limit, phases, a.own_cpus))
+        data["runs"].append(run_rate(rate, sizes, a.limit, phases, a.own_cpus, a.jobs))
     if not a.no_predict:
         data["intra"] = calibrate()
         for run in data["runs"]:

@@ -1,0 +1,59 @@
+"""benchmarks/multihost.py's pure parts: several sweep jobs combined into one result."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import multihost  # noqa: E402 - the benchmarks folder is not a package
+
+
+def job(scale: float, half_rtt: float, auto: str = "hierarchical") -> dict[str, Any]:
+    """A sweep job's result as run_job returns it, every time ``scale`` times a base."""
+    res = {m: {str(s): {"median_s": scale * s * 1e-8, "reps_s": [scale * s * 1e-8],
+                        "calls_per_rep": 4, "rank0_median_s": scale * s * 0.9e-8}
+               for s in (64 * 1024, 4 << 20)} for m in ("hierarchical", "peer")}
+    return {"engine": "mpi", "results": res, "auto": {"65536": auto, "4194304": auto},
+            "costs": {"half_rtt_s": half_rtt, "barrier_s": 5e-4},
+            "costs_each": [{"half_rtt_s": half_rtt, "barrier_s": 5e-4}], "wrong": [],
+            "exit_codes": [0, 0, 0, 0], "seconds": 30.0,
+            "host0_eth0": {"tx_bytes": 100, "rx_bytes": 50}}
+
+
+def test_one_job_is_its_own_result() -> None:
+    j = job(1.0, 5e-5)
+    assert multihost.combine([j]) is j
+    assert multihost._spread(j, "hierarchical", 4 << 20) is None
+
+
+def test_several_jobs_give_the_median_of_each_figure_and_keep_every_jobs() -> None:
+    jobs = [job(1.0, 5e-5), job(1.3, 9e-5), job(1.1, 4e-5)]
+    c = multihost.combine(jobs)
+    v = c["results"]["hierarchical"]["4194304"]
+    base = (4 << 20) * 1e-8
+    assert v["median_s"] == base * 1.1
+    assert v["jobs_s"] == [base, base * 1.3, base * 1.1]
+    assert multihost._t(c, "peer", 4 << 20) == base * 1.1
+    assert multihost._spread(c, "hierarchical", 4 << 20) == (base, base * 1.3)
+    # the prediction's inputs: the median job's, input by input
+    assert c["costs"] == {"half_rtt_s": 5e-5, "barrier_s": 5e-4}
+    assert [x["half_rtt_s"] for x in c["costs_jobs"]] == [5e-5, 9e-5, 4e-5]
+    assert c["seconds"] == 90.0 and c["host0_eth0"] == {"tx_bytes": 300, "rx_bytes": 150}
+    assert c["jobs"] == 3 and not c["autos_differ"] and "costs_each" not in c
+
+
+def test_a_failed_or_wrong_job_is_the_result() -> None:
+    bad = {"engine": "mpi", "error": "rank 2 exited with 1", "exit_codes": [0, 0, 1, 0],
+           "seconds": 3.0}
+    got = multihost.combine([job(1.0, 5e-5), bad, job(1.1, 5e-5)])
+    assert got["error"] == bad["error"] and "results" not in got
+    wrong = {**job(1.2, 5e-5), "wrong": ["hierarchical 65536"]}
+    assert multihost.combine([job(1.0, 5e-5), wrong])["wrong"] == ["hierarchical 65536"]
+
+
+def test_jobs_that_chose_differently_are_said_to() -> None:
+    c = multihost.combine([job(1.0, 5e-5), job(1.0, 5e-5, "hierarchical_pipelined")])
+    assert c["autos_differ"]
