@@ -90,8 +90,9 @@ def test_mpiexec_emulated_nodes(nodes: int, per: int) -> None:
 
 
 def test_mpiexec_timeout_across_nodes_names_the_rank() -> None:
-    proc = subprocess.run(_mpmd(2, 2, "--errors", "--timeout"), capture_output=True,
-                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="2"))
+    proc = subprocess.run(_mpmd(2, 2, "--errors", "--timeout", "--no-sweep"),
+                          capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_TIMEOUT="2"))
     reports = _reports(proc.stdout)
     assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
 
@@ -324,8 +325,9 @@ def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:
     its own descriptor to every rank once the call waits)."""
     _torch()
     proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
-                           str(SCRIPT), "--errors", "--timeout"], capture_output=True,
-                          text=True, timeout=LIMIT, env=_env(RINGLET_TIMEOUT="2"))
+                           str(SCRIPT), "--errors", "--timeout", "--no-sweep"],
+                          capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_TIMEOUT="2"))
     reports = _reports(proc.stdout)
     assert len(reports) == 4 and all(r["ok"] for r in reports), proc.stdout + proc.stderr
 
