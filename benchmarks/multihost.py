@@ -554,9 +554,9 @@ def combine(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     three is the typical job, and the jobs' range is shown beside it."""
     if len(jobs) == 1:
         return jobs[0]
-    for j in jobs:
+    for i, j in enumerate(jobs):
         if "results" not in j or j.get("error") or j.get("wrong"):
-            return {**j, "jobs": len(jobs)}
+            return {**j, "jobs": 1, "failed_job": f"job {i + 1} of {len(jobs)}"}
     first = jobs[0]
     out = {k: v for k, v in first.items() if k not in ("results", "costs", "costs_each")}
     out["results"] = {m: {s: {"median_s": statistics.median(j["results"][m][s]["median_s"]
@@ -755,6 +755,19 @@ def _t(job: dict[str, Any], method: str, nbytes: int) -> float | None:
     return None if v is None else float(v["median_s"])
 
 
+def _ratio(job: dict[str, Any], num: str, den: str, nbytes: int) -> float | None:
+    """Method ``num``'s time over method ``den``'s at ``nbytes``; where several jobs ran,
+    the median of the jobs' own ratios (the methods took turns inside each job, so each
+    job's ratio compares them on the same machine state)."""
+    a = job.get("results", {}).get(num, {}).get(str(nbytes))
+    b = job.get("results", {}).get(den, {}).get(str(nbytes))
+    if a is None or b is None:
+        return None
+    if "jobs_s" in a and "jobs_s" in b:
+        return statistics.median(x / y for x, y in zip(a["jobs_s"], b["jobs_s"], strict=True))
+    return float(a["median_s"]) / float(b["median_s"])
+
+
 def _spread(job: dict[str, Any], method: str, nbytes: int) -> tuple[float, float] | None:
     """The fastest and slowest job's figure where the result combines several jobs."""
     v = job.get("results", {}).get(method, {}).get(str(nbytes))
@@ -856,8 +869,7 @@ def targets_for(run: dict[str, Any]) -> list[tuple[str, str, str]]:
     # inter-host link the bottleneck ... 1.5x is the most any schedule can gain"): from
     # BOUND_FROM; the smaller sizes are shown beside it
     tj = run.get("torch", {})
-    speed = {s: None if (h := _t(tj, "hierarchical", s)) is None or (g := _t(tj, "peer", s))
-             is None else g / h for s in sizes}
+    speed = {s: _ratio(tj, "peer", "hierarchical", s) for s in sizes}
     small = [(v, s) for s, v in speed.items() if v is not None and s < BOUND_FROM]
     worst = min(small, default=None)
     shown = ", ".join(f"{human(s)}: {v:.2f}x" for s, v in speed.items()
@@ -923,11 +935,17 @@ def tables(run: dict[str, Any]) -> list[str]:
         peer = job["peer"]
         autos = sorted(set(job["auto"].values()))
         n = job.get("jobs", 1)
+        _differ = " (the jobs chose differently: the first job's choices)"
+        if job.get("failed_job") or job.get("wrong"):
+            lines += [f"**{eng}: {job.get('failed_job', 'the job')} "
+                      + (f"computed wrong sums ({', '.join(job['wrong'][:10])})"
+                         if job.get("wrong") else "failed")
+                      + "; the figures below are that job's alone**", ""]
         lines += [f"**{'mpiexec' if eng == 'mpi' else 'torchrun'} "
                   f"{'job' if n == 1 else f'jobs ({n}, taking turns with the other engine)'}"
                   f"** (ringlet's engine: "
                   f"{eng}; ringlet's automatic choice at every size: {', '.join(autos)}"
-                  f"{' (the jobs chose differently)' if job.get('autos_differ') else ''}; "
+                  f"{_differ if job.get('autos_differ') else ''}; "
                   f"{job['seconds']:.0f} s; host0's eth0 sent "
                   f"{job['host0_eth0']['tx_bytes'] / 1e9:.2f} GB)", "",
                   "| size | bound | hierarchical (auto) | ring | native | " + peer +
@@ -945,7 +963,8 @@ def tables(run: dict[str, Any]) -> list[str]:
             cells = [human(s), ms(b), ms(h) + (f" [{ms(sp[0])}-{ms(sp[1])}]" if sp else ""),
                      ms(_t(job, "ring", s)), ms(_t(job, "native", s)),
                      ms(p), "-" if h is None else f"{h / b:.2f}",
-                     "-" if h is None or p is None else f"{p / h:.2f}",
+                     "-" if (ph := _ratio(job, "peer", "hierarchical", s)) is None
+                     else f"{ph:.2f}",
                      ms(pr), "-" if pr is None or h is None else f"{(pr / h - 1) * 100:+.0f}%",
                      ms(pl), "-" if pl is None or h is None else f"{(pl / h - 1) * 100:+.0f}%"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -1012,8 +1031,9 @@ def generated(data: dict[str, Any], load: tuple[float, float]) -> str:
              f"    {data['command']}", "",
              "Times are milliseconds per all_reduce (float32, sum): per timed loop between "
              "barriers the slowest rank's time per call, the median over the loops; where "
-             "an engine ran several jobs (`--jobs`), the median of the jobs' figures, with "
-             "the fastest and slowest job's in brackets; 2 hosts "
+             "an engine ran several jobs (`--jobs`), the median of the jobs' figures (the "
+             "fastest and slowest job's hierarchical time in brackets; a ratio of two "
+             "methods, as peer / hier, the median of the jobs' own ratios); 2 hosts "
              "x 2 ranks.  *hierarchical (auto)*: "
              "`comm.all_reduce(x)`, ringlet's automatic choice; *ring*: "
              "`algorithm=\"ring\"` over the routed transport (shared memory inside a host, the "

@@ -25,6 +25,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for d in (os.path.dirname(ringlet.__file__), os.path.dirname(__file__)):
         compileall.compile_dir(d, quiet=2)
+    _preload_forkserver()
+
+
+def _preload_forkserver() -> None:
+    """The session's forkserver (one per process: the test worlds' ranks start from it,
+    and so do ``ringlet.spawn``'s forkserver ranks) imports numpy and, where installed,
+    torch once, before it forks any rank: importing torch took 2.4 s of CPU in each rank
+    that used it (a torch test at N = 8 spent 9.6 s on it with 2 cores), and every
+    world's ranks, and every restart's, paid it again.  Set here, before anything starts
+    the server, which reads the list once.  Importing torch starts no thread, and
+    forking from a process that ran no torch operation is what torch's DataLoader
+    workers do.  ringlet itself is imported by each rank (0.3 s): preloaded, its import-
+    time state (``ringlet.launch``'s thread count, for ``spawn``'s fork check) would be
+    the server's.  tests/test_lazy_imports.py checks in fresh processes that a numpy job
+    loads no torch."""
+    import importlib.util
+    import multiprocessing as mp
+
+    mp.get_context("forkserver").set_forkserver_preload(
+        ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else []))
 
 
 def get_world(n: int) -> World:

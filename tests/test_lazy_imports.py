@@ -4,11 +4,12 @@ program uses them.  The test worlds' ranks start from a process that imported to
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from jobs import clean_env
 
 OPTIONAL = ("torch", "mpi4py", "matplotlib")
 
@@ -30,10 +31,7 @@ JOB = textwrap.dedent("""
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RINGLET_", "OMPI_", "PMI_", "PMIX_", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    return {**env, "RINGLET_TIMEOUT": "60"}
+    return clean_env(also=("PMIX_", "SLURM_"), RINGLET_TIMEOUT="60")
 
 
 def test_a_numpy_job_loads_no_optional_package(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import multihost  # noqa: E402 - the benchmarks folder is not a package
@@ -50,8 +52,32 @@ def test_a_failed_or_wrong_job_is_the_result() -> None:
            "seconds": 3.0}
     got = multihost.combine([job(1.0, 5e-5), bad, job(1.1, 5e-5)])
     assert got["error"] == bad["error"] and "results" not in got
+    assert got["jobs"] == 1 and got["failed_job"] == "job 2 of 3"
     wrong = {**job(1.2, 5e-5), "wrong": ["hierarchical 65536"]}
-    assert multihost.combine([job(1.0, 5e-5), wrong])["wrong"] == ["hierarchical 65536"]
+    got = multihost.combine([job(1.0, 5e-5), wrong])
+    assert got["wrong"] == ["hierarchical 65536"] and got["failed_job"] == "job 2 of 2"
+    # its tables say so, and that the figures are that job's alone
+    run = {"rate": "1gbit", "rate_bps": 1e9, "sizes": [64 * 1024, 4 << 20],
+           "link": {"goodput_bps": [9e8, 9e8], "two_flows_bps": 9e8, "rtt_min_s": 5e-5,
+                    "rtt_median_s": 6e-5},
+           "mpi": {**got, "peer": "MPI_Allreduce"}}
+    text = "\n".join(multihost.tables(run))
+    assert "**mpi: job 2 of 2 computed wrong sums (hierarchical 65536); the figures below " \
+           "are that job's alone**" in text
+
+
+def test_a_ratio_of_two_methods_is_the_median_of_the_jobs_ratios() -> None:
+    """gloo / hierarchical per job, then the median: not the ratio of two medians, which
+    may come from different jobs."""
+    a, b, c = job(1.0, 5e-5), job(2.0, 5e-5), job(3.0, 5e-5)
+    for j, peer in ((a, 3.0), (b, 2.2), (c, 3.3)):   # peer / hier: 3.0, 1.1, 1.1
+        j["results"]["peer"]["4194304"]["median_s"] = peer * (4 << 20) * 1e-8
+    got = multihost.combine([a, b, c])
+    assert multihost._ratio(got, "peer", "hierarchical", 4 << 20) == pytest.approx(1.1)
+    # the ratio of the medians would be 3.0 / 2.0
+    assert multihost._t(got, "peer", 4 << 20) / multihost._t(got, "hierarchical", 4 << 20) \
+        == pytest.approx(1.5)
+    assert multihost._ratio(a, "peer", "hierarchical", 4 << 20) == pytest.approx(3.0)
 
 
 def test_jobs_that_chose_differently_are_said_to() -> None:

@@ -69,10 +69,8 @@ def _all_ok(codes: list[int], out: str, n: int) -> None:
     pytest.fail(f"exit codes {codes}, ranks ok {oks} of {n}:\n" + "\n=====\n".join(shown))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("n", [1, 2, 3, 4], ids=lambda n: f"N{n}")
 def test_torch_api_on_ringlet(n: int) -> None:
-    """The torch API on ringlet under torchrun on one node: a lone rank, two, and three on
-    two cores (four: test_two_emulated_nodes, the same checks across two nodes)."""
     codes, out = _run([_torchrun("--standalone", "--nproc-per-node", str(n))], [_env()])
     _all_ok(codes, out, n)
 

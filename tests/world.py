@@ -57,21 +57,6 @@ class RankError(Exception):
         super().__init__("\n".join(lines))
 
 
-def _context() -> Any:
-    """The forkserver context every world's ranks start from.  Its server imports numpy,
-    ringlet and, where installed, torch once, before it forks any rank: importing torch
-    took 2.4 s of CPU in each rank that used it (a torch test at N = 8 spent 9.6 s on it
-    with 2 cores), and every world's ranks, and every restart's, paid it again.  Forking
-    from a process that imported torch but ran nothing is what torch's DataLoader workers
-    do."""
-    import importlib.util
-
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["numpy", "ringlet", "ringlet.startup"] + (
-        ["torch"] if importlib.util.find_spec("torch") else []))
-    return ctx
-
-
 class World:
     def __init__(self, size: int, settings: Settings | None = None) -> None:
         self.size = size
@@ -79,7 +64,7 @@ class World:
         self._start()
 
     def _start(self) -> None:
-        ctx = _context()
+        ctx = mp.get_context("forkserver")   # its preload: conftest.pytest_sessionstart
         job = secrets.token_hex(16)
         self.job = job
         self.conns: list[Connection] = []
