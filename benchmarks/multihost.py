@@ -935,7 +935,7 @@ def tables(run: dict[str, Any]) -> list[str]:
         peer = job["peer"]
         autos = sorted(set(job["auto"].values()))
         n = job.get("jobs", 1)
-        _differ = " (the jobs chose differently: the first job's choices)"
+        differ = " (the jobs chose differently: the first job's choices)"
         if job.get("failed_job") or job.get("wrong"):
             lines += [f"**{eng}: {job.get('failed_job', 'the job')} "
                       + (f"computed wrong sums ({', '.join(job['wrong'][:10])})"
@@ -945,7 +945,7 @@ def tables(run: dict[str, Any]) -> list[str]:
                   f"{'job' if n == 1 else f'jobs ({n}, taking turns with the other engine)'}"
                   f"** (ringlet's engine: "
                   f"{eng}; ringlet's automatic choice at every size: {', '.join(autos)}"
-                  f"{_differ if job.get('autos_differ') else ''}; "
+                  f"{differ if job.get('autos_differ') else ''}; "
                   f"{job['seconds']:.0f} s; host0's eth0 sent "
                   f"{job['host0_eth0']['tx_bytes'] / 1e9:.2f} GB)", "",
                   "| size | bound | hierarchical (auto) | ring | native | " + peer +
