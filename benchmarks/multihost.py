@@ -540,23 +540,25 @@ def run_job(bed: Any, engine: str, mode: str, sizes: list[int], limit: float) ->
     return res
 
 
-def combine(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+def combine(jobs: list[dict[str, Any]], planned: int = 0) -> dict[str, Any]:
     """One engine's sweep jobs at a rate as one result: per method and size the median of
     the jobs' figures (each job's the median over its loops; ``jobs_s`` keeps every job's),
     the prediction's inputs (``costs``) the median of the jobs' (``costs_jobs`` keeps
     them).  A job that failed or computed a wrong sum is the result (with ``error`` or
-    ``wrong``): a run with one is a failed run.
+    ``wrong``): a run with one is a failed run (``planned``: the jobs there were to be,
+    where the others did not run after it).
 
     Why several jobs: on this bed a job settles into a mode for its whole life.  The same
     code's 4 MiB call took 39.7-43.6 ms from job to job (sessions 23-24) and a job's
     steps inside a node ran at ~50 us or ~200-300 us (``steps``), while the loops of one
     job agree within a few per cent.  One job is one draw of that mode; the median of
     three is the typical job, and the jobs' range is shown beside it."""
+    planned = max(planned, len(jobs))
+    for i, j in enumerate(jobs):
+        if planned > 1 and ("results" not in j or j.get("error") or j.get("wrong")):
+            return {**j, "jobs": 1, "failed_job": f"job {i + 1} of {planned}"}
     if len(jobs) == 1:
         return jobs[0]
-    for i, j in enumerate(jobs):
-        if "results" not in j or j.get("error") or j.get("wrong"):
-            return {**j, "jobs": 1, "failed_job": f"job {i + 1} of {len(jobs)}"}
     first = jobs[0]
     out = {k: v for k, v in first.items() if k not in ("results", "costs", "costs_each")}
     out["results"] = {m: {s: {"median_s": statistics.median(j["results"][m][s]["median_s"]
@@ -604,9 +606,11 @@ def run_rate(rate: str, sizes: list[int], limit: float,
         each: dict[str, list[dict[str, Any]]] = {"mpi": [], "torch": []}
         for _ in range(jobs):
             for engine in ("mpi", "torch"):
-                each[engine].append(run_job(bed, engine, "sweep", sizes, limit))
+                # after a job that failed (it may have taken --limit), not its engine again
+                if not any(j.get("error") for j in each[engine]):
+                    each[engine].append(run_job(bed, engine, "sweep", sizes, limit))
         for engine, done in each.items():
-            out[engine] = combine(done)
+            out[engine] = combine(done, jobs)
         if phase_sizes:
             out["phases"] = {e: run_job(bed, e, "phases", phase_sizes, limit)
                              for e in ("mpi", "torch")}

@@ -53,6 +53,9 @@ def test_a_failed_or_wrong_job_is_the_result() -> None:
     got = multihost.combine([job(1.0, 5e-5), bad, job(1.1, 5e-5)])
     assert got["error"] == bad["error"] and "results" not in got
     assert got["jobs"] == 1 and got["failed_job"] == "job 2 of 3"
+    # the jobs after a failed one do not run: it says how many there were to be
+    assert multihost.combine([bad], 3)["failed_job"] == "job 1 of 3"
+    assert "failed_job" not in multihost.combine([bad])
     wrong = {**job(1.2, 5e-5), "wrong": ["hierarchical 65536"]}
     got = multihost.combine([job(1.0, 5e-5), wrong])
     assert got["wrong"] == ["hierarchical 65536"] and got["failed_job"] == "job 2 of 2"
