@@ -754,8 +754,14 @@ def ms(x: float | None) -> str:
     return f"{x * 1e3:.3f}" if x < 0.01 else f"{x * 1e3:.2f}" if x < 1 else f"{x * 1e3:.0f}"
 
 
+def _cell(job: dict[str, Any], method: str, nbytes: int) -> dict[str, Any] | None:
+    """A method's figures at a size in a job's (or combined jobs') results."""
+    v: dict[str, Any] | None = job.get("results", {}).get(method, {}).get(str(nbytes))
+    return v
+
+
 def _t(job: dict[str, Any], method: str, nbytes: int) -> float | None:
-    v = job.get("results", {}).get(method, {}).get(str(nbytes))
+    v = _cell(job, method, nbytes)
     return None if v is None else float(v["median_s"])
 
 
@@ -763,8 +769,7 @@ def _ratio(job: dict[str, Any], num: str, den: str, nbytes: int) -> float | None
     """Method ``num``'s time over method ``den``'s at ``nbytes``; where several jobs ran,
     the median of the jobs' own ratios (the methods took turns inside each job, so each
     job's ratio compares them on the same machine state)."""
-    a = job.get("results", {}).get(num, {}).get(str(nbytes))
-    b = job.get("results", {}).get(den, {}).get(str(nbytes))
+    a, b = _cell(job, num, nbytes), _cell(job, den, nbytes)
     if a is None or b is None:
         return None
     if "jobs_s" in a and "jobs_s" in b:
@@ -774,7 +779,7 @@ def _ratio(job: dict[str, Any], num: str, den: str, nbytes: int) -> float | None
 
 def _spread(job: dict[str, Any], method: str, nbytes: int) -> tuple[float, float] | None:
     """The fastest and slowest job's figure where the result combines several jobs."""
-    v = job.get("results", {}).get(method, {}).get(str(nbytes))
+    v = _cell(job, method, nbytes)
     if v is None or len(v.get("jobs_s", [])) < 2:
         return None
     return min(v["jobs_s"]), max(v["jobs_s"])

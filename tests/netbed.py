@@ -722,7 +722,6 @@ class NetBed:
                                for h, c in zip(self.hosts, cpus, strict=True))
             pin = "" if self.cpus is None else \
                 f'{shutil.which("taskset") or "taskset"} -c "$cpus" '
-
             path.write_text(f"""#!/bin/sh
 # netbed {self.tag}: Hydra's "ssh" into a host = ip netns exec into its namespace.
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done

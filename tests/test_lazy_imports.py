@@ -1,6 +1,6 @@
 """numpy is ringlet's only required import: torch, mpi4py and matplotlib load only when a
 program uses them.  The test worlds' ranks start from a process that imported torch
-(tests/world.py), so this is checked in fresh processes."""
+(tests/conftest.py), so this is checked in fresh processes."""
 
 from __future__ import annotations
 
