@@ -257,7 +257,7 @@ def test_native_op_mapping() -> None:
     import torch
     import torch.distributed as dist
 
-    from ringlet.transport.torch import _reduction
+    from ringlet.transport.torch import _reduction, _refusal
 
     def mapped(dtype: str, op: ReduceOp, n: int = 4) -> tuple[object, object]:
         a = np.zeros(n, DTYPES[dtype].np_dtype)
@@ -278,6 +278,18 @@ def test_native_op_mapping() -> None:
                              ("float32", ReduceOp.AVG, "communicator sums and divides")]:
         with pytest.raises(ArgumentError, match=words):
             mapped(dtype, op)
+    # what the communicator asks before a native call refuses exactly what the call would
+    for name, dt in DTYPES.items():
+        for op in ReduceOp:
+            if op is ReduceOp.AVG:
+                continue
+            why = _refusal(op, name, dt.np_dtype.kind)
+            try:
+                mapped(name, op)
+            except ArgumentError as exc:
+                assert why is not None and why in str(exc), (name, op, why, exc)
+            else:
+                assert why is None, (name, op, why)
 
 
 def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:

@@ -156,7 +156,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         check_op(rop, xb.dt)
         ob = self._out(out, xb, xb.count, "x")
         on_rails = self._rails(rop, xb.dt)
-        name = self._choose("all_reduce", algorithm, xb.nbytes)
+        name = self._choose("all_reduce", algorithm, xb.nbytes, rop, xb.dt)
         path = self._path("all_reduce", name, xb.nbytes)
         if path == GENERIC and on_rails and name in rails.SCHEDULES:
             path = RAILS
@@ -248,7 +248,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         xb = as_buffer(x, "x", writable=at_root and out is None)
         check_op(rop, xb.dt)
         ob = self._out(out, xb, xb.count, "x") if at_root else None
-        name = self._choose("reduce", algorithm, xb.nbytes)
+        name = self._choose("reduce", algorithm, xb.nbytes, rop, xb.dt)
 
         def run(seq: int) -> Any:
             if at_root:
@@ -295,7 +295,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         check_op(rop, xb.dt)
         shape = self._blocks(xb, "reduce_scatter")
         ob = self._out(out, xb, xb.count // self.size, "a block of x") or new_buffer(xb, shape)
-        name = self._choose("reduce_scatter", algorithm, xb.nbytes)
+        name = self._choose("reduce_scatter", algorithm, xb.nbytes, rop, xb.dt)
         path = self._path("reduce_scatter", name, xb.nbytes)
         m = xb.count // self.size
 
@@ -463,7 +463,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             raise ArgumentError("out overlaps x; pass a separate buffer or leave out=None")
         return ob
 
-    def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str:
+    def _choose(self, collective: str, algorithm: str | None, nbytes: int,
+                op: ReduceOp | None = None, dt: Any = None) -> str:
         if algorithm is not None and not isinstance(algorithm, str):
             raise ArgumentError(
                 f"algorithm must be a name (str) or None, got {algorithm!r}; valid: "
@@ -482,6 +483,11 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                     f"algorithm 'native': the {self._t.caps.engine} engine has no {collective} "
                     f"of its own; it runs {', '.join(sorted(natives))}")
             name = NATIVE
+        if name == NATIVE and op is not None:   # the engine's reduction, as ringlet defines it
+            why = self._t.native_refusal(
+                collective, ReduceOp.SUM if op is ReduceOp.AVG else op, dt)
+            if why is not None:
+                raise ArgumentError(f"algorithm 'native': {why}")
         if name is None:
             from .algorithms.select import choose, tuner_for
 

@@ -22,7 +22,13 @@ from torch_common import Report, communicator, make, prefix_reference, raises
 
 from ringlet.algorithms import algorithms
 from ringlet.comm import Communicator
-from ringlet.errors import ArgumentError, CommTimeoutError, MismatchError, PeerError
+from ringlet.errors import (
+    ArgumentError,
+    CommTimeoutError,
+    MismatchError,
+    PeerError,
+    RingletError,
+)
 from ringlet.ops import ReduceOp, reference_reduce
 from ringlet.transport import torch as tm
 from ringlet.transport.base import COLL, P2P
@@ -139,9 +145,25 @@ def native_extras(comm: Communicator, t: TorchTransport, rep: Report) -> None:
     comm.all_reduce(u, op="bor", algorithm="native")
     rep.check(np.array_equal(u, np.arange(4, dtype=np.uint64) << np.uint64(33)),
               f"native uint64 BOR: {u}")
-    err = raises(lambda: comm.all_reduce(np.ones(3, np.uint16), algorithm="native"),
-                 ArgumentError)
-    rep.check(err is not None and "uint16" in str(err), f"native uint16 SUM: {err!r}")
+    # what gloo cannot reduce as ringlet does: refused before the call, on every rank, with
+    # the usual prefix, the buffer untouched
+    for coll, v, op, words in [
+            ("all_reduce", np.ones(3, np.uint16), "sum", "gloo has no uint16 arithmetic"),
+            ("all_reduce", np.ones(3, bool), "land", "gloo has no logical LAND"),
+            ("reduce", np.ones(n, np.complex64), "prod", "SUM only, not PROD"),
+            ("reduce_scatter", np.ones(n, np.uint32), "max", "no uint32 arithmetic")]:
+        keep = v.copy()
+        err = raises(lambda coll=coll, v=v, op=op: getattr(comm, coll)(
+            v, op=op, algorithm="native"), ArgumentError)
+        rep.check(f"{coll} on rank {r}: algorithm 'native': gloo" in str(err)
+                  and words in str(err) and np.array_equal(v, keep),
+                  f"native {coll} {v.dtype} {op}: {err!r}")
+    # ranks that disagree: rank 0's call is refused before it starts, the others' is not:
+    # every rank raises (the others hear of rank 0's rejection), and the next call works
+    v = np.ones(3, np.uint16 if r == 0 else np.float32)
+    err = raises(lambda: comm.all_reduce(v, algorithm="native"), RingletError)
+    rep.check(err is not None and (r != 0 or "uint16 arithmetic" in str(err)),
+              f"native uint16 on rank 0 only: {err!r}")
     x = np.full(3, float(r), np.float32)
     comm.all_reduce(x, op="avg", algorithm="native")
     rep.check(bool(np.allclose(x, (n - 1) / 2)), f"native AVG after an error: {x}")

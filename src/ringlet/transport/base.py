@@ -406,6 +406,15 @@ class Transport(ABC):
         """
         self.native_start(collective, root, count, bufs, op, what, dtype).wait()
 
+    def native_refusal(self, collective: str, op: Any, dtype: Any) -> str | None:
+        """Why the engine's own ``collective`` cannot reduce with ``op`` (a
+        :class:`ringlet.ReduceOp`, never AVG) on elements of ``dtype`` (a
+        :class:`ringlet.ops.DType`) as ringlet defines it, or None: the communicator
+        asks before a native call, so that every rank refuses it as a bad argument
+        before the call starts.  None by default (an engine that can run every
+        reduction, as MPI with its user-defined ops)."""
+        return None
+
     def native_start(self, collective: str, root: int, count: int,
                      bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
                      dtype: Any = None) -> NativeCall:

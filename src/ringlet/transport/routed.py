@@ -329,6 +329,9 @@ class RoutedTransport(Transport):
 
     # --- the engine's collectives, and groups --------------------------------------------
 
+    def native_refusal(self, collective: str, op: Any, dtype: Any) -> str | None:
+        return self.engine.native_refusal(collective, op, dtype)
+
     def native_start(self, collective: str, root: int, count: int,
                      bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
                      dtype: Any = None) -> NativeCall:

@@ -1165,6 +1165,10 @@ class TorchTransport(Transport):
 
     # --- the engine's own collectives -----------------------------------------------------
 
+    def native_refusal(self, collective: str, op: Any, dtype: Any) -> str | None:
+        """gloo reduces only some types and ops as ringlet does (see :meth:`native_start`)."""
+        return _refusal(ReduceOp.parse(op), dtype.name, dtype.np_dtype.kind)
+
     def native_start(self, collective: str, root: int, count: int,
                      bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
                      dtype: Any = None) -> base.NativeCall:
@@ -1346,35 +1350,47 @@ def _blocks(t: Any, n: int) -> list[Any]:
     return [t[i * b:(i + 1) * b] for i in range(n)]
 
 
+def _refusal(rop: ReduceOp, name: str, kind: str) -> str | None:
+    """Why gloo cannot compute ``rop`` on elements of type ``name`` (numpy kind ``kind``)
+    as ringlet defines it, or None (AVG aside: the communicator sums and divides)."""
+    if rop in (ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR):
+        return f"gloo has no logical {rop.name}; use a ringlet algorithm (algorithm=None chooses)"
+    if rop not in _TORCH_OPS:   # MINLOC, MAXLOC
+        return f"gloo has no {rop.name}; use a ringlet algorithm (algorithm=None chooses)"
+    if rop in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        return f"bitwise {rop.name} is not defined for {name}" \
+            if kind in "fc" or name == "bfloat16" else None
+    if name == "bfloat16":
+        return None
+    if kind == "c":
+        return None if rop is ReduceOp.SUM else (
+            f"gloo reduces {name} with SUM only, not {rop.name}; use another algorithm "
+            f"(algorithm=None chooses)")
+    if name not in _ARITH:
+        return (f"gloo has no {name} arithmetic ({rop.name}); it reduces "
+                f"{', '.join(sorted(_ARITH))}, bfloat16 and complex (SUM); use another "
+                f"algorithm (algorithm=None chooses)")
+    return None
+
+
 def _reduction(torch: Any, dist: Any, a: np.ndarray, op: Any, dtype: Any,
                collective: str) -> tuple[Any, Any]:
     """(a tensor over ``a``'s memory, torch's op) for a gloo reduction; ArgumentError if gloo
-    cannot compute ``op`` on ``a``'s type as ringlet defines it."""
+    cannot compute ``op`` on ``a``'s type as ringlet defines it (:func:`_refusal`)."""
     rop = ReduceOp.parse(op)
     name = getattr(dtype, "name", dtype) if dtype is not None else a.dtype.name
     if rop is ReduceOp.AVG:
         raise ArgumentError(f"native {collective}: AVG is not passed to the engine (the "
                             f"communicator sums and divides); pass SUM")
-    if rop in (ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR):
-        raise ArgumentError(f"native {collective}: gloo has no logical {rop.name}; use a "
-                            f"ringlet algorithm (algorithm=None chooses)")
+    why = _refusal(rop, name, a.dtype.kind)
+    if why is not None:
+        raise ArgumentError(f"native {collective}: {why}")
     if rop in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
-        if a.dtype.kind in "fc" or name == "bfloat16":
-            raise ArgumentError(f"native {collective}: bitwise {rop.name} is not defined for "
-                                f"{name}")
         return _tensor(a.view(np.uint8)), getattr(dist.ReduceOp, _TORCH_OPS[rop])
     if name == "bfloat16":
         return _tensor(a).view(torch.bfloat16), getattr(dist.ReduceOp, _TORCH_OPS[rop])
     if a.dtype.kind == "c":
-        if rop is not ReduceOp.SUM:
-            raise ArgumentError(f"native {collective}: gloo reduces {name} with SUM only, not "
-                                f"{rop.name}; use another algorithm (algorithm=None chooses)")
         return _tensor(a), dist.ReduceOp.SUM
-    if name not in _ARITH:
-        raise ArgumentError(
-            f"native {collective}: gloo has no {name} arithmetic ({rop.name}); it reduces "
-            f"{', '.join(sorted(_ARITH))}, bfloat16 and complex (SUM); use another algorithm "
-            f"(algorithm=None chooses)")
     if name == "bool":
         rop = _BOOL_OPS.get(rop, rop)
     return _tensor(a), getattr(dist.ReduceOp, _TORCH_OPS[rop])
