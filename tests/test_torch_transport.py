@@ -268,13 +268,16 @@ def test_native_op_mapping() -> None:
     assert mapped("bool", ReduceOp.SUM) == (torch.bool, dist.ReduceOp.MAX)      # OR
     assert mapped("bool", ReduceOp.PROD) == (torch.bool, dist.ReduceOp.MIN)     # AND
     assert mapped("float32", ReduceOp.PROD) == (torch.float32, dist.ReduceOp.PRODUCT)
-    assert mapped("bfloat16", ReduceOp.MAX) == (torch.bfloat16, dist.ReduceOp.MAX)
+    assert mapped("bfloat16", ReduceOp.SUM) == (torch.bfloat16, dist.ReduceOp.SUM)
+    assert mapped("int8", ReduceOp.MAX) == (torch.int8, dist.ReduceOp.MAX)
     assert mapped("uint64", ReduceOp.BXOR) == (torch.uint8, dist.ReduceOp.BXOR)
     assert mapped("complex128", ReduceOp.SUM) == (torch.complex128, dist.ReduceOp.SUM)
     for dtype, op, words in [("uint16", ReduceOp.SUM, "no uint16 arithmetic"),
                              ("int16", ReduceOp.MAX, "no int16 arithmetic"),
                              ("complex64", ReduceOp.PROD, "SUM only"),
                              ("float32", ReduceOp.BAND, "not defined for float32"),
+                             ("bfloat16", ReduceOp.MAX, "does not propagate NaN"),
+                             ("float64", ReduceOp.MIN, "does not propagate NaN"),
                              ("float32", ReduceOp.AVG, "communicator sums and divides")]:
         with pytest.raises(ArgumentError, match=words):
             mapped(dtype, op)

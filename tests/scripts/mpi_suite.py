@@ -19,7 +19,13 @@ from oracle import close, make, run_one
 
 import ringlet
 from ringlet.comm import Communicator
-from ringlet.errors import ArgumentError, CommTimeoutError, PeerError, RingletError
+from ringlet.errors import (
+    ArgumentError,
+    CommTimeoutError,
+    MismatchError,
+    PeerError,
+    RingletError,
+)
 from ringlet.ops import DTYPES, ReduceOp, check_op, reference_reduce
 from ringlet.transport import mpi as tm
 from ringlet.transport.base import COLL, P2P
@@ -137,6 +143,42 @@ def native_semantics(comm: Communicator, rep: Report) -> None:
         rep.check(bool((b.float() == 1.5 * n).all()), f"native bfloat16 via comm: {b}")
     except ArgumentError as exc:
         rep.check("dtype=" in str(exc), f"native bfloat16 via comm: {exc}")
+
+
+def native_ops_exhausted(comm: Communicator, rep: Report) -> None:
+    """mpi4py makes at most 32 user-defined ops a process.  Rank 0 takes every one left,
+    then all ranks ask for a native MINLOC (which needs one): rank 0 refuses the call
+    before it starts ("<collective> on rank 0: algorithm 'native': ..."), the others
+    hear of it (a MismatchError naming rank 0, not a hang in MPI's collective), and
+    the next native call, on MPI's own SUM, works on every rank.  Last in the suite:
+    rank 0 has no user-defined op left afterwards."""
+    from mpi4py import MPI
+
+    r = comm.rank
+    taken = []
+    if r == 0:
+        while len(taken) < 64:
+            try:
+                taken.append(MPI.Op.Create(lambda a, b, t: None, commute=True))
+            except RuntimeError:
+                break
+    p = ringlet.pairs(np.array([float(r)]), np.array([r], np.int64))
+    try:
+        comm.all_reduce(p, op="minloc", algorithm="native")
+        err: RingletError | None = None
+    except RingletError as exc:
+        err = exc
+    if r == 0:
+        rep.check(isinstance(err, ArgumentError) and "all_reduce on rank 0: algorithm "
+                  "'native': the MPI engine cannot reduce" in str(err),
+                  f"native MINLOC with no user op left: {err!r}")
+    else:
+        rep.check(isinstance(err, MismatchError) and "rank 0" in str(err),
+                  f"native MINLOC refused on rank 0: {err!r}")
+    x = np.full(3, float(r))
+    comm.all_reduce(x, algorithm="native")
+    rep.check(bool((x == comm.size * (comm.size - 1) / 2).all()),
+              f"native SUM after a refused call: {x}")
 
 
 def bit_identical(comm: Communicator, rep: Report) -> None:
@@ -322,6 +364,7 @@ def main() -> None:
     t2 = time.monotonic()
     guarded(rep, "p2p", lambda: p2p(comm, rep))
     guarded(rep, "raw transport", lambda: raw_transport(comm, rep))
+    guarded(rep, "native ops exhausted", lambda: native_ops_exhausted(comm, rep))
     t3 = time.monotonic()
     if comm.rank == 0:
         print(f"[mpi_suite] N={comm.size}: algorithms {t1 - start:.1f} s, native "

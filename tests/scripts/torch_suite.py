@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch_common import Report, communicator, make, prefix_reference, raises
 
+import ringlet
 from ringlet.algorithms import algorithms
 from ringlet.comm import Communicator
 from ringlet.errors import (
@@ -121,7 +122,8 @@ def collectives(comm: Communicator, rep: Report, names: dict[str, list[str]]) ->
 
 def native_extras(comm: Communicator, t: TorchTransport, rep: Report) -> None:
     """gloo's own collectives beyond float32/int64: ringlet's meaning of bool SUM (OR),
-    complex SUM, torch bfloat16, an unsupported type on every rank, NaN-free MIN."""
+    complex SUM, torch bfloat16, reductions gloo cannot compute as ringlet does
+    (refused before the call, on every rank that asked)."""
     n, r = comm.size, comm.rank
     for coll in ("scan", "exscan"):   # gloo has none: refused before the call, on every rank
         err = raises(lambda coll=coll: getattr(comm, coll)(np.ones(3), algorithm="native"),
@@ -151,7 +153,11 @@ def native_extras(comm: Communicator, t: TorchTransport, rep: Report) -> None:
             ("all_reduce", np.ones(3, np.uint16), "sum", "gloo has no uint16 arithmetic"),
             ("all_reduce", np.ones(3, bool), "land", "gloo has no logical LAND"),
             ("reduce", np.ones(n, np.complex64), "prod", "SUM only, not PROD"),
-            ("reduce_scatter", np.ones(n, np.uint32), "max", "no uint32 arithmetic")]:
+            ("reduce_scatter", np.ones(n, np.uint32), "max", "no uint32 arithmetic"),
+            ("all_reduce", np.ones(3, np.float32), "max", "does not propagate NaN"),
+            ("reduce", np.ones(3, np.float64), "min", "does not propagate NaN"),
+            ("all_reduce", ringlet.pairs(np.ones(2), np.arange(2)), "minloc",
+             "gloo has no MINLOC")]:
         keep = v.copy()
         err = raises(lambda coll=coll, v=v, op=op: getattr(comm, coll)(
             v, op=op, algorithm="native"), ArgumentError)

@@ -412,7 +412,7 @@ class Transport(ABC):
         :class:`ringlet.ops.DType`) as ringlet defines it, or None: the communicator
         asks before a native call, so that every rank refuses it as a bad argument
         before the call starts.  None by default (an engine that can run every
-        reduction, as MPI with its user-defined ops)."""
+        reduction)."""
         return None
 
     def native_start(self, collective: str, root: int, count: int,

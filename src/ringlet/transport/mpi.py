@@ -1038,6 +1038,18 @@ class MpiTransport(Transport):
 
     # --- the engine's own collectives ---------------------------------------------------
 
+    def native_refusal(self, collective: str, op: Any, dtype: Any) -> str | None:
+        """MPI computes every reduction as ringlet does (its own op where it matches,
+        ringlet's kernel as a user-defined op elsewhere), but mpi4py makes at most 32
+        user-defined ops a process: the op is made here, before the call, so that a
+        rank out of them refuses the call instead of failing after every rank agreed."""
+        try:
+            with self._lock:   # MPI_Reduce_local checks a predefined op: an MPI call
+                _reduction(self.MPI, ReduceOp.parse(op), dtype)
+        except ArgumentError as exc:
+            return str(exc)
+        return None
+
     def native_start(self, collective: str, root: int, count: int,
                      bufs: dict[int, np.ndarray], op: Any, what: Callable[[], str],
                      dtype: DType | str | None = None) -> base.NativeCall:
@@ -1081,7 +1093,8 @@ class MpiTransport(Transport):
             if rop is ReduceOp.AVG:
                 raise ArgumentError("native reductions take SUM for AVG: the communicator "
                                     "divides")
-            mtype, mop = _reduction(MPI, rop, dt)
+            with self._lock:
+                mtype, mop = _reduction(MPI, rop, dt)
 
         def typed(a: np.ndarray | None, elems: int) -> list[Any]:
             if a is None:

@@ -1183,14 +1183,17 @@ class TorchTransport(Transport):
         ``Work`` never reports completion, so it cannot be waited for under a
         deadline.  Reductions
         (all_reduce, reduce, reduce_scatter) follow what gloo computes:
-        int8, uint8, int32, int64, float16, float32, float64 and bfloat16 with
-        SUM, PROD, MIN, MAX; bool with every op (SUM is OR and PROD is AND, as
-        in ringlet); complex with SUM only; BAND, BOR and BXOR on every integer
-        type (bitwise, byte by byte).  Other combinations (int16, uint16,
-        uint32, uint64 arithmetic, complex PROD) raise ArgumentError on every
-        rank.  bfloat16 travels as int16 arrays: pass ``dtype`` (a
-        :class:`ringlet.ops.DType` or its name) to reduce it as bfloat16.
-        gloo's MIN and MAX do not propagate NaN as numpy's do.
+        int8, uint8, int32 and int64 with SUM, PROD, MIN, MAX; float16,
+        float32, float64 and bfloat16 with SUM and PROD (gloo's MIN and MAX do
+        not propagate NaN as numpy's do); bool with every op but the logical
+        ones (SUM is OR and PROD is AND, as in ringlet); complex with SUM only;
+        BAND, BOR and BXOR on every integer type (bitwise, byte by byte).  The
+        rest (:func:`_refusal`: logical ops, MINLOC and MAXLOC, int16, uint16,
+        uint32 and uint64 arithmetic, float MIN and MAX, complex PROD) raises
+        ArgumentError; the communicator asks :meth:`native_refusal` first, so
+        that it is refused before the call.  bfloat16 travels as int16 arrays:
+        pass ``dtype`` (a :class:`ringlet.ops.DType` or its name) to reduce it
+        as bfloat16.
         """
         if collective not in _NATIVE:
             raise ArgumentError(f"no native {collective} in the torch transport; native "
@@ -1360,6 +1363,9 @@ def _refusal(rop: ReduceOp, name: str, kind: str) -> str | None:
     if rop in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         return f"bitwise {rop.name} is not defined for {name}" \
             if kind in "fc" or name == "bfloat16" else None
+    if rop in (ReduceOp.MIN, ReduceOp.MAX) and (kind == "f" or name == "bfloat16"):
+        return (f"gloo's {rop.name} on {name} does not propagate NaN as ringlet's (numpy's) "
+                f"does; use a ringlet algorithm (algorithm=None chooses)")
     if name == "bfloat16":
         return None
     if kind == "c":
