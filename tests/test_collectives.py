@@ -355,6 +355,52 @@ def test_group_from_a_rank_list(world: Any) -> None:
         assert not bad, f"rank {r}: {bad}"
 
 
+def _group_errors(comm: ringlet.Communicator) -> list[str]:
+    """Errors on a group number ranks as the group does, and say what they are in the
+    world: a bad argument, a mismatch and a bad peer, each followed by a good call; the
+    world's own errors have no such note."""
+    n, r = comm.size, comm.rank
+    members = [q for q in range(n) if q % 2 == r % 2]
+    sub = comm.split(r % 2)
+    assert sub is not None
+    # (none where the group's numbering is the world's: rank 0 alone)
+    legend = f"world rank{'s' if len(members) > 1 else ''} {', '.join(map(str, members))}]" \
+        if members != list(range(len(members))) else ""
+    bad = []
+
+    def check(what: str, fn: Any, kind: type[BaseException]) -> None:
+        try:
+            fn()
+        except kind as exc:
+            if not str(exc).endswith(legend) or str(exc).count("[") > 1 + bool(legend) \
+                    or (not legend and "world rank" in str(exc)):
+                bad.append(f"{what}: {exc}")
+        else:
+            if kind is not ringlet.MismatchError or sub.size > 1:
+                bad.append(f"{what}: no error")
+        x = np.full(3, float(r))
+        sub.all_reduce(x)
+        if x.tolist() != [float(sum(members))] * 3:
+            bad.append(f"after {what}: {x}")
+
+    check("a bad op", lambda: sub.all_reduce(np.ones(2), op="median"), ringlet.ArgumentError)
+    check("a mismatch", lambda: sub.all_reduce(np.ones(2 + (sub.rank == sub.size - 1))),
+          ringlet.MismatchError)
+    check("a bad peer", lambda: sub.send(np.ones(1), dst=sub.size), ringlet.ArgumentError)
+    try:
+        comm.all_reduce(np.ones(2), op="median")
+    except ringlet.ArgumentError as exc:
+        if "[ranks here" in str(exc):
+            bad.append(f"the world's error: {exc}")
+    sub.close()
+    return bad
+
+
+def test_errors_on_a_group_name_its_ranks_in_the_world(world: Any) -> None:
+    for r, bad in enumerate(world.run(_group_errors)):
+        assert not bad, f"rank {r}: {bad}"
+
+
 def _logical(comm: ringlet.Communicator) -> list[Any]:
     """LAND, LOR, LXOR give 0 or 1 in the buffer's type, at every size (N = 1 included)."""
     r = comm.rank

@@ -98,8 +98,10 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
                 note = str(exc)
                 exc.args = (f"{name} on rank {self.rank}: {note}",)
                 self._reject(name, note, exc)
+            self._name_group(exc)
             raise
-        except RingletError:
+        except RingletError as exc:
+            self._name_group(exc)
             raise
         except Exception as exc:
             if self._seq != seq or self._closed or self._broken is not None:
@@ -107,6 +109,7 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
             note = f"bad argument ({type(exc).__name__}: {exc})"
             err = ArgumentError(f"{name} on rank {self.rank}: {note}")
             self._reject(name, note, err)
+            self._name_group(err)
             raise err from exc
         finally:
             if outer:
@@ -148,6 +151,29 @@ class Calls:
     _lean: Any
     #: the flight recorder (None with RINGLET_FLIGHT_RECORDS=0 and no trace)
     _fr: FlightRecorder | None
+    #: each rank's rank in the job's world (its own numbering on the world itself)
+    _world_ranks: list[int]
+
+    def _group_legend(self) -> str:
+        """On a group (``split``, ``group``): what its ranks are in the world, for error
+        messages, which number ranks as the communicator does; "" on the world."""
+        w = self._world_ranks
+        if w == list(range(len(w))):
+            return ""
+        if len(w) <= 16:
+            ranks = ", ".join(map(str, w))
+        elif len({b - a for a, b in zip(w, w[1:], strict=False)}) == 1:
+            ranks = f"{w[0]}, {w[1]}, ..., {w[-1]}"
+        else:
+            ranks = ", ".join(map(str, w[:16])) + ", ..."
+        return (f" [ranks here are this group's: its ranks 0-{len(w) - 1} are world ranks "
+                f"{ranks}]" if len(w) > 1 else f" [this group's rank 0 is world rank {w[0]}]")
+
+    def _name_group(self, exc: BaseException) -> None:
+        """Append :meth:`_group_legend` to a RingletError's message (once)."""
+        legend = self._group_legend() if isinstance(exc, RingletError) else ""
+        if legend and exc.args and isinstance(exc.args[0], str) and legend not in exc.args[0]:
+            exc.args = (exc.args[0] + legend, *exc.args[1:])
     #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
     #: gives a context manager (the torch backend's profiler ranges)
     _span: Callable[[str, str, int], contextlib.AbstractContextManager[Any]] | None = None
@@ -357,6 +383,7 @@ class Calls:
         kind = "timeout" if timeout else \
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "abort"
         recorder.dump(f"{kind}: {msg}")
+        self._name_group(exc)   # an async call's error reaches the caller through Work.wait
 
     def _settle(self) -> None:
         """Wait until every peer has published the call this rank last rejected.
@@ -393,7 +420,7 @@ class Calls:
             if last is None:
                 where.append(f"rank {q} has not entered any collective")
             else:
-                where.append(f"rank {q} is in {describe(last[0], Desc(*last[1]))}")
+                where.append(f"rank {q}'s last call: {describe(last[0], Desc(*last[1]))}")
         return f"{what} ({'; '.join(where)})"
 
     def _agree(self, seq: int, desc: Desc, first: Sequence[int] | None = None) -> None:

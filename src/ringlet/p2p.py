@@ -131,7 +131,10 @@ class P2PEngine:
             frame[_HEAD_BYTES:_HEAD_BYTES + xb.nbytes] = xb.flat.view(np.uint8)
         with self.lock:
             self.c._usable()
-            h = t.isend(dst, [frame], P2P)
+            try:
+                h = t.isend(dst, [frame], P2P)
+            except (PeerError, CommTimeoutError) as exc:   # a failure heard of before
+                raise type(exc)(f"send to rank {dst} (tag {tag}) failed: {exc}") from None
             if blocking and inline and not self.sends[dst]:
                 h.advance()
                 if h.done:
@@ -470,6 +473,9 @@ class PointToPoint:
     size: int
     _p2p: P2PEngine
 
+    if TYPE_CHECKING:
+        def _name_group(self, exc: BaseException) -> None: ...
+
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dst``; returns once ``x`` may be reused.
 
@@ -481,8 +487,12 @@ class PointToPoint:
         a message the channel has room for (up to 768 KiB by default) goes whole
         in one compiled call where ``ringlet._lean`` is built.
         """
-        xb = as_buffer(x, "x", writable=False)
-        self._p2p.send(xb, self._peer(dst, "dst"), self._tag(tag))
+        try:
+            self._p2p.send(as_buffer(x, "x", writable=False), self._peer(dst, "dst"),
+                           self._tag(tag))
+        except RingletError as exc:   # ranks named as this communicator numbers them
+            self._name_group(exc)
+            raise
 
     def recv(self, x: Any, src: int = ANY_SOURCE, tag: int = 0) -> Any:
         """Receive a message from ``src`` with ``tag`` into ``x``; returns ``x``.
@@ -493,24 +503,40 @@ class PointToPoint:
         A message from a rank on this node that is already there whole is taken in
         one compiled call where ``ringlet._lean`` is built."""
         xb = as_buffer(x, "x", writable=True)
-        self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
+        try:
+            self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
         return xb.obj
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``x``; ``wait()`` the returned :class:`Work` before reusing ``x``."""
-        xb = as_buffer(x, "x", writable=False)
-        return self._p2p.isend(xb, self._peer(dst, "dst"), self._tag(tag))
+        try:
+            return self._p2p.isend(as_buffer(x, "x", writable=False), self._peer(dst, "dst"),
+                                   self._tag(tag))
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
 
     def irecv(self, x: Any, src: int = ANY_SOURCE, tag: int = 0) -> Work:
         """Start receiving into ``x``; ``wait()`` returns ``x`` once it arrived, and then
         ``work.source`` and ``work.tag`` say who sent it with which tag."""
-        xb = as_buffer(x, "x", writable=True)
-        return self._p2p.irecv(xb, self._peer(src, "src", True), self._tag(tag, True))
+        try:
+            return self._p2p.irecv(as_buffer(x, "x", writable=True),
+                                   self._peer(src, "src", True), self._tag(tag, True))
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
 
     def probe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
         """Wait for a message a receive of (src, tag) would take, and say what it is
         (:class:`Status`: source, tag, nbytes, dtype, count) without receiving it."""
-        return self._p2p.probe(self._peer(src, "src", True), self._tag(tag, True))
+        try:
+            return self._p2p.probe(self._peer(src, "src", True), self._tag(tag, True))
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
 
     def iprobe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
         """:meth:`probe` that does not wait: None if no such message is here yet."""

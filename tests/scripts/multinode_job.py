@@ -205,7 +205,7 @@ def check_errors(comm: ringlet.Communicator, bad: list[str], skip: bool) -> None
                 # ringlet.transport.routed), as on one host
                 text = str(exc)
                 if f": rank {n - 1} did not arrive" not in text or \
-                        f"rank {n - 1} is in all_reduce #" not in text:
+                        f"rank {n - 1}'s last call: all_reduce #" not in text:
                     bad.append(f"timeout message: {exc}")
             except ringlet.PeerError as exc:   # a peer's timeout reached this rank first
                 if "timed out" not in str(exc):
