@@ -101,13 +101,16 @@ def test_hosts_talk_over_tcp_and_only_over_the_bridge(bed: netbed.NetBed) -> Non
 @needs_rate
 def test_shaped_rate_each_direction_and_at_the_receiver(bed: netbed.NetBed) -> None:
     rate = netbed.parse_rate(RATE)
-    fwd = bed.measure_throughput(0, 1, seconds=1.0)
-    back = bed.measure_throughput(1, 0, seconds=1.0)
     # two senders into one host share its download link: together they get one rate
-    incast = bed.measure_throughput([1, 2], 0, seconds=1.0)
-    got = {"0->1": fwd, "1->0": back, "1,2->0": incast}
-    for what, bps in got.items():
-        assert 0.7 * rate < bps < 1.3 * rate, (what, bps / 1e9, bed.qdiscs(0))
+    for what, src, dst in [("0->1", 0, 1), ("1->0", 1, 0), ("1,2->0", [1, 2], 0)]:
+        # nothing crosses faster than the rate, ever; a busy machine's TCP may fall short
+        # of it for a while (631 Mbit/s of 1 Gbit/s once in CI on a slow day), so the
+        # floor holds for the best of up to three measurements
+        got = []
+        while len(got) < 3 and (not got or max(got) <= 0.7 * rate):
+            got.append(bed.measure_throughput(src, dst, seconds=1.0))
+            assert got[-1] < 1.3 * rate, (what, got, bed.qdiscs(0))
+        assert max(got) > 0.7 * rate, (what, got, bed.qdiscs(0))
 
 
 @needs_rate
