@@ -153,6 +153,9 @@ class Calls:
     _fr: FlightRecorder | None
     #: each rank's rank in the job's world (its own numbering on the world itself)
     _world_ranks: list[int]
+    #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
+    #: gives a context manager (the torch backend's profiler ranges)
+    _span: Callable[[str, str, int], contextlib.AbstractContextManager[Any]] | None = None
 
     def _group_legend(self) -> str:
         """On a group (``split``, ``group``): what its ranks are in the world, for error
@@ -174,9 +177,6 @@ class Calls:
         legend = self._group_legend() if isinstance(exc, RingletError) else ""
         if legend and exc.args and isinstance(exc.args[0], str) and legend not in exc.args[0]:
             exc.args = (exc.args[0] + legend, *exc.args[1:])
-    #: wraps every call's run (after agreement) when set: ``span(what, algorithm, bytes)``
-    #: gives a context manager (the torch backend's profiler ranges)
-    _span: Callable[[str, str, int], contextlib.AbstractContextManager[Any]] | None = None
 
     def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
                 xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
