@@ -1162,6 +1162,47 @@ OWN_CPUS_HELP = ("each host's processes on CPUs of their own (the machine's in e
                  "every CPU")
 
 
+def history(paths: list[Path]) -> str:
+    """Every target's verdict in every kept run (``results/multihost_run<N>.json``), as the
+    generated section judges it (:func:`targets_for`): per target and rate, the runs that
+    met it and those that did not, then the runs that met every target at once."""
+    def number(path: Path) -> int:
+        digits = "".join(c for c in path.stem if c.isdigit())
+        return int(digits) if digits else -1
+
+    verdicts: dict[tuple[str, str], dict[str, list[int]]] = {}
+    whole: dict[int, bool] = {}
+    for path in sorted(paths, key=number):
+        data = json.loads(path.read_text())
+        n = number(path)
+        for run in data["runs"]:
+            for target, _, verdict in targets_for(run):
+                if verdict == "not measured":
+                    continue
+                ok = verdict == "met"
+                verdicts.setdefault((target, run["rate"]), {"met": [], "not met": []})[
+                    "met" if ok else "not met"].append(n)
+                whole[n] = whole.get(n, True) and ok
+    out = ["| target | rate | met in runs | not met in runs |", "|---|---|---|---|"]
+    for (target, rate), v in verdicts.items():
+        out.append(f"| {target} | {rate} | {_runs(v['met'])} | {_runs(v['not met'])} |")
+    out.append("")
+    out.append(f"Every target met at once in: {_runs([n for n, ok in whole.items() if ok])}; "
+               f"of the {len(whole)} runs kept ({_runs(sorted(whole))}).")
+    return "\n".join(out)
+
+
+def _runs(numbers: list[int]) -> str:
+    """Run numbers as ranges: 21-24, 32, 33 (``-`` for none)."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = parts[-1].split("-")[0] + f"-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts) or "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_rank"]:
@@ -1181,7 +1222,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=3,
                     help="sweep jobs per engine and rate, the engines taking turns; each "
                          "figure is the median of the jobs' (default 3; see combine)")
+    ap.add_argument("--history", nargs="*", metavar="JSON",
+                    help="print every target's verdict in each kept run (default: "
+                         "results/multihost_run*.json) and exit; runs nothing")
     a = ap.parse_args(argv)
+    if a.history is not None:
+        print(history([Path(x) for x in a.history] or
+                      list((HERE / "results").glob("multihost_run*.json"))))
+        return 0
     if a.jobs < 1:
         ap.error("--jobs must be at least 1")
     specs = [parse_rate_spec(x) for x in (a.rate or DEFAULT_RATES)]

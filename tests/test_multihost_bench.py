@@ -86,3 +86,31 @@ def test_a_ratio_of_two_methods_is_the_median_of_the_jobs_ratios() -> None:
 def test_jobs_that_chose_differently_are_said_to() -> None:
     c = multihost.combine([job(1.0, 5e-5), job(1.0, 5e-5, "hierarchical_pipelined")])
     assert c["autos_differ"]
+
+
+def test_history_tallies_each_target_over_the_kept_runs(tmp_path: Path) -> None:
+    """--history: per target and rate the runs that met it and those that did not, as the
+    generated section judges them, and the runs that met every target at once."""
+    import json
+
+    def run_file(n: int, hier: float) -> Path:
+        j = job(1.0, 5e-5)
+        # 4 MiB at 1 Gbit/s: the bound is 33.55 ms; hier is the ratio to it
+        j["results"]["hierarchical"]["4194304"]["median_s"] = hier * (4 << 20) / 125e6
+        j["results"]["peer"]["4194304"]["median_s"] = 1.4 * hier * (4 << 20) / 125e6
+        run = {"rate": "1gbit", "rate_bps": 1e9, "sizes": [64 * 1024, 4 << 20],
+               "mpi": j, "torch": j}
+        p = tmp_path / f"multihost_run{n}.json"
+        p.write_text(json.dumps({"runs": [run]}))
+        return p
+
+    files = [run_file(12, 1.3), run_file(9, 1.2), run_file(10, 1.1), run_file(11, 1.24)]
+    text = multihost.history(files)
+    assert "| hierarchical (mpi engine) within 1.25x of S/rate from 4 MiB | 1gbit | 9-11 | " \
+           "12 |" in text, text
+    assert "faster than gloo's own all_reduce (torchrun job) from 4 MiB | 1gbit | 9-12 | - |" \
+           in text, text
+    # no prediction in these runs: not measured, so not in the tally
+    assert "predict" not in text
+    assert text.endswith("Every target met at once in: 9-11; of the 4 runs kept (9-12).")
+    assert multihost._runs([3, 1, 2, 7, 9, 10]) == "1-3, 7, 9-10" and multihost._runs([]) == "-"
