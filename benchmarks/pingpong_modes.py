@@ -13,7 +13,7 @@ the round trip's median and mean over all trips (microseconds), the wall
 time, and the median of each window of 200 trips (what one measurement of
 multihost.py sees): on this machine the windows are either ~3-6 us or
 ~190-300 us, and a job stays in one mode for hundreds of milliseconds
-(MULTIHOST.md, "Summary").
+(MULTIHOST.md, "History").
 """
 
 from __future__ import annotations
