@@ -93,23 +93,10 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
         seq = self._seq
         try:
             return fn(self, *args, **kwargs)
-        except ArgumentError as exc:
-            if self._seq == seq and not self._closed and self._broken is None:
-                note = str(exc)
-                exc.args = (f"{name} on rank {self.rank}: {note}",)
-                self._reject(name, note, exc)
-            self._name_group(exc)
-            raise
-        except RingletError as exc:
-            self._name_group(exc)
-            raise
         except Exception as exc:
-            if self._seq != seq or self._closed or self._broken is not None:
+            err = self._refused(name, seq, exc)
+            if err is exc:
                 raise
-            note = f"bad argument ({type(exc).__name__}: {exc})"
-            err = ArgumentError(f"{name} on rank {self.rank}: {note}")
-            self._reject(name, note, err)
-            self._name_group(err)
             raise err from exc
         finally:
             if outer:
@@ -198,6 +185,33 @@ class Calls:
                 self._fr.put(seq, rec)
             self._worker().put((seq, desc, run, work, name, xb, before, rec))
         return work if async_op else work.wait()
+
+    def _refused(self, name: str, seq: int, exc: Exception) -> Exception:
+        """What a call ``name`` raises for ``exc``, which it raised itself (``seq``: the
+        communicator's sequence number when the call began).  Raised before the call was
+        numbered, an ArgumentError (or any other exception, which becomes one: a
+        TypeError from a strange argument, say) names this rank and is published as the
+        call's rejection (:meth:`_reject`), so that the peers raise too and the calls
+        after it pair up rightly; on a group every RingletError says what its ranks are
+        in the world.  The torch backend's own checks (:mod:`ringlet.torch`) come here
+        too, before they reach a call of the communicator."""
+        if isinstance(exc, RingletError) and not isinstance(exc, ArgumentError):
+            self._name_group(exc)
+            return exc
+        if self._seq != seq or self._closed or self._broken is not None:
+            if isinstance(exc, ArgumentError):
+                self._name_group(exc)
+            return exc
+        if isinstance(exc, ArgumentError):
+            note = str(exc)
+            exc.args = (f"{name} on rank {self.rank}: {note}",)
+            err = exc
+        else:
+            note = f"bad argument ({type(exc).__name__}: {exc})"
+            err = ArgumentError(f"{name} on rank {self.rank}: {note}")
+        self._reject(name, note, err)
+        self._name_group(err)
+        return err
 
     def _reject(self, coll: str, note: str, exc: ArgumentError) -> None:
         """Publish an error descriptor under the next sequence number (see _collective).

@@ -26,16 +26,19 @@ collective runs on the communicator's worker thread and completes the
 ``Work.wait()``, ``Work.get_future()`` and DDP's communication hooks work); a
 ringlet error (mismatch, timeout, dead peer) reaches ``wait()`` with
 ringlet's message.  What torch offers and ringlet does not (CUDA tensors,
-uneven all-to-all splits, receiving from any source, PREMUL_SUM) raises a
-:class:`~ringlet.errors.ArgumentError` that says so.
+PREMUL_SUM) raises a :class:`~ringlet.errors.ArgumentError` that says so.  A
+call that one rank's arguments fail (a list of the wrong length, say) fails
+on every rank as ringlet's own calls do: an ArgumentError on that rank, a
+MismatchError quoting it on the others, and the next call works.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -170,6 +173,31 @@ class _Done(dist._Work):
         return self._fut
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _checked(name: str) -> Callable[[_F], _F]:
+    """A collective of the backend whose own checks of torch's arguments (the lists'
+    lengths, the device, the op) fail as the communicator's do: the call is numbered
+    and its rejection published (:meth:`ringlet.calls.Calls._refused`), so that the
+    other ranks raise a MismatchError quoting it at once instead of pairing this
+    call with their next one."""
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def method(self: ProcessGroupRinglet, *args: Any, **kwargs: Any) -> Any:
+            comm = self.comm
+            seq = comm._seq
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                err = comm._refused(name, seq, exc)
+                if err is exc:
+                    raise
+                raise err from exc
+        return cast(_F, method)
+    return wrap
+
+
 class ProcessGroupRinglet(dist.ProcessGroup):
     """A torch.distributed process group whose collectives are a ringlet communicator's."""
 
@@ -199,17 +227,20 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     # --- collectives -------------------------------------------------------------------
 
+    @_checked("all_reduce")
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "all_reduce")
         op = _op(opts)
         return self._async(lambda a: self.comm.all_reduce(t, op=op, async_op=a),
                            lambda _: tensors, opts)
 
+    @_checked("broadcast")
     def broadcast(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "broadcast")
         return self._async(lambda a: self.comm.broadcast(t, root=opts.rootRank, async_op=a),
                            lambda _: tensors, opts)
 
+    @_checked("reduce")
     def reduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "reduce")
         op = _op(opts)
@@ -217,6 +248,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             lambda a: self.comm.reduce(t, root=opts.rootRank, op=op, async_op=a),
             lambda _: tensors, opts)
 
+    @_checked("all_gather")
     def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         x = _one(inputs, "all_gather")
         outs = outputs[0]
@@ -244,11 +276,13 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.all_gather_v(x.reshape(-1), sizes, async_op=a),
                            finish_v, opts)
 
+    @_checked("all_gather")
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         _cpu([output, input], "all_gather_into_tensor")
         return self._async(lambda a: self.comm.all_gather(input, out=output, async_op=a),
                            lambda _: [output], opts)
 
+    @_checked("reduce_scatter")
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
                        inputs: list[list[Any]], opts: Any = None) -> Any:
         out = _one(outputs, "reduce_scatter")
@@ -260,6 +294,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=out, async_op=a),
                            lambda _: outputs, opts)
 
+    @_checked("reduce_scatter")
     def reduce_scatter_single(self, output: Any, input: Any,  # noqa: A002
                               opts: Any = None) -> Any:
         _cpu([output, input], "reduce_scatter_tensor")
@@ -268,6 +303,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             lambda a: self.comm.reduce_scatter(input, op=op, out=output, async_op=a),
             lambda _: [output], opts)
 
+    @_checked("all_to_all")
     def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
         _cpu([*outputs, *inputs], "all_to_all")
         n = self.comm.size
@@ -288,6 +324,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.all_to_all_v(x, send, recv, async_op=a),
                            finish, opts)
 
+    @_checked("all_to_all")
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: list[int],  # noqa: A002
                       input_split_sizes: list[int], opts: Any = None) -> Any:
         _cpu([output, input], "all_to_all_single")
@@ -310,6 +347,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             input, splits["input"], splits["output"], out=output, async_op=a),
             lambda _: [output], opts)
 
+    @_checked("gather")
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         x = _one(inputs, "gather")
         root = opts.rootRank
@@ -326,6 +364,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
         return self._async(lambda a: self.comm.gather(x, root=root, async_op=a), finish, opts)
 
+    @_checked("scatter")
     def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> Any:  # type: ignore[override]
         out = _one(outputs, "scatter")
         root = opts.rootRank
@@ -338,6 +377,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.scatter(x, root=root, out=out, async_op=a),
                            lambda _: outputs, opts)
 
+    @_checked("barrier")
     def barrier(self, opts: Any = None) -> Any:
         return self._async(lambda a: self.comm.barrier(async_op=a), lambda _: [], opts)
 

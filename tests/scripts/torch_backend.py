@@ -5,6 +5,7 @@ futures, a subgroup, point-to-point with tags, the object collectives, errors
 that must be clear, and DDP: the same model trained on ringlet and on gloo
 (a gloo group in the same job) ends with the same weights, identical on every
 rank.  Prints ``[rank r] ok`` or ``[rank r] FAILED: ...`` and exits 0 or 1.
+Arguments the backend refuses on one rank only fail on every rank, between good calls.
 Flags: ``--ddp-only``, ``--no-ddp``.
 """
 
@@ -16,6 +17,7 @@ import sys
 import time
 import warnings
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -204,6 +206,47 @@ def operations(r: int, n: int, bad: list[str]) -> None:
             bad.append("mismatched counts: no error")
 
 
+def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
+    """Arguments that the backend's own checks refuse on one rank only (the last, or the
+    root), each between two good calls: that rank gets ArgumentError saying why, the
+    others a MismatchError quoting it, at once, and the next call pairs rightly (the
+    refused call is numbered, as ringlet's own calls are)."""
+    last = n - 1
+    me = r == last
+    cases: list[tuple[str, Any, str]] = [
+        ("all_gather list", lambda: dist.all_gather(
+            [torch.empty(2) for _ in range(n + me)], torch.ones(2)), "tensors for"),
+        ("device", lambda: dist.all_reduce(
+            torch.ones(2, device="meta" if me else "cpu")), "CPU tensors"),
+        ("op", lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)
+                                       if me else dist.ReduceOp.SUM), "no reduction"),
+        ("split sizes", lambda: dist.all_to_all_single(
+            torch.empty(n), torch.empty(n), [1] * (n + me), [1] * n), "split_sizes"),
+        ("scatter list", lambda: dist.scatter(
+            torch.empty(2), [torch.ones(2) for _ in range(n + 1)] if me else None,
+            src=last), "tensors for"),
+        ("uneven all_gather", lambda: dist.all_gather(
+            [torch.empty(q + 1) for q in range(n)], torch.ones(r + 1 + me)), "elements"),
+    ]
+    for what, call, why in cases:
+        t = torch.full((3,), float(r + 1))
+        dist.all_reduce(t)
+        try:
+            call()
+            bad.append(f"one rank wrong, {what}: no error")
+        except ringlet.ArgumentError as exc:
+            check(bad, me and why in str(exc), f"one rank wrong, {what}: {exc!r}")
+        except ringlet.MismatchError as exc:
+            check(bad, not me and why in str(exc) and f"rank {last}" in str(exc),
+                  f"one rank wrong, {what}: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - reported
+            bad.append(f"one rank wrong, {what}: {exc!r}")
+        u = torch.full((3,), float(r + 1))
+        dist.all_reduce(u)
+        check(bad, torch.equal(t, u) and u[0].item() == n * (n + 1) / 2,
+              f"one rank wrong, {what}: the calls around it {t} {u}")
+
+
 def timeout(r: int, n: int, bad: list[str]) -> None:
     """A group's timeout is ringlet's deadline: rank 0 calls, the others do not; rank 0
     gets ringlet's CommTimeoutError naming them."""
@@ -306,6 +349,7 @@ def main() -> int:
         if "--ddp-only" not in sys.argv:
             operations(r, n, bad)
         if n > 1 and "--ddp-only" not in sys.argv:
+            one_rank_wrong(r, n, bad)
             timeout(r, n, bad)
         if "--no-ddp" not in sys.argv:
             ddp(r, n, bad)
