@@ -224,7 +224,11 @@ def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: st
             job_id, pids = _join(name, hello, settings, check)
     elif job_id is None:
         job_id = secrets.token_hex(16)
-    _log(f"rank {rank} of {size}: job {job_id[:8]}, ranks' pids {pids}")
+    if names is not None:   # a node of a multi-node job: say which ranks these are
+        _log(f"rank {names[rank]} (local rank {rank} of {size} on its node): job "
+             f"{job_id[:8]}, the node's ranks {list(names)} have pids {pids}")
+    else:
+        _log(f"rank {rank} of {size}: job {job_id[:8]}, ranks' pids {pids}")
     t = ShmTransport(rank, size, f"ringlet-{job_id}-w", settings)
     if names is not None:
         t.names = list(names)
