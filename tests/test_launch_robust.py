@@ -387,6 +387,46 @@ def test_summary_blames_the_stopped_rank_and_quotes_the_error(tmp_path: Path) ->
     assert "rank 2 did not arrive" in summary
 
 
+#: rank 2 raises between two calls; its exit handlers outlast its peers' (ringlet's own, which
+#: tell the peers, run first: atexit runs the last registered first); the peers exit with 3
+_RAISES = textwrap.dedent("""
+    import atexit, os, sys, time
+    if os.environ["RANK"] == "2":   # before ringlet registers its own
+        atexit.register(time.sleep, 2.5)
+    import numpy as np, ringlet
+    comm = ringlet.init()
+    comm.all_reduce(np.ones(2))
+    if comm.rank == 2:
+        raise ValueError("boom")
+    try:
+        comm.all_reduce(np.ones(2))
+    except ringlet.RingletError:
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("grace", [6, 1])
+def test_summary_blames_the_rank_that_raised_first_not_the_first_to_exit(
+        tmp_path: Path, grace: int) -> None:
+    """The first rank to report an uncaught exception failed first, though its peers heard
+    of it and exited before it did; the job's exit code is its; with a grace period
+    shorter than its exit, it is stopped, and the summary says both."""
+    script = tmp_path / "raises.py"
+    script.write_text(_RAISES)
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "4", "--grace",
+                        str(grace), str(script)], capture_output=True, text=True, timeout=60,
+                       env=_ENV)
+    summary = p.stderr.strip().splitlines()[-1]
+    if grace > 3:
+        assert summary == "ringlet run: rank 2 failed first (exit code 1: ValueError: boom); " \
+                          "ranks 0, 1, 3 then exited on their own (exit code 3)", p.stderr
+        assert p.returncode == 1
+    else:
+        assert summary == "ringlet run: rank 2 failed first (ValueError: boom), then was " \
+                          f"stopped with SIGTERM after the {grace} s grace period; ranks 0, " \
+                          "1, 3 then exited on their own (exit code 3)", p.stderr
+
+
 #: the last rank never calls a collective: the others time out waiting for it
 _ABSENT = textwrap.dedent("""
     import time

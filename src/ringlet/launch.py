@@ -9,7 +9,8 @@ Both start N local processes and hand them to one supervisor
    :class:`~ringlet.errors.PeerError`.
 2. After the grace period the survivors get SIGTERM, and SIGKILL one second
    later.
-3. The report says which rank failed first and how each other rank ended:
+3. The report says which rank failed first (the first to report an uncaught
+   exception, else the first to exit with an error) and how each other rank ended:
    it had already finished, it exited on its own, or it was stopped.
    ``ringlet run`` quotes why the first failed rank failed: the uncaught
    exception the rank reported on a private pipe once it got through
@@ -193,12 +194,14 @@ class _Outcome:
     def how(self, rank: int) -> str:
         """How ``rank`` ended, as a phrase with ``{was}``/``{its}`` for the grammatical number."""
         e = self.endings[rank]
+        if rank == self.first_failed:
+            why = self.reasons.get(rank)
+            if e.stopped_by:   # it raised first, then its exit outlasted the grace period
+                return f"failed first ({why or 'an uncaught exception'}), then {e.stopped_by}"
+            return f"failed first ({_code_text(e.code)}{': ' + why if why else ''})"
         if e.stopped_by:
             code = "" if e.code == -e.signal_sent else f" ({_code_text(e.code)})"
             return f"{e.stopped_by}{code}"
-        if rank == self.first_failed:
-            why = self.reasons.get(rank)
-            return f"failed first ({_code_text(e.code)}{': ' + why if why else ''})"
         if e.code == 0:
             return "finished (exit code 0)"
         return f"then exited on {{its}} own ({_code_text(e.code)})"
@@ -211,7 +214,8 @@ class _Outcome:
             head.append(f"{_ranks(self.frozen)} {'was' if one else 'were'} stopped (SIGSTOP or "
                         f"a debugger) while the others waited for {'it' if one else 'them'}")
         if self.first_failed is not None:
-            head.append(f"rank {self.first_failed} {self.how(self.first_failed)}")
+            head.append(f"rank {self.first_failed} "
+                        f"{self.how(self.first_failed).format(was='was', its='its')}")
         if self.interrupted:
             head.append(f"interrupted by {_signame(self.interrupted)}, forwarded to the ranks")
         if self.timed_out:
@@ -233,7 +237,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
                readers: Sequence[connection.Connection] = (),
                on_ready: Callable[[connection.Connection], bool] | None = None,
                interrupts: _Interrupts | None = None,
-               on_failure: Callable[[Sequence[_Child]], None] | None = None) -> _Outcome:
+               on_failure: Callable[[Sequence[_Child]], None] | None = None,
+               errors: _ErrorPipes | None = None) -> _Outcome:
     """Wait for every child to end, applying the failure policy; return what happened.
 
     ``readers`` are connections to read whenever they are ready, with
@@ -244,8 +249,15 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     and the interrupt pipe, with a deadline: nothing spins.  ``on_failure(live)`` is
     called once, with the children still running, when the first rank fails or the
     timeout passes (``ringlet run`` asks them for their flight recorders).
+
+    ``errors``: the pipes ``ringlet run``'s ranks report their uncaught exception on,
+    read as they come.  The rank that failed first is the first to report one, if it
+    did so before another rank exited with an error: a rank's exit handlers (closing
+    its communicator) may take longer than its peers take to hear of its failure and
+    exit themselves.  The grace period still starts at the first failed exit.
     """
     out = _Outcome(nranks=len(children), timeout=timeout)
+    raised: int | None = None       # the first rank that reported an uncaught exception
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     live = {c.rank: c for c in children}
@@ -262,6 +274,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
 
     while live:
         now = time.monotonic()
+        if errors is not None:   # before the exits: a rank reports before it exits
+            for rank in errors.read():
+                raised = rank if raised is None else raised
         for rank, child in list(live.items()):
             code = child.exitcode()
             if code is None:
@@ -269,7 +284,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
             del live[rank]
             out.endings[rank] = _Ending(code, *stops.get(rank, ("", 0)))
             if code != 0 and not event:
-                out.first_failed, event = rank, True
+                out.first_failed, event = rank if raised is None else raised, True
                 out.frozen = tuple(r for r, c in sorted(live.items()) if stopped(c.pid))
                 stop_at = now + grace
                 if on_failure is not None:
@@ -306,6 +321,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
             wait_s = _POLL if wait_s is None else min(wait_s, _POLL)
         handles: list[Any] = [c.sentinel for c in live.values() if c.sentinel is not None]
         handles += reading
+        if errors is not None:
+            handles += errors.waitables()
         if interrupts is not None:
             handles.append(interrupts.fd)
         for ready in connection.wait(handles, wait_s):
@@ -617,8 +634,8 @@ def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node
     width = len(str(nranks - 1))
     lock = threading.Lock()
     pumps: list[_Pump] = []
-    errors: list[int] = []   # read ends of the pipes the ranks write their error to
-    with _Interrupts() as interrupts, _job(job_id) as children, _closing(errors):
+    errors = _ErrorPipes()   # the pipes the ranks write their uncaught exception to
+    with _Interrupts() as interrupts, _job(job_id) as children, _closing(errors.fds):
         for rank in range(nranks):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nranks),
                        LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
@@ -627,8 +644,7 @@ def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node
                 env["RINGLET_NODE"] = f"node{rank // per_node}"
             pipe = None if args.no_prefix else subprocess.PIPE
             error_r, error_w = os.pipe()
-            errors.append(error_r)
-            os.set_blocking(error_r, False)
+            errors.add(error_r)
             env[_ERRORS_VARIABLE] = f"{os.getpid()}:{error_w}"
             try:
                 popen = subprocess.Popen(
@@ -646,9 +662,11 @@ def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node
                 pumps[-2].start()
                 pumps[-1].start()
         outcome = _supervise(children, grace=grace, interrupts=interrupts,
-                             on_failure=lambda live: _ask_for_dumps(dumps, live))
-        reported = {rank: why for rank, fd in enumerate(errors)
-                    if (why := _reported(fd)) is not None}
+                             on_failure=lambda live: _ask_for_dumps(dumps, live),
+                             errors=errors)
+        errors.read()
+        reported = {rank: why for rank in range(nranks)
+                    if (why := errors.reported(rank)) is not None}
     deadline = time.monotonic() + _DRAIN
     for pump in pumps:  # a rank's grandchildren may hold its pipes open: do not wait for them
         pump.join(max(0.0, deadline - time.monotonic()))
@@ -714,19 +732,54 @@ def _closing(fds: list[int]) -> Iterator[None]:
                 os.close(fd)
 
 
-def _reported(fd: int) -> str | None:
-    """What a rank wrote to its errors pipe ``fd`` (non-blocking): its uncaught exception,
-    '' if it had none, None if it never said (it did not get through ``ringlet.init``)."""
-    data = b""
-    with contextlib.suppress(OSError):   # BlockingIOError: nothing more for now
-        while chunk := os.read(fd, 65536):
-            data += chunk
-    lines = data.decode(errors="replace").splitlines()
-    errors = [ln[len("error "):].strip() for ln in lines if ln.startswith("error ")]
-    if errors:
-        return errors[-1]
-    states = [ln for ln in lines if ln in ("watching", "unwatched")]
-    return "" if states[-1:] == ["watching"] else None
+class _ErrorPipes:
+    """The read ends of the pipes ``ringlet run``'s ranks write to (:func:`report_uncaught`),
+    one per rank in rank order, read without blocking as data comes."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self._data: list[bytes] = []
+        self._open: list[int] = []    # the ranks whose pipe has not ended
+
+    def add(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._open.append(len(self.fds))
+        self.fds.append(fd)
+        self._data.append(b"")
+
+    def waitables(self) -> list[int]:
+        """The descriptors to wait on (those not at their end)."""
+        return [self.fds[r] for r in self._open]
+
+    def read(self) -> list[int]:
+        """Read whatever is there; the ranks whose uncaught exception just arrived."""
+        new = []
+        for rank in list(self._open):
+            had = self._raised(rank)
+            try:
+                while chunk := os.read(self.fds[rank], 65536):
+                    self._data[rank] += chunk
+                self._open.remove(rank)   # b"": the rank (and all it started) closed it
+            except BlockingIOError:
+                pass
+            except OSError:
+                self._open.remove(rank)
+            if not had and self._raised(rank):
+                new.append(rank)
+        return new
+
+    def _raised(self, rank: int) -> bool:
+        return (b"\n" + self._data[rank]).find(b"\nerror ") >= 0
+
+    def reported(self, rank: int) -> str | None:
+        """What the rank said of itself: its uncaught exception, '' if it had none, None if
+        it never said (it did not get through ``ringlet.init``)."""
+        lines = self._data[rank].decode(errors="replace").splitlines()
+        errors = [ln[len("error "):].strip() for ln in lines if ln.startswith("error ")]
+        if errors:
+            return errors[-1]
+        states = [ln for ln in lines if ln in ("watching", "unwatched")]
+        return "" if states[-1:] == ["watching"] else None
 
 
 def report_uncaught() -> None:
