@@ -131,9 +131,7 @@ ROOTED = frozenset({"gather", "scatter"})
 @functools.lru_cache(maxsize=8)
 def listed(collective: str) -> list[str]:
     """The algorithms ``ringlet.algorithms("<collective>_v")`` lists: those whose uneven
-    form is sound at every world size 1..16 and, for gather and scatter, at every root
-    (binomial's trees keep the blocks of a subtree in the order of its ranks counted
-    from the root, which is each block's own place only at root 0)."""
+    form is sound at every world size 1..16 and, for gather and scatter, at every root."""
     return [a for a in _algorithms(collective)
             if all(a in uneven_algorithms(collective, n, root) for n in range(1, 17)
                    for root in (range(n) if collective in ROOTED else (0,)))]
@@ -438,12 +436,9 @@ class Uneven(Calls):
         why = uneven_ok(_build(collective, algorithm, self.size, root))
         if why is not None:
             where = f" at root {root}" if collective in ROOTED else ""
-            also = " (it can at root 0)" if where and algorithm in uneven_algorithms(
-                collective, self.size, 0) else ""
             raise ArgumentError(
                 f"algorithm {algorithm!r} cannot run {collective} with blocks of different "
-                f"sizes{where}{also}; use one of "
-                f"{uneven_algorithms(collective, self.size, root)}")
+                f"sizes{where}; use one of {uneven_algorithms(collective, self.size, root)}")
         return algorithm
 
     def _exchange(self, words: np.ndarray) -> _Table:

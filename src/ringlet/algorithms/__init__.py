@@ -77,8 +77,7 @@ def algorithms(collective: str) -> list[str]:
     An uneven form (``all_to_all_v``, ``all_gather_v``, ``gather_v``, ``scatter_v``)
     runs the even collective's algorithms that keep every block in places of its
     size (:mod:`ringlet.uneven`): those that do so at every world size up to 16 and, for
-    ``gather_v`` and ``scatter_v``, at every root (``binomial`` runs those at root 0 only,
-    where the automatic choice takes it)."""
+    ``gather_v`` and ``scatter_v``, at every root."""
     _load()
     if collective in UNEVEN:
         from ..uneven import listed

@@ -188,20 +188,22 @@ def scatter_binomial(n: int, root: int = 0) -> Schedule:
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
         v = (r - root) % n
-        # Inner ranks keep their subtree's blocks in TMP, indexed by relative rank;
-        # the root sends straight from IN (absolute blocks), everyone's own block lands in OUT.
+        # Inner ranks keep their subtree's blocks in TMP, each in its own rank's place (a
+        # subtree's run of ranks may wrap past rank n-1: two ranges), so that blocks of
+        # different sizes (scatter_v) fit at any root; the root sends straight from IN,
+        # everyone's own block lands in OUT.
         if v == 0:
             rounds[0].append(copy([(OUT, 0)], [(IN, root)]))
         for t, kind, w in binomial_down(v, n):
             peer = (w + root) % n
             if kind == RECV:
                 size = _subtree(v, n)
-                dst: list[Ref] = [(OUT, 0, 1)] + ([(TMP, v + 1, v + size)] if size > 1 else [])
+                dst: list[Ref] = [(OUT, 0, 1)] + (span(TMP, r + 1, size - 1, n)
+                                                  if size > 1 else [])
                 rounds[t].append(recv(peer, *dst))
             else:
                 size = _subtree(w, n)
-                src = span(IN, w + root, size, n) if v == 0 else [(TMP, w, w + size)]
-                rounds[t].append(send(peer, *src))
+                rounds[t].append(send(peer, *span(IN if v == 0 else TMP, peer, size, n)))
         return rounds
 
     layouts = {IN: Layout(n, 1, n), OUT: Layout(1), TMP: Layout(n, 1, n)}
@@ -217,19 +219,20 @@ def gather_binomial(n: int, root: int = 0) -> Schedule:
     def rank_fn(r: int) -> list[list[Step]]:
         rounds = empty_rounds(R)
         v = (r - root) % n
-        # Inner ranks collect their subtree in TMP (indexed by relative rank); the root
-        # collects straight into OUT (absolute blocks).
+        # Inner ranks collect their subtree in TMP, each block in its own rank's place (as
+        # scatter's: gather_v's blocks of different sizes fit at any root); the root
+        # collects straight into OUT.
         if v == 0:
             rounds[0].append(copy([(OUT, root)], [(IN, 0)]))
         for t, kind, w in binomial_up(v, n):
             peer = (w + root) % n
             if kind == RECV:
                 size = _subtree(w, n)
-                dst = span(OUT, w + root, size, n) if v == 0 else [(TMP, w, w + size)]
-                rounds[t].append(recv(peer, *dst))
+                rounds[t].append(recv(peer, *span(OUT if v == 0 else TMP, peer, size, n)))
             else:
                 size = _subtree(v, n)
-                src: list[Ref] = [(IN, 0, 1)] + ([(TMP, v + 1, v + size)] if size > 1 else [])
+                src: list[Ref] = [(IN, 0, 1)] + (span(TMP, r + 1, size - 1, n)
+                                                 if size > 1 else [])
                 rounds[t].append(send(peer, *src))
         return rounds
 
