@@ -42,6 +42,30 @@ def test_tick_checks_the_peers_and_the_deadline_without_pausing() -> None:
         late.tick()
 
 
+def test_the_deadline_does_not_wait_for_the_next_liveness_check() -> None:
+    """A deadline is kept at every tick, however long ``liveness_s`` is (it was checked
+    only with the peers, so RINGLET_LIVENESS_S=20 made a 3 s timeout come after 20 s);
+    the peers are asked once more at the deadline, so that a dead one says it better."""
+    checks: list[int] = []
+    w = Waiter(Settings(liveness_s=1000.0), lambda: "all_reduce #1 (2 x float64)",
+               lambda: [1], lambda: checks.append(1), timeout=60.0)
+    w._next_check = w._start + 1000.0        # the first liveness check is far away
+    assert w.tick(w._start + 1.0) and checks == []
+    with pytest.raises(CommTimeoutError, match=r"after 60 s in all_reduce #1.*rank 1 did not"):
+        w.tick(w._start + 60.0)
+    assert checks == [1]
+
+    def gone() -> None:
+        raise PeerError("rank 1 ended")
+
+    d = Waiter(Settings(liveness_s=1000.0), lambda: "barrier #2", lambda: [1], gone,
+               timeout=60.0)
+    d._next_check = d._start + 1000.0
+    assert d.tick(d._start + 60.0) is False   # one more poll, then the dead peer's error
+    with pytest.raises(PeerError, match="rank 1 ended"):
+        d.tick(d._start + 60.0)
+
+
 def test_tick_gives_a_peer_that_ended_one_more_poll() -> None:
     def gone() -> None:
         raise PeerError("rank 1 closed the communicator")

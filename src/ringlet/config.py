@@ -14,6 +14,7 @@ Tests override settings in a scoped way, by passing a ``Settings`` object
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -158,6 +159,21 @@ class Settings:
                "python - and an interactive session; else spawn."})
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
+        for name, top, unit in (("spin_us", 1e6, " us (1 s)"), ("yield_us", 1e6, " us (1 s)"),
+                                ("sleep_us", 1e6, " us (1 s)"),
+                                ("flight_records", 1_000_000, " records"),
+                                ("shm_slots", 4096, " slots"),
+                                ("shm_slot_bytes", 1 << 30, " bytes (1 GiB)"),
+                                ("shm_post_bytes", 1 << 30, " bytes (1 GiB)"),
+                                ("shm_stage_bytes", 1 << 30, " bytes (1 GiB)"),
+                                ("shm_piece_bytes", 1 << 30, " bytes (1 GiB)")):
+            if getattr(self, name) > top:
+                raise ConfigError(f"{name} must be at most {top:,.0f}{unit}, got "
+                                  f"{getattr(self, name)!r}")
         for name in ("timeout", "init_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
@@ -204,6 +220,7 @@ class Settings:
         env = os.environ if env is None else env
         by_var = {f"RINGLET_{f.name.upper()}": f for f in fields(cls)}
         values: dict[str, Any] = {}
+        given: dict[str, str] = {}   # setting -> the variable and text it came from
         for var, text in env.items():
             if not var.startswith("RINGLET_") or var in LAUNCH_VARIABLES:
                 continue
@@ -213,8 +230,17 @@ class Settings:
                     f"unknown setting {var}={text!r}; known: {', '.join(sorted(by_var))} "
                     f"(see `ringlet config`)")
             values[f.name] = _parse(f, var, text)
+            given[f.name] = f"{var}={text!r}"
         values.update(overrides)
-        return cls().replace(**values)
+        for name in overrides:
+            given.pop(name, None)
+        try:
+            return cls().replace(**values)
+        except ConfigError as exc:   # say which variable holds the value refused
+            name = str(exc).split(" ", 1)[0]
+            if name in given:
+                raise ConfigError(f"{given[name]}: {exc}") from None
+            raise
 
     def describe(self) -> list[tuple[str, str, str]]:
         """``(variable, current value, documentation)`` for every setting."""

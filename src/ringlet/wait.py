@@ -116,7 +116,9 @@ class Waiter:
         tick raises."""
         if now is None:
             now = time.monotonic()
-        if now >= self._next_check:
+        # the peers every liveness_s, and once more at the deadline (a dead peer says it
+        # better than a timeout), which is checked at every tick, whatever liveness_s is
+        if now >= self._next_check or now >= self._deadline:
             self._next_check = now + self._liveness
             if self._check is not None:
                 try:

@@ -294,6 +294,12 @@ class ShmTransport(Transport):
             try:
                 os.ftruncate(fd, self.lay.total)
                 mm = mmap.mmap(fd, self.lay.total)
+            except (OSError, OverflowError, MemoryError) as exc:
+                raise ConfigError(
+                    f"rank {self.rank}: cannot make its shared-memory segment of "
+                    f"{self.lay.total:,} bytes in {SHM_DIR} ({exc}); the RINGLET_SHM_* "
+                    f"settings size it (`ringlet config` lists them), and {SHM_DIR}'s free "
+                    f"space bounds it") from None
             finally:
                 os.close(fd)
             self.maps[self.rank] = mm
