@@ -106,3 +106,72 @@ def _mismatch(c: ringlet.Communicator) -> str:
 def test_ranks_that_disagree_get_a_mismatch_error() -> None:
     for text in get_world(2).run(_mismatch):
         assert "disagree" in text
+
+
+def _one_rank_wrong(c: ringlet.Communicator, case: str) -> list[str]:
+    """A good all_reduce, the case (the last rank's arguments wrong), a good all_reduce:
+    what each call gave, as text ("ok", or the error's type and message)."""
+    n, r = c.size, c.rank
+    me = r == n - 1
+    seen: list[str] = []
+
+    def good() -> None:
+        y = np.full(8, 10.0 * (r + 1))
+        c.all_reduce(y)
+        seen.append("ok" if y[0] == 10.0 * n * (n + 1) / 2 else f"wrong {y[0]}")
+
+    good()
+    try:
+        if case in ("readonly", "notarray"):
+            a = [np.ones(4), np.ones(4)]
+            if me and case == "readonly":
+                a[1].setflags(write=False)
+            if me and case == "notarray":
+                a[1] = [1.0] * 4   # type: ignore[call-overload]
+            c.all_reduce_coalesced(a)
+            seen.append("ok" if a[0][0] == n else f"wrong {a[0][0]}")
+        elif case == "bucketer":
+            b = ringlet.Bucketer(c, cap_bytes=1 << 20)
+            with pytest.raises(ringlet.ArgumentError, match=r"Bucketer.add: array 0 .* list"):
+                if me:
+                    b.add([1.0, 2.0])
+                else:
+                    raise ringlet.ArgumentError("Bucketer.add: array 0 (a list here)")
+            b.add(np.ones(4) if not me else np.ones(5))   # the count differs: a mismatch
+            b.wait()
+            seen.append("ok")
+        else:   # the parts differ (float64 and float32 on the last rank, or one more
+            # part there, whose first part agrees), asynchronously
+            a = [np.ones(4), np.ones(4, np.float32 if me else np.float64)] if case == "parts" \
+                else [np.ones(4)] + [np.ones(3, np.float32)] * me
+            c.all_reduce_coalesced(a, async_op=True).wait()
+            seen.append("ok")
+    except ringlet.RingletError as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+    try:
+        good()
+    except ringlet.RingletError as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("case", ["readonly", "notarray", "bucketer", "parts", "extra_part"])
+def test_one_rank_wrong_fails_every_rank_and_the_next_call_pairs(n: int, case: str) -> None:
+    """Arguments one rank refuses fail all_reduce_coalesced on every rank (the refusal is
+    numbered and published, as any collective's); parts that differ never pair silently
+    with another rank's all_reduce; the call after works."""
+    res = get_world(n).run(_one_rank_wrong, case)
+    for r, seen in enumerate(res):
+        assert seen[0] == "ok" and seen[-1] == "ok", (r, seen)
+        assert not any(s.startswith("wrong") for s in seen), (r, seen)
+        middle = seen[1:-1]
+        if case in ("parts", "extra_part"):   # the first part fails on every rank: nobody
+            # numbers a second (its descriptor carries a digest of every part)
+            assert len(middle) == 1 and middle[0].startswith("MismatchError") and \
+                "all_reduce_coalesced" in middle[0], (r, seen)
+            assert case == "parts" or "arrays (a digest of their element types" in \
+                middle[0], (r, seen)
+            continue
+        want = "ArgumentError" if r == n - 1 and case != "bucketer" else "MismatchError"
+        assert len(middle) == 1 and middle[0].startswith(want), (r, seen)

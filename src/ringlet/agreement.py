@@ -27,7 +27,8 @@ from .ops import DTYPE_BY_CODE, ReduceOp
 COLLECTIVES = ("none", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
                "all_to_all", "scatter", "gather", "barrier", "split", "broadcast_object",
                "all_gather_object", "empty", "group", "all_to_all_v", "all_gather_v",
-               "gather_v", "scatter_v", "gather_object", "scatter_object", "scan", "exscan")
+               "gather_v", "scatter_v", "gather_object", "scatter_object", "scan", "exscan",
+               "all_reduce_coalesced")
 COLL_CODE = {name: i for i, name in enumerate(COLLECTIVES)}
 
 #: how the call runs (the ``path`` word's low two bits)
@@ -138,6 +139,8 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
         return alg_name(coll_name(d.collective), d.algorithm)
     if field == "shape":
         return _shape_text(d)
+    if field == "root" and d.collective == COLL_CODE["all_reduce_coalesced"]:
+        return f"{d.root:#010x}"
     if field == "path":
         v = d.path
         kind = ("generic executor", "fused one-shot", "fused staged",
@@ -176,8 +179,10 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
             values.setdefault(field_text(field, got[r], alg_name), []).append(r)
         detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
                            f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
-        what = (f"collective #{seq}" if field == "collective"
-                else f"{LABEL.get(field, field)} of {current}")
+        label = LABEL.get(field, field)
+        if field == "root" and ref.collective == COLL_CODE["all_reduce_coalesced"]:
+            label = "arrays (a digest of their element types and counts)"
+        what = f"collective #{seq}" if field == "collective" else f"{label} of {current}"
         hint = ""
         if field in ("collective", "elems", "shape", "dtype"):
             hint = (" (calls are paired by their order on each rank: if a rank skipped or "

@@ -16,12 +16,13 @@ goes on; ``wait()`` flushes the rest and waits for all.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .calls import Calls
+from .calls import Calls, _collective
 from .errors import ArgumentError
 from .ops import ReduceOp
 from .work import Work
@@ -37,17 +38,28 @@ def _is_torch(a: Any) -> bool:
     return type(a).__module__.startswith("torch")
 
 
+def _check_item(a: Any, what: str) -> None:
+    """An array the results can be written back into: a writable numpy array or a
+    torch CPU tensor."""
+    if not _is_torch(a) and not isinstance(a, np.ndarray):
+        raise ArgumentError(f"{what} is a {type(a).__name__}; pass numpy arrays or torch "
+                            f"CPU tensors")
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise ArgumentError(f"{what} is read-only (the results are written back into the "
+                            f"arrays)")
+
+
 def _groups(arrays: Sequence[Any]) -> list[list[int]]:
     """Indices of ``arrays`` per (kind, element type), in order of first appearance: the
     same on every rank that passes the same kinds of arrays."""
     keys: dict[tuple[bool, str], list[int]] = {}
     for i, a in enumerate(arrays):
-        torch_like = _is_torch(a)
-        if not torch_like and not isinstance(a, np.ndarray):
-            raise ArgumentError(f"all_reduce_coalesced: item {i} is a {type(a).__name__}; "
-                                f"pass numpy arrays or torch CPU tensors")
-        keys.setdefault((torch_like, str(a.dtype)), []).append(i)
+        keys.setdefault((_is_torch(a), str(a.dtype)), []).append(i)
     return list(keys.values())
+
+
+def _count(a: Any) -> int:
+    return int(a.numel()) if _is_torch(a) else int(a.size)
 
 
 def _pack(parts: list[Any]) -> Any:
@@ -72,16 +84,22 @@ def _unpack(flat: Any, parts: list[Any]) -> None:
 class Buckets(Calls):
     """all_reduce_coalesced (a mixin of :class:`~ringlet.comm.Communicator`)."""
 
+    _coalesced: int
+
     if TYPE_CHECKING:
         def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,
                        algorithm: str | None = None, async_op: bool = False) -> Any: ...
 
+    @_collective
     def all_reduce_coalesced(self, arrays: Sequence[Any], op: ReduceOp | str = "sum",
                              algorithm: str | None = None, async_op: bool = False) -> Any:
         """All-reduce every array of ``arrays`` in place, packed into one collective per
         element type (numpy arrays and torch tensors apart).  Every rank passes arrays
         of the same shapes and types in the same order (a disagreement is a
-        MismatchError, as for ``all_reduce``).  Returns ``arrays``, or a :class:`Work`
+        MismatchError, as for ``all_reduce``; each part's descriptor names
+        all_reduce_coalesced, so a part never pairs with another rank's all_reduce).
+        Arrays one rank refuses (not an array, read-only) fail the call on every rank,
+        as any collective's arguments do.  Returns ``arrays``, or a :class:`Work`
         with ``async_op=True`` (the arrays hold the results once it is done)::
 
             grads = [np.ones(1000, np.float32) for _ in range(100)]
@@ -89,20 +107,30 @@ class Buckets(Calls):
         """
         arrays = list(arrays)
         for i, a in enumerate(arrays):
-            writable = a.flags.writeable if isinstance(a, np.ndarray) else True
-            if not writable:
-                raise ArgumentError(f"all_reduce_coalesced: array {i} is read-only (the "
-                                    f"results are written back into the arrays)")
+            _check_item(a, f"item {i}")
         groups = [[arrays[i] for i in idx] for idx in _groups(arrays)]
         packed = [_pack(g) for g in groups]
+        # every part's descriptor carries a digest of all the parts (kinds, element types,
+        # counts): ranks whose arrays differ disagree at the first part, on every rank
+        self._coalesced = zlib.crc32(repr(
+            [(_is_torch(f), str(f.dtype), _count(f)) for f in packed]).encode()) & 0x7FFFFFFF
         if not async_op:
             for flat, parts in zip(packed, groups, strict=True):
                 self.all_reduce(flat, op=op, algorithm=algorithm)
                 _unpack(flat, parts)
             return arrays
         done = Work(f"all_reduce_coalesced of {len(arrays)} arrays")
-        works = [self.all_reduce(flat, op=op, algorithm=algorithm, async_op=True)
-                 for flat in packed]
+        works = []
+        for i, flat in enumerate(packed):
+            if i == 0 and len(packed) > 1:
+                # the first of several parts runs to its end before the next is numbered:
+                # where the ranks disagree on how many parts there are, it fails on every
+                # rank before a rank with more parts numbers one its peers never make
+                w = Work(f"all_reduce_coalesced part 1 of {len(packed)}")
+                w._finish(self.all_reduce(flat, op=op, algorithm=algorithm))
+                works.append(w)
+            else:
+                works.append(self.all_reduce(flat, op=op, algorithm=algorithm, async_op=True))
         left = [len(works)]
 
         def one(w: Work) -> None:
@@ -151,7 +179,10 @@ class Bucketer:
         self.buckets = 0    # buckets started so far
 
     def add(self, array: Any) -> None:
-        """Queue ``array``; start the bucket if it reached ``cap_bytes``."""
+        """Queue ``array``; start the bucket if it reached ``cap_bytes``.  An array that
+        cannot take its result (not a numpy array or torch tensor, read-only) is an
+        ArgumentError here, on this rank, and is not queued."""
+        _check_item(array, f"Bucketer.add: array {len(self._pending)} of the bucket")
         self._pending.append(array)
         self._bytes += int(array.nbytes) if not _is_torch(array) else \
             array.numel() * array.element_size()
