@@ -99,6 +99,10 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
     ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),
     ({"RINGLET_GRACE": "-1"}, r"grace must be >= 0, got -1.0"),
     ({"RINGLET_START_METHOD": "thread"}, r"start_method must be auto, spawn, forkserver or fork"),
+    # every entry of RINGLET_ALGO at once, not at the first call of its collective
+    ({"RINGLET_ALGO": "broadcast:bogus"}, r"RINGLET_ALGO entry 'broadcast:bogus': broadcast "
+                                          r"has no algorithm 'bogus'; valid: binomial"),
+    ({"RINGLET_ALGO": "^ring"}, r"RINGLET_ALGO entry '\^ring': write collective:algorithm"),
 ])
 def test_invalid_values_are_rejected(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

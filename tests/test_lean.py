@@ -174,17 +174,19 @@ def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
 
 
 def _overlap_and_bad_out(comm: ringlet.Communicator) -> list[str]:
-    """out= that overlaps x or has another dtype: the Python path's ArgumentError."""
+    """out= that overlaps x or has another dtype: the Python path's ArgumentError; out= that
+    is x itself (the same elements, another view): in place, as NCCL's sendbuff ==
+    recvbuff."""
     errs = []
-    x = np.ones(8, np.float32)
-    for out in (x[:8], np.empty(8, np.float64)):
+    z = np.ones(9, np.float32)
+    for x, out in ((z[:8], z[1:]), (z[:8], np.empty(8, np.float64))):
         try:
             comm.all_reduce(x, out=out)
         except ringlet.ArgumentError as exc:
             errs.append(str(exc).split(": ", 1)[1][:30])
     y = np.ones(8, np.float32)
-    comm.all_reduce(y)
-    errs.append(str(y[0]))
+    got = comm.all_reduce(y, out=y[:])
+    errs.append(f"{y[0]} {got is y}")
     return errs
 
 
@@ -192,7 +194,7 @@ def _overlap_and_bad_out(comm: ringlet.Communicator) -> list[str]:
 def test_bad_out_is_the_python_paths_error_and_the_next_call_runs(n: int) -> None:
     for errs in get_world(n).run(_overlap_and_bad_out):
         assert errs[0].startswith("out overlaps x") and errs[1].startswith("out has dtype")
-        assert errs[2] == str(float(n))
+        assert errs[2] == f"{float(n)} True", errs   # in place: it returns x
 
 
 def _sequence(comm: ringlet.Communicator, odd_lean: bool) -> list[str]:

@@ -154,9 +154,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             comm.all_reduce(x)            # both ranks: x == [4, 6]
         """
         rop = ReduceOp.parse(op)
-        xb = as_buffer(x, "x", writable=out is None)
+        xb = as_buffer(x, "x", writable=out is None or out is x)
         check_op(rop, xb.dt)
-        ob = self._out(out, xb, xb.count, "x")
+        ob = self._out(out, xb, xb.count, "x", same_is_in_place=True)
         on_rails = self._rails(rop, xb.dt)
         name = self._choose("all_reduce", algorithm, xb.nbytes, rop, xb.dt)
         path = self._path("all_reduce", name, xb.nbytes)
@@ -247,9 +247,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         root = self._root(root)
         rop = ReduceOp.parse(op)
         at_root = self.rank == root
-        xb = as_buffer(x, "x", writable=at_root and out is None)
+        xb = as_buffer(x, "x", writable=at_root and (out is None or out is x))
         check_op(rop, xb.dt)
-        ob = self._out(out, xb, xb.count, "x") if at_root else None
+        ob = self._out(out, xb, xb.count, "x", same_is_in_place=True) if at_root else None
         name = self._choose("reduce", algorithm, xb.nbytes, rop, xb.dt)
 
         def run(seq: int) -> Any:
@@ -456,12 +456,21 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                 f"got shape {xb.shape}")
         return (xb.shape[0] // self.size, *xb.shape[1:])
 
-    def _out(self, out: Any, like: Buffer, count: int, what: str) -> Buffer | None:
+    def _out(self, out: Any, like: Buffer, count: int, what: str, same_is_in_place: bool = False
+             ) -> Buffer | None:
+        """``out=`` checked against ``like`` (x); None where there is none.  For the calls
+        that work in place (all_reduce, reduce, scan, exscan), ``out`` that is ``x`` itself
+        (the same elements) is in place, as NCCL takes ``sendbuff == recvbuff``; any other
+        overlap is an ArgumentError."""
         if out is None:
             return None
         ob = as_buffer(out, "out", writable=True)
         check_out(ob, like, count, what)
         if like.count and np.shares_memory(ob.flat, like.flat):
+            a, b = ob.flat, like.flat
+            if same_is_in_place and a.dtype == b.dtype and a.nbytes == b.nbytes and \
+                    a.__array_interface__["data"][0] == b.__array_interface__["data"][0]:
+                return None
             raise ArgumentError("out overlaps x; pass a separate buffer or leave out=None")
         return ob
 

@@ -202,6 +202,14 @@ class Settings:
             raise ConfigError(f"heartbeat_s must be > 0, got {self.heartbeat_s!r}")
         if self.flight_records < 0:
             raise ConfigError(f"flight_records must be >= 0, got {self.flight_records!r}")
+        if self.algo.strip():   # every entry names a collective and its algorithms
+            from .algorithms.select import _parse
+            from .errors import ArgumentError
+
+            try:
+                _parse(self.algo)
+            except ArgumentError as exc:
+                raise ConfigError(str(exc)) from None
         if self.start_method not in ("auto", "spawn", "forkserver", "fork"):
             raise ConfigError(f"start_method must be auto, spawn, forkserver or fork, got "
                               f"{self.start_method!r}")

@@ -22,7 +22,8 @@ class Prefix(Calls):
     """scan, exscan."""
 
     if TYPE_CHECKING:   # what these are made of (ringlet.comm)
-        def _out(self, out: Any, like: Buffer, count: int, what: str) -> Buffer | None: ...
+        def _out(self, out: Any, like: Buffer, count: int, what: str,
+                 same_is_in_place: bool = False) -> Buffer | None: ...
         def _choose(self, collective: str, algorithm: str | None, nbytes: int) -> str: ...
         def _run(self, collective: str, name: str, root: int, m: int,
                  bufs: dict[Buf, np.ndarray], dt: Any, op: ReduceOp | None) -> None: ...
@@ -54,9 +55,9 @@ class Prefix(Calls):
         if rop is ReduceOp.AVG:
             raise ArgumentError(f"AVG has no prefix form (each rank would divide by its own "
                                 f"count); use SUM and divide by rank + 1 in {collective}")
-        xb = as_buffer(x, "x", writable=out is None)
+        xb = as_buffer(x, "x", writable=out is None or out is x)
         check_op(rop, xb.dt)
-        ob = self._out(out, xb, xb.count, "x")
+        ob = self._out(out, xb, xb.count, "x", same_is_in_place=True)
         name = self._choose(collective, algorithm, xb.nbytes)
         dst = ob or xb
         first = self.rank == 0 and collective == "scan" and rop in LOGICAL
