@@ -62,3 +62,58 @@ def test_unpicklable_objects(world: Any) -> None:
     for res in world.run(_unpicklable):
         for kind, msg in res:
             assert kind == "ArgumentError" and "pickle" in msg, res
+
+
+#: this process's rank, for _fussy_load (each rank is a process of its own)
+_ME = [0]
+
+
+def _fussy_load(payload: int) -> int:
+    """Unpickling fails on odd ranks, as a class only some ranks can import does."""
+    if _ME[0] % 2:
+        raise ModuleNotFoundError("No module named 'only_on_even_ranks'")
+    return payload
+
+
+class _Fussy:
+    def __init__(self, payload: int) -> None:
+        self.payload = payload
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _fussy_load, (self.payload,)
+
+
+def _unloadable(comm: ringlet.Communicator) -> list[tuple[str, str]]:
+    n, r = comm.size, comm.rank
+    _ME[0] = r
+    out = []
+    for call in ("broadcast", "all_gather", "gather", "scatter"):
+        try:
+            if call == "broadcast":
+                comm.broadcast_object(_Fussy(7) if r == 0 else None, 0)
+            elif call == "all_gather":
+                comm.all_gather_object(_Fussy(r))
+            elif call == "gather":
+                comm.gather_object(_Fussy(r), 1)            # rank 1 unpickles them
+            else:
+                comm.scatter_object([_Fussy(q) for q in range(n)] if r == 0 else None, 0)
+        except ringlet.RingletError as exc:
+            out.append((type(exc).__name__, str(exc)))
+        else:
+            out.append(("", ""))
+        assert comm.all_gather_object(r) == list(range(n))   # the next call works
+    return out
+
+
+def test_objects_that_do_not_unpickle_on_some_ranks_fail_every_rank() -> None:
+    """An object only some ranks can unpickle (its class's module is not there): an
+    ArgumentError on every rank naming the ranks that could not, each of them saying why,
+    not a bare exception on those ranks alone; the next call works."""
+    from conftest import get_world
+
+    n = 3
+    for r, res in enumerate(get_world(n).run(_unloadable)):
+        for kind, msg in res:
+            assert kind == "ArgumentError", (r, res)
+            assert "rank 1 could not unpickle the objects received" in msg, (r, res)
+            assert ("No module named 'only_on_even_ranks'" in msg) == (r == 1), (r, res)

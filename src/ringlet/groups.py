@@ -7,6 +7,7 @@ import contextlib
 import os
 import pickle
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,7 +62,8 @@ class Groups(Calls):
         if n[0] < 0:  # the root could not pickle its object: buf holds why, on every rank
             raise ArgumentError(f"rank {root} could not pickle its object "
                                 f"({buf.tobytes().decode(errors='replace')})")
-        return obj if self.rank == root else pickle.loads(buf.tobytes())
+        return self._unpickled(lambda: obj if self.rank == root else
+                               pickle.loads(buf.tobytes()))
 
     @_collective
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -77,7 +79,8 @@ class Groups(Calls):
             why = "; ".join(f"rank {q}: " + allb[q, :int(lengths[q])].tobytes().decode(
                 errors="replace") for q in np.flatnonzero(sizes < 0))
             raise ArgumentError(f"objects that could not be pickled ({why})")
-        return [pickle.loads(allb[i, :int(sizes[i])].tobytes()) for i in range(self.size)]
+        return self._unpickled(lambda: [pickle.loads(allb[i, :int(sizes[i])].tobytes())
+                                        for i in range(self.size)])
 
     @_collective
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
@@ -91,9 +94,8 @@ class Groups(Calls):
             raise ArgumentError("objects that could not be pickled (" + "; ".join(
                 f"rank {q}: {w}" for q, w in enumerate(why) if w is not None) + ")")
         got = self.gather_v(data, root, counts=sizes)
-        if got is None:
-            return None
-        return [pickle.loads(b.tobytes()) for b in np.split(got, np.cumsum(sizes)[:-1])]
+        return self._unpickled(lambda: None if got is None else [
+            pickle.loads(b.tobytes()) for b in np.split(got, np.cumsum(sizes)[:-1])])
 
     @_collective
     def scatter_object(self, objs: Any = None, root: int = 0) -> Any:
@@ -124,7 +126,26 @@ class Groups(Calls):
         out = np.empty(int(sizes[self.rank]), np.uint8)
         got = self.scatter_v(blob if self.rank == root else None,
                              sizes if self.rank == root else None, root, out=out)
-        return pickle.loads(got.tobytes())
+        return self._unpickled(lambda: pickle.loads(got.tobytes()))
+
+    def _unpickled(self, load: Callable[[], Any]) -> Any:
+        """``load()`` (the unpickling of what an object collective received), then every
+        rank learns whether every rank could: an object whose class only some ranks can
+        import fails the call on every rank with an ArgumentError that names the ranks,
+        not with a bare exception on those ranks alone (one more small all_gather)."""
+        try:
+            value, why = load(), ""
+        except Exception as exc:  # noqa: BLE001 - any unpickling error, reported
+            value, why = None, f"{type(exc).__name__}: {exc}"
+        failed = self.all_gather(np.array([bool(why)], np.int8)).reshape(-1)
+        if failed.any():
+            who = ", ".join(map(str, np.flatnonzero(failed)))
+            here = f"; here: {why}" if why else " (their errors say why)"
+            raise ArgumentError(
+                f"rank{'s' if failed.sum() > 1 else ''} {who} could not unpickle the objects "
+                f"received{here}: every rank must be able to import what the objects are "
+                f"made of")
+        return value
 
     def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
         """Send a picklable ``obj`` to ``dst`` (its size, then its pickle; trusted peers
