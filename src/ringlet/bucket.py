@@ -100,7 +100,10 @@ class Buckets(Calls):
         all_reduce_coalesced, so a part never pairs with another rank's all_reduce).
         Arrays one rank refuses (not an array, read-only) fail the call on every rank,
         as any collective's arguments do.  Returns ``arrays``, or a :class:`Work`
-        with ``async_op=True`` (the arrays hold the results once it is done)::
+        with ``async_op=True`` (the arrays hold the results once it is done; with arrays
+        of several element types the first type's all-reduce ends before the call
+        returns, so that ranks that disagree on the types fail there, every later call
+        pairing rightly)::
 
             grads = [np.ones(1000, np.float32) for _ in range(100)]
             comm.all_reduce_coalesced(grads)       # one all_reduce of 100,000 floats
