@@ -252,3 +252,59 @@ def test_plan_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--params", "1e9", "--ranks", "8", "--strategy", "tp=2",
                  "--bandwidth", "10GB/s"]) == 2
     assert "give --layers" in capsys.readouterr().err
+
+
+# --- checks on the inputs and the review's findings ---------------------------------------------
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--compute-ms", "nan"], "compute time must be a finite number > 0, got nan"),
+    (["--compute-ms", "inf"], "compute time must be a finite number > 0, got inf"),
+    (["--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be a finite number >= 0"),
+    (["--usd-per-gpu-hour", "inf"], "--usd-per-gpu-hour must be a finite number >= 0"),
+    (["--steps-per-second", "inf"], "--steps-per-second must be a finite number > 0"),
+    (["--layers", "-3"], "--layers must be >= 0, got -3"),
+    (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["--capacity-factor", "nan"], "--capacity-factor must be a finite number > 0"),
+    (["--layers", "4", "--moe-layers", "9"], "--moe-layers 9 exceeds --layers 4"),
+    (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),
+])
+def test_plan_refuses_inputs_that_are_not_numbers_it_can_use(
+        capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:
+    """nan and inf used to pass (every check was 'x <= 0') and come out as bare NaN and
+    Infinity in the JSON; shapes that cannot be were taken."""
+    assert main(["plan", "--params", "7e9", "--ranks", "8", "--link", "nvlink4", *argv]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_gradients_per_rank_count_the_experts_sharded_ep_ways(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With ep=4 a rank holds a quarter of the expert parameters: 1e9 dense + 8e9 / 4
+    experts, fp16, is 6 GB of gradients per rank (it said 18 GB, as if unsharded)."""
+    out = run_json(capsys, ["plan", "--params", "9e9", "--expert-params", "8e9", "--ranks",
+                            "8", "--strategy", "ep=4,ddp", "--link", "nvlink4", "--layers",
+                            "4", "--hidden", "64", "--seq-len", "16", "--micro-batch", "1",
+                            "--json"])
+    assert out["buffer_bytes"] == pytest.approx(2 * (1e9 + 8e9 / 4))
+    sizes = {c["what"]: c["nbytes"] for c in out["communications"]}
+    assert sizes["gradient all-reduce"] + sizes["gradient all-reduce (experts)"] == \
+        pytest.approx(out["buffer_bytes"])
+
+
+def test_the_textbook_divides_a_group_across_nodes_by_the_link_between_them(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """tp=8 inside a DGX node is on NVLink (900 GB/s); the data-parallel group, one GPU
+    per node, and a group with several GPUs on each of several nodes are limited by the
+    node's NIC (50 GB/s)."""
+    def textbook_seconds(strategy: str, ranks: int) -> dict[str, float]:
+        out = run_json(capsys, ["plan", "--params", "8e9", "--ranks", str(ranks),
+                                "--strategy", strategy, "--link", "dgx_h100", "--layers", "8",
+                                "--hidden", "1024", "--seq-len", "1024", "--micro-batch", "1",
+                                "--json"])
+        return {c["group"]: c["textbook_seconds"] / (c["nbytes"] * c["calls"])
+                for c in out["communications"] if c["collective"] == "all_reduce"}
+    per_byte = textbook_seconds("tp=8,ddp", 16)
+    assert per_byte["tp"] == pytest.approx(2 / 900e9)
+    assert per_byte["dp"] == pytest.approx(2 / 50e9)
+    assert textbook_seconds("tp=2,ddp", 32)["dp"] == pytest.approx(2 / 50e9)  # 4 per node
+    assert textbook_seconds("tp=2,ddp", 8)["dp"] == pytest.approx(2 / 900e9)  # one node

@@ -58,6 +58,71 @@ def test_inapplicable_algorithms_are_listed(capsys: pytest.CaptureFixture[str]) 
     assert all("does not divide" in r["reason"] for r in bad)
 
 
+@pytest.mark.parametrize("argv, msg", [
+    (["--algorithm", "foo"], "unknown algorithm 'foo' for all_reduce; valid: "),
+    (["--param", "grup=2"], "--param grup: none of the algorithms of all_reduce takes it "
+                            "(they take: group, pieces)"),
+    (["--algorithm", "binomial", "--param", "group=2"],
+     "--param group: none of --algorithm's choices takes it"),
+    (["--param", "pieces=0"], "--param pieces: pieces must be >= 1, got 0"),
+    (["--ranks", "100000000"], "100,000,000 ranks: at most 65,536"),   # was a hang
+    (["--gpus-per-node", "2"], "--gpus-per-node is for two levels of links"),
+])
+def test_a_request_that_predicts_nothing_is_refused(
+        capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:
+    """A typo in an algorithm or a parameter used to exit 0 with nothing predicted (or
+    with the parameter ignored)."""
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--link",
+                 "nvlink4", *argv]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_no_applicable_algorithm_exits_1_and_json_is_strict(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "6", "--link",
+                 "nvlink4", "--algorithm", "hierarchical", "--param", "group=4"]) == 1
+    out = capsys.readouterr().out
+    assert "no algorithm applies:" in out and "group=4 does not divide 6 ranks" in out
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "1", "--link",
+                 "nvlink4", "--algorithm", "ring", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out,
+                        parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert row["busbw"] is None and row["seconds"] == 0
+
+
+def test_notes_on_sizes_and_units(capsys: pytest.CaptureFixture[str]) -> None:
+    """A size the collective cannot move in whole elements is said to be rounded; a
+    bandwidth without a unit (bytes/s) gets a hint; a calibrated or default local link
+    is not called 'local: local:'."""
+    assert main(["predict", "all_gather", "--bytes", "1MB", "--ranks", "3", "--link",
+                 "nvlink4", "--no-crossovers"]) == 0
+    assert ("1,000,000 B is not a size all_gather moves in whole float32 elements on 3 "
+            "ranks: predicted at 1,000,008 B") in capsys.readouterr().out
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth",
+                 "25", "--no-crossovers"]) == 0
+    assert "--bandwidth is 25 B/s per direction: a number without a unit is bytes per " \
+        "second" in capsys.readouterr().out
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4",
+                 "--no-crossovers", "--profile", "/nonexistent"]) == 2
+    capsys.readouterr()
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4",
+                 "--no-crossovers"]) == 0
+    assert "local: local:" not in capsys.readouterr().out
+
+
+def test_the_textbook_across_nodes_divides_by_the_link_between_them(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """2S/B with B the inter-node link's figure (the slowest), not NVLink's 900 GB/s."""
+    assert main(["predict", "all_reduce", "--bytes", "1GB", "--link", "dgx_h100", "--nodes",
+                 "2", "--textbook", "--algorithm", "ring", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["textbook"]["textbook_seconds"] == pytest.approx(2 * 1e9 / 50e9)
+    assert main(["predict", "all_reduce", "--bytes", "1GB", "--link", "dgx_h100", "--ranks",
+                 "8", "--textbook", "--algorithm", "ring", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["textbook"]["textbook_seconds"] == pytest.approx(2 * 1e9 / 900e9)
+
+
 def test_two_levels_and_rails(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["predict", "all_reduce", "--bytes", "8GB", "--link", "dgx_a100", "--nodes", "2",
             "--algorithm", "ring", "--json"]

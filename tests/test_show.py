@@ -221,6 +221,20 @@ def test_verify_one_algorithm_with_parameters(capsys: pytest.CaptureFixture[str]
         ["reduce_scatter", "ring", "pieces=2"]]
 
 
+def test_verify_of_nothing_fails_and_says_why_at_every_size(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No size verified is not a success; the sizes skipped for one reason share a line."""
+    code, out, err = run(capsys, "verify", "all_reduce", "--algo", "hierarchical", "--param",
+                         "group=5", "--ranks", "1-4")
+    assert code == 1 and "nothing was verified" in err
+    assert out.splitlines()[-1] == ("n/a: all_reduce/hierarchical at N=1-4: hierarchical "
+                                    "all_reduce: group=5 does not divide N ranks into equal "
+                                    "groups")
+    code, out, _ = run(capsys, "verify", "all_reduce", "--algo", "hierarchical", "--param",
+                       "group=5", "--ranks", "1-12")
+    assert code == 0 and out.count("n/a:") == 1 and "at N=1-4,6-9,11-12: " in out
+
+
 def test_verify_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "verify", "all", "--algo", "nope")
     assert code == 2 and "no collective has an algorithm 'nope'" in err
@@ -228,6 +242,15 @@ def test_verify_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 2 and "unknown algorithm 'ring' for broadcast" in err
     code, _, err = run(capsys, "verify", "scatter", "--param", "group=2")
     assert code == 2 and "no selected algorithm takes parameter(s) ['group']" in err
+    for argv, msg in ((["all_reduce", "--algo", "ring", "--pieces", "0"],
+                       "--pieces: pieces must be >= 1, got 0"),
+                      (["all_reduce", "--param", "group=-1"],
+                       "--param group: group must be >= 0, got -1"),
+                      (["broadcast", "--root", "9", "--ranks", "1-4"],
+                       "--root 9 is out of range at every size given"),
+                      (["all_reduce", "--ranks", "1-100000000"], "at most 65,536 ranks")):
+        code, out, err = run(capsys, "verify", *argv)
+        assert code == 2 and msg in err and out == "", (argv, err)
     assert parse_ranks("1-3,8,2") == [1, 2, 3, 8]
     for bad in ("0-4", "5-2", "x", "1-"):
         with pytest.raises(ArgumentError, match=r"--ranks"):

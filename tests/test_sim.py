@@ -93,6 +93,25 @@ def test_without_contention_the_simulator_agrees_with_the_model(collective: str,
             assert r.seconds == pytest.approx(p.seconds, rel=0.02), (profile.name, n, nbytes)
 
 
+@pytest.mark.parametrize(("collective", "name", "n", "profile", "low"), [
+    ("scan", "recursive_doubling", 5, Profile(Link.from_bandwidth(10e9, 5e-6, 1 / 5e9)), 0.72),
+    ("exscan", "recursive_doubling", 5, Profile(Link.from_bandwidth(10e9, 5e-6, 1 / 5e9)),
+     0.80),
+    ("all_reduce", "double_binary_tree", 12, None, 0.86),
+])
+def test_where_the_simulator_is_faster_than_the_model_as_the_readme_says(
+        collective: str, name: str, n: int, profile: Profile | None, low: float) -> None:
+    """The README's list of where the model's per-round maximum is pessimistic: the
+    simulator is never slower than the model, and faster by no more than it says."""
+    prof = profile or TWO
+    topo = Topology.from_profile(prof)
+    for nbytes in (1 << 16, 1 << 26):
+        r = simulate(collective, name, n, nbytes, topo)
+        p = predict(collective, name, n, nbytes, prof, pieces=r.params.get("pieces"),
+                    params=r.params)
+        assert low * p.seconds <= r.seconds <= 1.02 * p.seconds, (nbytes, r.seconds / p.seconds)
+
+
 def test_a_chain_across_nodes_is_faster_than_the_models_per_round_maximum() -> None:
     # the model charges every round its slowest hop; a pipelined chain pays the slow
     # (inter-node) hops only where the chain crosses nodes
@@ -254,11 +273,46 @@ def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None
     assert "binomial" in p.stdout and "direct" in p.stdout and "too many" in p.stdout
 
 
-def test_cli_errors_name_the_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, msg in ((["--straggler", "7"], "RANK:DELAY"), (["--jitter", "normal:1"],
-                                                             "lognormal:SIGMA")):
-        assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8", *argv]) == 2
-        assert msg in capsys.readouterr().err
+@pytest.mark.parametrize("argv, msg", [
+    (["--straggler", "7"], "RANK:DELAY"),
+    (["--jitter", "normal:1"], "lognormal:SIGMA"),
+    (["--jitter", "lognormal:1e6"], "SIGMA from 0 to 10"),   # was an OverflowError
+    (["--seed", "-1"], "--seed must be >= 0"),                # was numpy's ValueError
+    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: No such file"),
+    (["--root", "8"], "--root 8 is out of range for 8 ranks"),
+    (["--bytes", "0"], "--bytes must be at least 1 byte"),
+    (["--algorithm", "rign"], "unknown algorithm 'rign' for all_reduce; valid: "),
+    (["--param", "pices=2"], "--param pices: none of the algorithms of all_reduce takes it"),
+    (["--algorithm", "binomial", "--param", "pieces=2"],
+     "--param pieces: none of --algorithm's choices takes it"),
+    (["--ranks", "65537"], "65,537 ranks: at most 65,536"),
+    (["--gpus-per-node", "4"], "--gpus-per-node is for two levels of links"),
+])
+def test_cli_errors_name_the_bad_value(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                       msg: str) -> None:
+    """A bad option is a one-line error and exit code 2, before any work, never a
+    traceback; the last --bytes and --ranks given win."""
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8",
+                     "--bandwidth", "10GB/s", *argv]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_json_is_strict_and_nothing_simulated_is_a_failure(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """One rank moves nothing: its bandwidth is null in --json (Python's Infinity is not
+    JSON); an algorithm that applies nowhere exits 1, not 0."""
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "1",
+                     "--bandwidth", "10GB/s", "--algorithm", "ring", "--json"]) == 0
+    text = capsys.readouterr().out
+    (row,) = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert row["busbw"] is None and row["seconds"] == 0
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "5000",
+                     "--bandwidth", "10GB/s", "--algorithm", "direct"]) == 1
+    assert "not simulated: 24,995,000 messages a round" in capsys.readouterr().out
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "6",
+                     "--bandwidth", "10GB/s", "--algorithm", "hierarchical", "--param",
+                     "group=4"]) == 2
+    assert "group=4 does not divide 6 ranks" in capsys.readouterr().err
 
 
 def test_noise_is_a_folded_lognormal_from_16_bits_a_message() -> None:

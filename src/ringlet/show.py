@@ -23,6 +23,7 @@ reduction over ranks 0 and 3, and upper case marks a chunk that is complete.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import textwrap
@@ -31,7 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import algorithms, build, entry
+from .algorithms import MAX_RANKS as MOST_RANKS
+from .algorithms import algorithms, build, entry, parse_params
 from .errors import ArgumentError, VerificationError
 from .progress import Progress
 from .schedule import COLLECTIVES, REDUCING, ROOTED, UNIT, Buf, Kind, Ref, Schedule, Step
@@ -763,26 +765,6 @@ def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEM
 # --- ringlet show --------------------------------------------------------------------
 
 
-def parse_params(items: Sequence[str] | None, pieces: int | None = None) -> dict[str, int]:
-    """``--param NAME=INT`` options (and ``--pieces K``) as a dict."""
-    out: dict[str, int] = {}
-    for item in items or []:
-        name, eq, value = item.partition("=")
-        try:
-            if not eq or not name.strip():
-                raise ValueError
-            out[name.strip()] = int(value)
-        except ValueError:
-            raise ArgumentError(
-                f"--param {item!r}: write NAME=INTEGER, e.g. --param group=2") from None
-    if pieces is not None:
-        if out.get("pieces", pieces) != pieces:
-            raise ArgumentError(
-                f"--pieces {pieces} and --param pieces={out['pieces']} disagree; give one")
-        out["pieces"] = pieces
-    return out
-
-
 def _collective(name: str) -> str:
     if name not in COLLECTIVES:
         raise ArgumentError(
@@ -892,6 +874,9 @@ def parse_ranks(text: str) -> list[int]:
         if a < 1 or b < a:
             raise ArgumentError(
                 f"--ranks {text!r}: {part.strip()!r} is not a range of sizes >= 1")
+        if b > MOST_RANKS:
+            raise ArgumentError(f"--ranks {text!r}: at most {MOST_RANKS:,} ranks (the "
+                                f"schedules are built rank by rank)")
         out.update(range(a, b + 1))
     return sorted(out)
 
@@ -985,6 +970,9 @@ def main_verify(args: argparse.Namespace) -> int:
             raise ArgumentError(f"--root {args.root!r}: give a rank or all") from None
         if root < 0:
             raise ArgumentError(f"--root {root}: a rank is >= 0")
+        if root >= sizes[-1]:
+            raise ArgumentError(f"--root {root} is out of range at every size given (the "
+                                f"largest is {sizes[-1]} ranks: 0..{sizes[-1] - 1})")
     params = parse_params(args.param, args.pieces)
 
     cases: list[tuple[str, str, dict[str, int]]] = []
@@ -1033,12 +1021,34 @@ def main_verify(args: argparse.Namespace) -> int:
     print(f"{len(outcomes)} algorithm{'s' * (len(outcomes) != 1)}, {total} world sizes "
           f"verified{roots}, {len(failed)} failed, in {time.perf_counter() - t0:.2f} s")
     for o in outcomes:
-        if o.skipped:
-            first = next(iter(o.skipped.values()))
-            print(f"n/a: {o.collective}/{o.algorithm} at N={_sizes_text(list(o.skipped))}: "
-                  f"{first}")
+        by_reason: dict[str, list[int]] = {}
+        for n, why in o.skipped.items():   # one line per reason, its sizes
+            by_reason.setdefault(_general(why.split("; ")[0], n), []).append(n)
+        reasons = list(by_reason.items())
+        for why, ns in reasons[:NA_LINES]:
+            print(f"n/a: {o.collective}/{o.algorithm} at N={_sizes_text(ns)}: {why}")
+        if len(reasons) > NA_LINES:
+            rest = sorted(n for _, ns in reasons[NA_LINES:] for n in ns)
+            print(f"n/a: {o.collective}/{o.algorithm} at N={_sizes_text(rest)}: "
+                  f"{len(reasons) - NA_LINES} more reason"
+                  f"{'s' * (len(reasons) - NA_LINES != 1)} (ringlet verify at one of them "
+                  f"says why)")
     for o in failed:
         print(f"FAILED {o.collective}/{o.algorithm} at N={o.failed_at}: {o.failed}",
               file=sys.stderr)
+    if not total and not failed:
+        print("nothing was verified: no algorithm applies at the sizes given (n/a above)",
+              file=sys.stderr)
+        return 1
     return 1 if failed else 0
+
+
+#: Lines of reasons ``ringlet verify`` prints per algorithm for the sizes it skipped.
+NA_LINES = 3
+
+
+def _general(reason: str, n: int) -> str:
+    """A reason an algorithm does not apply at ``n`` ranks (its first clause), with its
+    number of ranks written as N, so that sizes skipped for the same reason share a line."""
+    return re.sub(rf"\b{n} ranks\b", "N ranks", reason)
 

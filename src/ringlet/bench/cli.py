@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import shlex
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import ArgumentError, RingletError
+from ..jsonout import dumps
 from ..ops import DTYPES, ReduceOp, check_op
 from ..progress import Progress
 from .core import (
@@ -282,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(table(res))
     sys.stdout.flush()
     if args.json:
-        Path(args.json).write_text(json.dumps(to_json(res, sys.argv), indent=1) + "\n")
+        Path(args.json).write_text(dumps(to_json(res, sys.argv), indent=1) + "\n")
     if args.plot:
         write_plot(res, args.plot)
     return 1 if res.failed() else 0

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..jsonout import finite
 from .core import COLLECTIVES, FORM_NAMES, IN, OUT, Job, Row, Timing, algbw
 from .peers import PeerRun
 
@@ -269,15 +270,15 @@ def to_json(res: Result, argv: Sequence[str]) -> dict[str, Any]:
         for f in (OUT, IN):
             t = row.forms.get(f)
             d[FORM_NAMES[f]] = None if t is None else {
-                **asdict(t), "algbw": _finite(algbw(row.size, t.time_us)),
-                "busbw": _finite(busbw(job, row.size, t.time_us))}
+                **asdict(t), "algbw": finite(algbw(row.size, t.time_us)),
+                "busbw": finite(busbw(job, row.size, t.time_us))}
         for p in res.peers:
             pt = res.peer_timing(p, row.size)
             d[p.name] = None if pt is None else {
                 **asdict(pt), "form": FORM_NAMES.get(p.form, p.form),
-                "algbw": _finite(algbw(row.size, pt.time_us)),
-                "busbw": _finite(busbw(job, row.size, pt.time_us)),
-                "ratio": _finite(ratio(pt, row.forms.get(p.form)))}
+                "algbw": finite(algbw(row.size, pt.time_us)),
+                "busbw": finite(busbw(job, row.size, pt.time_us)),
+                "ratio": finite(ratio(pt, row.forms.get(p.form)))}
         rows.append(d)
     return {
         "command": res.command,
@@ -292,10 +293,6 @@ def to_json(res: Result, argv: Sequence[str]) -> dict[str, Any]:
         "rows": rows,
         "wrong": res.total_wrong() if job.check else None,
     }
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # --- plot --------------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..algorithms import UNEVEN
+from ..algorithms import MAX_RANKS, UNEVEN, parse_params
 from ..config import Settings
 from ..errors import ArgumentError
+from ..jsonout import dumps
 from ..ops import DType
 from ..rails import SCHEDULES as RAIL_SCHEDULES
 from ..schedule import COLLECTIVES, UNIT
@@ -130,6 +131,14 @@ def _custom_link(text: str, what: str, gamma: float) -> tuple[Link, float, str]:
     return Link.from_bandwidth(bw, lat, gamma, f"given: {label}"), bw, label
 
 
+def _slow(bw: float, what: str) -> list[str]:
+    """A hint when a given bandwidth is so slow it is probably a unit left out."""
+    if bw >= 1e6:
+        return []
+    return [f"{what} is {format_bandwidth(bw)} per direction: a number without a unit is "
+            f"bytes per second (write e.g. 25GB/s or 100Gb/s)"]
+
+
 def _level(text: str, what: str, gamma: float, efficiency: bool
            ) -> tuple[Link, float, str, LinkSpec | None]:
     """A preset name or BW[,LATENCY] -> (link, textbook bandwidth, description, spec)."""
@@ -192,6 +201,7 @@ def _resolve_links(args: argparse.Namespace) -> Links:
                 f"is per direction, so use --link {spec.name} if that is your link")
         if not args.latency:
             hints.append("no --latency given: alpha = 0")
+        hints += _slow(bw, "--bandwidth")
         return _with_nodes(args, Links(Profile(link, name="given"), [f"link: {label}"], bw, 0.0,
                                        bw, hints=tuple(hints)))
     if args.intra or args.inter:
@@ -203,7 +213,8 @@ def _resolve_links(args: argparse.Namespace) -> Links:
         lo, bo, do, _ = _level(args.inter, "--inter", gamma_s, eff)
         prof = Profile(li, lo, args.gpus_per_node, "given")
         return _with_nodes(args, Links(prof, [f"inside a node: {di}", f"between nodes: {do}"],
-                                       bi, bo, None))
+                                       bi, bo, None,
+                                       hints=(*_slow(bi, "--intra"), *_slow(bo, "--inter"))))
     name = (args.link or "local").strip().lower().replace("-", "_")
     if name in NODES:
         shape = NODES[name]
@@ -219,7 +230,8 @@ def _resolve_links(args: argparse.Namespace) -> Links:
         # an explicit --profile must exist; the setting's path falls back to the default link
         prof = Profile.load(args.profile) if args.profile else \
             local_profile(Settings.from_env().profile)
-        where = f"local: {prof.name or 'profile'}: {prof.source}"
+        named = f"{prof.name}: " if prof.name and prof.name != "local" else ""
+        where = f"local: {named}{prof.source}"
         line = prof.intra.bandwidth if prof.inter is None else None
         return _with_nodes(args, Links(prof, [where], prof.intra.bandwidth,
                                        prof.inter.bandwidth if prof.inter else 0.0, line))
@@ -242,11 +254,16 @@ def _with_nodes(args: argparse.Namespace, links: Links) -> Links:
             "--inter (e.g. --link nvlink4 --inter ib_ndr --gpus-per-node 8)")
     if args.rails and links.profile.inter is None:
         raise ArgumentError("--rails needs two levels of links (a node shape or --intra/--inter)")
+    if args.gpus_per_node is not None and links.profile.inter is None:
+        raise ArgumentError(
+            "--gpus-per-node is for two levels of links (a node shape such as dgx_h100, or "
+            "--intra/--inter); one level of links has no nodes: give --ranks")
     return links
 
 
-def resolve_ranks(args: argparse.Namespace, links: Links) -> int:
-    """--ranks, or --nodes x gpus per node; they must agree when both are given."""
+def resolve_ranks(args: argparse.Namespace, links: Links, limit: int = MAX_RANKS) -> int:
+    """--ranks, or --nodes x gpus per node; they must agree when both are given, and be
+    at most ``limit``."""
     g = links.profile.gpus_per_node
     from_nodes = args.nodes * g if args.nodes and g else None
     if args.nodes and not g:
@@ -260,21 +277,28 @@ def resolve_ranks(args: argparse.Namespace, links: Links) -> int:
             f"= {from_nodes}")
     if ranks < 1:
         raise ArgumentError(f"--ranks must be >= 1, got {ranks}")
+    if ranks > limit:
+        raise ArgumentError(f"{ranks:,} ranks: at most {limit:,} (the schedules are built "
+                            f"rank by rank)")
     return int(ranks)
 
 
-def _params(items: list[str] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items or []:
-        name, eq, value = item.partition("=")
-        try:
-            if not eq:
-                raise ValueError
-            out[name.strip()] = int(value)
-        except ValueError:
-            raise ArgumentError(
-                f"--param {item!r}: write NAME=INTEGER, e.g. --param group=8") from None
-    return out
+def chosen_algorithms(collective: str, names: list[str] | None,
+                      params: dict[str, int]) -> list[str] | None:
+    """The canonical names of ``--algorithm``'s choices (None: all), in order, once
+    each; an :class:`ArgumentError` for an unknown name or for a ``--param`` that none
+    of the algorithms in play takes (a misspelt one would be ignored silently)."""
+    from ..algorithms import algorithms, entry
+
+    chosen = list(dict.fromkeys(entry(collective, a).name for a in names)) if names else None
+    takes = {k for a in (chosen or algorithms(collective))
+             for k in entry(collective, a).params}
+    unknown = sorted(set(params) - takes)
+    if unknown:
+        which = "--algorithm's choices" if chosen else f"the algorithms of {collective}"
+        raise ArgumentError(f"--param {', '.join(unknown)}: none of {which} takes it "
+                            f"(they take: {', '.join(sorted(takes)) or 'no parameters'})")
+    return chosen
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -446,7 +470,8 @@ def main(args: argparse.Namespace) -> int:
     d = dtype_of(args.dtype)
     if not 0 <= args.root < n:
         raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
-    params = _params(args.param)
+    params = parse_params(args.param)
+    args.algorithm = chosen_algorithms(args.collective, args.algorithm, params)
     paths = Paths.from_settings(Settings.from_env())
     preds = predict_all(args.collective, n, nbytes, links.profile, d, args.root,
                         args.algorithm, params, args.rails, paths)
@@ -470,6 +495,9 @@ def main(args: argparse.Namespace) -> int:
                     key=lambda p: (p.seconds, p.algorithm))   # predict_all's order
         notes.append(f"hierarchical's inter-node phase {format_seconds(rail)} plus its bytes "
                      f"on the inter link, the engine's own all_reduce on a rail (--rail-call)")
+    if ok and ok[0].nbytes != nbytes:
+        notes.append(f"{nbytes:,} B is not a size {args.collective} moves in whole {d.name} "
+                     f"elements on {n} ranks: predicted at {ok[0].nbytes:,} B")
     if notes:
         links = dataclasses.replace(links, description=[*links.description, *notes])
     lo = d.itemsize * (n if any(v == "N" for v in COLLECTIVES[args.collective].values())
@@ -482,6 +510,9 @@ def main(args: argparse.Namespace) -> int:
         cross = crossovers(args.collective, n, links.profile, d, args.root, names_ok, lo, hi,
                            params, args.rails, paths)
         first = cross[0].below if cross else ok[0].algorithm
+    if links.profile.levels_for(n) == 2 and links.inter_textbook_bandwidth:
+        # ranks on several nodes: the textbook divides by the link between them, the slowest
+        links = dataclasses.replace(links, textbook_bandwidth=links.inter_textbook_bandwidth)
     tb_s = (textbook_seconds(args.collective, ok[0].nbytes, links.textbook_bandwidth)
             if ok and args.textbook and links.textbook_bandwidth else None)
     if args.json:
@@ -494,8 +525,8 @@ def main(args: argparse.Namespace) -> int:
                 row["textbook"] = _comparison(p, links, tb_s).to_dict()
             rows.append(row)
         rows += [b.to_dict() for b in bad]
-        print(json.dumps(rows, indent=2))
-        return 0
+        print(dumps(rows))
+        return 0 if ok else 1
     out = sys.stdout
     m = unit_count(args.collective, nbytes, n, d.itemsize)
     size = ok[0].nbytes if ok else nbytes
@@ -548,7 +579,7 @@ def main(args: argparse.Namespace) -> int:
               f"total; uneven counts move the same rounds with other bytes per message "
               f"(the largest block bounds each round)", file=out)
     print(f"\n(answered in {elapsed:.2f} s)", file=out)
-    return 0
+    return 0 if ok else 1
 
 
 def with_call(p: Prediction, call: float) -> Prediction:

@@ -158,6 +158,8 @@ def _round(x: float, digits: int) -> str:
     """``x`` to ``digits`` significant digits, without trailing zeros or exponent."""
     if x == 0:
         return "0"
+    if not math.isfinite(x):
+        return str(x)   # inf, -inf, nan
     decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))
     text = f"{x:.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text

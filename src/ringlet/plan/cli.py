@@ -16,7 +16,6 @@ See :mod:`ringlet.plan.strategies` for the volumes and the overlap model, and
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import textwrap
@@ -32,6 +31,7 @@ from ..cost.units import (
     parse_size,
 )
 from ..errors import ArgumentError
+from ..jsonout import dumps
 from ..progress import callback
 from ..sim.cli import parse_jitter, parse_straggler
 from .step import StepSimulation, simulate_step
@@ -168,9 +168,11 @@ def main(args: argparse.Namespace) -> int:
         out["notes"] = list(links.hints)
         if simulated is not None:
             out["simulated"] = simulated.to_dict()
-        print(json.dumps(out, indent=2, default=_json_default))
+        print(dumps(out, default=_json_default))
         return 0
-    _print(step, links.description, list(links.hints), links.textbook_bandwidth, args.textbook)
+    _print(step, links.description, list(links.hints), links.textbook_bandwidth,
+           links.inter_textbook_bandwidth if links.profile.inter is not None else 0.0,
+           args.textbook)
     if simulated is not None:
         _print_simulated(simulated)
     return 0
@@ -212,7 +214,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.3g}%"
 
 
-def _print(step: StepPlan, link: list[str], notes: list[str], tb_bw: float,
+def _print(step: StepPlan, link: list[str], notes: list[str], tb_bw: float, tb_inter: float,
            textbook: bool) -> None:
     out = sys.stdout
     m, p = step.model, step.parallelism
@@ -222,7 +224,9 @@ def _print(step: StepPlan, link: list[str], notes: list[str], tb_bw: float,
     for line in link:
         print(f"  {line}", file=out)
     if textbook:
-        print(f"  textbook: volume x S / {format_bandwidth(tb_bw)}, no latency "
+        over = (f"{format_bandwidth(tb_bw)} inside a node, {format_bandwidth(tb_inter)} for a "
+                f"group that spans nodes" if tb_inter else format_bandwidth(tb_bw))
+        print(f"  textbook: volume x S / {over}, no latency "
               f"(all-reduce 2S, reduce-scatter and all-gather S)", file=out)
     for n in notes:
         print(f"  note: {n}", file=out)

@@ -199,6 +199,27 @@ class ModelShape:
     moe_layers: int = 0          # 0: every layer
     expert_params: float = 0.0
 
+    def __post_init__(self) -> None:
+        def bad(flag: str, value: object, rule: str) -> ArgumentError:
+            return ArgumentError(f"--{flag} must be {rule}, got {value}")
+
+        if not (math.isfinite(self.params) and self.params > 0):
+            raise bad("params", f"{self.params:g}", "a finite number > 0")
+        for name in ("layers", "hidden", "seq_len", "micro_batch", "moe_layers"):
+            if getattr(self, name) < 0:
+                raise bad(name.replace("_", "-"), getattr(self, name), ">= 0")
+        if self.microbatches < 1:
+            raise bad("microbatches", self.microbatches, ">= 1")
+        if self.top_k < 1:
+            raise bad("top-k", self.top_k, ">= 1")
+        if not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
+            raise bad("capacity-factor", self.capacity_factor, "a finite number > 0")
+        if not (math.isfinite(self.expert_params) and self.expert_params >= 0):
+            raise bad("expert-params", f"{self.expert_params:g}", "a finite number >= 0")
+        if self.moe_layers > self.layers:
+            raise ArgumentError(f"--moe-layers {self.moe_layers} exceeds --layers "
+                                f"{self.layers}")
+
     @property
     def itemsize(self) -> int:
         return dtype_of(self.dtype).itemsize
@@ -234,8 +255,6 @@ def _need(model: ModelShape, strategy: str, *names: str) -> None:
 
 def communications(par: Parallelism, model: ModelShape) -> list[Comm]:
     """The step's communication for ``par`` and ``model`` (see the module docs)."""
-    if model.params <= 0:
-        raise ArgumentError(f"--params must be > 0, got {model.params:g}")
     b = model.itemsize
     out: list[Comm] = []
     shard = par.tp * par.pp
@@ -358,9 +377,7 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
     # pipeline messages are single sends: a two-rank naive broadcast is exactly one message.
     coll = "broadcast" if comm.collective == "send" else comm.collective
     n = 2 if comm.collective == "send" else comm.group_size
-    text_bw = how.textbook_bandwidth
-    if gp.inter is None and gp.name.endswith("(across nodes)") and how.inter_textbook_bandwidth:
-        text_bw = how.inter_textbook_bandwidth
+    text_bw = textbook_bandwidth(gp, how)
     tb_bytes = textbook_bytes(coll, comm.nbytes) * comm.calls
     tb_seconds = tb_bytes / text_bw if text_bw > 0 else math.nan
     if how.textbook:
@@ -394,6 +411,15 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
         algo = algo or ("send" if comm.collective == "send" else p.algorithm)
     return CommCost(comm, sent, secs, buckets, algo, crit, a, bt, g, rounds, tb_bytes, tb_seconds,
                     o)
+
+
+def textbook_bandwidth(gp: Profile, how: Costing) -> float:
+    """The figure the textbook divides a group's volume by: the inter link's when the
+    group (on links ``gp``, :func:`group_profile`) spans nodes (its slowest link, where
+    the seed's back-of-the-envelope math puts the time), else the link inside a node."""
+    spans = gp.inter is not None or gp.name.endswith("(across nodes)")
+    return how.inter_textbook_bandwidth if spans and how.inter_textbook_bandwidth \
+        else how.textbook_bandwidth
 
 
 def _predict_one(collective: str, n: int, nbytes: int, profile: Profile, dtype: str,
@@ -437,9 +463,11 @@ class StepPlan:
 
     @property
     def buffer_bytes(self) -> float:
-        """Gradient bytes per rank: the parameters this rank holds x dtype size."""
-        p = self.parallelism
-        return self.model.params / (p.tp * p.pp) * self.model.itemsize
+        """Gradient bytes per rank: the parameters this rank holds x dtype size (the
+        dense ones split tp x pp ways, the experts' with ep > 1 also ep ways)."""
+        p, m = self.parallelism, self.model
+        expert = m.expert_params if p.ep > 1 else 0.0
+        return ((m.params - expert) + expert / p.ep) / (p.tp * p.pp) * m.itemsize
 
     @property
     def bytes_per_rank(self) -> float:
@@ -552,12 +580,13 @@ def plan(par: Parallelism, model: ModelShape, how: Costing, *,
     explanation of how the model differs from the textbook."""
     if not 0 < backward_fraction < 1:
         raise ArgumentError(f"backward fraction must be in (0, 1), got {backward_fraction}")
-    if compute_seconds is not None and compute_seconds <= 0:
-        raise ArgumentError(f"compute time must be > 0, got {compute_seconds}")
-    if usd_per_gpu_hour is not None and usd_per_gpu_hour < 0:
-        raise ArgumentError(f"--usd-per-gpu-hour must be >= 0, got {usd_per_gpu_hour}")
-    if steps_per_second is not None and steps_per_second <= 0:
-        raise ArgumentError(f"--steps-per-second must be > 0, got {steps_per_second}")
+    for value, what, zero in ((compute_seconds, "compute time", False),
+                              (usd_per_gpu_hour, "--usd-per-gpu-hour", True),
+                              (steps_per_second, "--steps-per-second", False)):
+        if value is not None and not (math.isfinite(value) and (value >= 0 if zero
+                                                                  else value > 0)):
+            raise ArgumentError(f"{what} must be a finite number {'>=' if zero else '>'} 0, "
+                                f"got {value}")
     costs = tuple(_cost(c, model, how) for c in communications(par, model))
     explanation: list[str] = []
     if not how.textbook and costs:

@@ -19,18 +19,24 @@ import argparse
 import json
 import math
 import textwrap
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from ..algorithms import algorithms as registered_algorithms
-from ..algorithms import canonical
+from ..algorithms import parse_params
 from ..config import Settings
-from ..cost.cli import _params, add_link_options, resolve_links, resolve_ranks
+from ..cost.cli import (
+    add_link_options,
+    chosen_algorithms,
+    resolve_links,
+    resolve_ranks,
+)
 from ..cost.host import Paths
 from ..cost.model import Profile, bus_factor, predict
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_size, parse_time
 from ..errors import ArgumentError
+from ..jsonout import dumps
 from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
 from . import simulate
@@ -41,6 +47,9 @@ from .topology import Topology
 #: messages a round, which the simulator holds in memory; skipped above this many.
 ALL_PAIRS = frozenset({"naive", "direct", "oneshot"})
 ALL_PAIRS_LIMIT = 1 << 24
+#: The largest --jitter sigma: exp(10 |Z|) is already 10^26 at six standard deviations;
+#: much more and a message's time overflows to infinity.
+MAX_SIGMA = 10.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -128,12 +137,22 @@ def parse_jitter(text: str | None) -> float:
         if kind.strip().lower() != "lognormal" or not colon:
             raise ValueError
         v = float(sigma)
-        if not (math.isfinite(v) and v >= 0):
+        if not (math.isfinite(v) and 0 <= v <= MAX_SIGMA):
             raise ValueError
     except ValueError:
-        raise ArgumentError(f"--jitter {text!r}: write lognormal:SIGMA with SIGMA >= 0, "
-                            f"e.g. lognormal:0.2") from None
+        raise ArgumentError(f"--jitter {text!r}: write lognormal:SIGMA with SIGMA from 0 to "
+                            f"{MAX_SIGMA:g}, e.g. lognormal:0.2") from None
     return v
+
+
+def _trace_file(path: str | None) -> IO[str] | None:
+    """``--trace``'s file, opened for writing (an ArgumentError if it cannot be)."""
+    if not path:
+        return None
+    try:
+        return open(path, "w")   # noqa: SIM115 - closed once the trace is written
+    except OSError as exc:
+        raise ArgumentError(f"--trace {path}: {exc.strerror}") from None
 
 
 def trace_events(results: list[tuple[Result, list[Any]]]) -> dict[str, Any]:
@@ -158,6 +177,12 @@ def main(args: argparse.Namespace) -> int:
     n = resolve_ranks(args, links)
     profile: Profile = links.profile
     nbytes = parse_size(args.nbytes, "--bytes")
+    if nbytes < 1:
+        raise ArgumentError("--bytes must be at least 1 byte")
+    if not 0 <= args.root < n:
+        raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
+    if args.seed < 0:
+        raise ArgumentError(f"--seed must be >= 0, got {args.seed}")
     if args.rails and profile.inter is None:
         raise ArgumentError("--rails needs two levels of links (a node shape or --intra/--inter)")
     topo = Topology.from_profile(
@@ -169,10 +194,11 @@ def main(args: argparse.Namespace) -> int:
         rank, delay = parse_straggler(text)
         stragglers[rank] = stragglers.get(rank, 0.0) + delay
     jitter = parse_jitter(args.jitter)
-    params = _params(args.param)
+    params = parse_params(args.param)
+    chosen = chosen_algorithms(args.collective, args.algorithm, params)
+    trace = _trace_file(args.trace)   # before the work: a path that cannot be written fails now
     paths = Paths.from_settings(Settings.from_env())   # as ringlet predict takes them
-    names = [canonical(args.collective, a) for a in args.algorithm] if args.algorithm else \
-        [a for a in registered_algorithms(args.collective) if a != "naive"]
+    names = chosen or [a for a in registered_algorithms(args.collective) if a != "naive"]
     out: list[dict[str, Any]] = []
     traced: list[tuple[Result, list[Any]]] = []
     for name in names:
@@ -195,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
         d = res.to_dict()
         # nccl-tests' bus bandwidth of the simulated time, as ringlet predict reports it
         d["busbw"] = nbytes / res.seconds * bus_factor(args.collective, n) if res.seconds \
-            else float("inf")
+            else float("inf")   # --json: null
         if args.compare:
             pieces = res.params.get("pieces")
             p = predict(args.collective, name, n, nbytes, profile, args.dtype, args.root,
@@ -207,12 +233,12 @@ def main(args: argparse.Namespace) -> int:
             traced.append((res, rec))
     ok = sorted((d for d in out if "seconds" in d), key=lambda d: (d["seconds"], d["algorithm"]))
     bad = [d for d in out if "seconds" not in d]
-    if args.trace:
-        with open(args.trace, "w") as fh:
-            json.dump(trace_events(traced), fh)
+    if trace is not None:
+        with trace:
+            json.dump(trace_events(traced), trace)
     if args.json:
-        print(json.dumps([*ok, *bad], indent=1))
-        return 0
+        print(dumps([*ok, *bad], indent=1))
+        return 0 if ok else 1
     channels = (f"; as NCCL runs its rings: {profile.gpus_per_node} rail channels, each on "
                 f"1/{profile.gpus_per_node} of the data (--rails)") if args.rails else ""
     print(f"simulate {args.collective} of {format_bytes(nbytes)} on {n} ranks: "
@@ -227,11 +253,12 @@ def main(args: argparse.Namespace) -> int:
         extra.append(f"jitter lognormal sigma {jitter:g}, seed {args.seed}")
     if extra:
         print("  " + "; ".join(extra))
-    head = (f"{'algorithm':<20} {'time':>11} {'busbw':>12} {'rounds':>7} {'messages':>13} "
+    w = max([20, *(len(d["algorithm"]) for d in out)])
+    head = (f"{'algorithm':<{w}} {'time':>11} {'busbw':>12} {'rounds':>7} {'messages':>13} "
             f"{'slowest':>8}")
     print(head + (f" {'predict':>11} {'sim/predict':>11}" if args.compare else ""))
     for d in ok:
-        line = (f"{d['algorithm']:<20} {format_seconds(d['seconds']):>11} "
+        line = (f"{d['algorithm']:<{w}} {format_seconds(d['seconds']):>11} "
                 f"{format_bandwidth(d['busbw']):>12} {d['rounds']:>7} "
                 f"{d['messages']:>13,} {d['slowest_rank']:>8}")
         if args.compare:
@@ -240,7 +267,7 @@ def main(args: argparse.Namespace) -> int:
             line += f" {format_seconds(d['predicted_seconds']):>11} {ratio:>11.4f}"
         print(line)
     for d in bad:
-        print(f"{d['algorithm']:<20} not simulated: {d['reason']}")
+        print(f"{d['algorithm']:<{w}} not simulated: {d['reason']}")
     if args.trace:
         print(f"trace: {args.trace} (chrome://tracing or ui.perfetto.dev)")
-    return 0
+    return 0 if ok else 1
