@@ -106,3 +106,30 @@ def test_registered_on_import() -> None:
     assert "ringlet" in dist.Backend.backend_list
     assert dist.Backend("ringlet") == "ringlet"
     assert rt.BACKEND == "ringlet"
+
+
+@pytest.mark.parametrize(("env", "given", "expected"), [
+    ({"RINGLET_TIMEOUT": "7"}, None, 7.0),       # no timeout=: the job's RINGLET_TIMEOUT
+    ({"RINGLET_TIMEOUT": "7"}, 12.0, 12.0),      # timeout= wins
+    ({}, None, 1800.0),                          # neither: torch's default, 30 min
+])
+def test_the_groups_deadline(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                             given: float | None, expected: float) -> None:
+    """init_process_group's timeout= is every wait's deadline; without it a
+    RINGLET_TIMEOUT the job sets (torch passes its 30-minute default, which used to win)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    import ringlet.torch as rt
+
+    monkeypatch.delenv("RINGLET_TIMEOUT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    timeout = default_pg_timeout if given is None else timedelta(seconds=given)
+    pg = rt._create(dist.HashStore(), 0, 1, timeout)
+    try:
+        assert pg.comm.settings.timeout == expected
+    finally:
+        pg.comm.close()

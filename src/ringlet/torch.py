@@ -13,7 +13,8 @@ Each process group (the default one and every ``new_group``) builds a
 :class:`ringlet.Communicator` on the store torch gives it
 (:func:`ringlet.startup.init_on_store`): shared memory among the group's ranks
 on a node, torch.distributed's gloo between nodes.  The group's ``timeout``
-(``init_process_group(timeout=...)``) is ringlet's deadline for every wait.
+(``init_process_group(timeout=...)``) is ringlet's deadline for every wait;
+without one, ``RINGLET_TIMEOUT`` if the job sets it, else torch's default (30 min).
 
 Operations map onto the communicator's calls with torch's semantics:
 ``all_reduce`` (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG), ``broadcast``,
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -427,11 +429,16 @@ def communicator(group: Any = None) -> Communicator:
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupRinglet:
     """torch's constructor of the backend (see ``Backend.register_backend``)."""
+    from torch.distributed.constants import default_pg_timeout
+
     from .startup import init_on_store
 
     settings = Settings.from_env()
     secs = timeout.total_seconds() if timeout is not None else 0.0
-    if secs > 0:
+    # torch gives its default (30 min) when init_process_group has no timeout=: then a
+    # RINGLET_TIMEOUT the job sets is what it asked for
+    torch_default = timeout == default_pg_timeout and "RINGLET_TIMEOUT" in os.environ
+    if secs > 0 and not torch_default:
         settings = settings.replace(timeout=secs)
     return ProcessGroupRinglet(init_on_store(store, rank, size, settings=settings))
 
