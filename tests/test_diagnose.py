@@ -230,3 +230,34 @@ def test_a_receive_from_any_rank_with_any_tag_is_named_so_in_the_records() -> No
     rec = record_json([3, (RECV, -1, -1, 0, 64), "", 1000, 0])
     assert rec["what"] == "recv from any rank (any tag)" and rec["peer"] == -1
     assert record_json([4, (SEND, 2, 5, 0, 64), "", 1000, 0])["what"] == "send to rank 2 (tag 5)"
+
+
+def test_a_dump_asked_for_during_a_dump_does_not_write_over_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ringlet run`` asks every live rank for its records (SIGUSR1) when one fails; a
+    rank in the middle of its own failure's dump used to start a second dump into the
+    same temporary file, and the launcher read invalid JSON and blamed that rank."""
+    from types import SimpleNamespace
+
+    from ringlet import recorder
+
+    fake = SimpleNamespace(settings=SimpleNamespace(dump_dir=str(tmp_path)), _world_ranks=[0],
+                           rank=0, size=1, job_id="j", _fr=None, _seq=3,
+                           _broken="rank 0 failed")
+    inner: list[str | None] = []
+
+    def write_with_a_signal_halfway(doc: Any, f: Any, **kw: Any) -> None:
+        text = json.dumps(doc, **kw)
+        f.write(text[:len(text) // 2])
+        if not inner:   # the signal arrives here, once
+            inner.append(recorder.dump("SIGUSR1 (on demand)", comms=[fake]))
+        f.write(text[len(text) // 2:])
+
+    monkeypatch.setattr(recorder, "json", SimpleNamespace(dump=write_with_a_signal_halfway))
+    monkeypatch.setattr(recorder, "_failure_dumped", False)
+    path = recorder.dump("abort: rank 0 failed", comms=[fake])
+    assert inner == [None] and path is not None
+    assert json.loads(Path(path).read_text())["reason"] == "abort: rank 0 failed"
+    assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"]
+    # once failed, a later request is not written either (the failure's dump stays)
+    assert recorder.dump("SIGUSR1 (on demand)", comms=[fake]) is None

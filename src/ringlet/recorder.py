@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import heapq
+import itertools
 import json
 import os
 import signal
@@ -311,16 +312,22 @@ def dump(reason: str, comms: Iterable[Communicator] | None = None,
     process); ``directory``: default the communicators' ``dump_dir`` setting.
     Never raises (a dump runs while something else already went wrong).
     """
+    global _dumping
     on_demand = reason.startswith("SIGUSR1")
-    if on_demand and _failure_dumped:
-        return None   # this process is failing: its dump says why, and it is on its way out
+    if on_demand and (_failure_dumped or _dumping):
+        # this process is failing (its dump says why, and it is on its way out), or the
+        # signal came in the middle of a dump: that one is written, not a second on top
+        return None
     from .transport.base import read_only
 
+    _dumping += 1
     try:
         with read_only():   # it may have interrupted a poll or a post: do neither again
             return _dump(reason, on_demand, comms, directory)
     except Exception:  # noqa: BLE001 - see the docstring
         return None
+    finally:
+        _dumping -= 1
 
 
 def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
@@ -347,9 +354,14 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
            "waits": waits, "comms": [comm_json(c) for c in cs]}
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"rank-{world}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # a file of its own: two dumps at once (a failure on the worker thread, SIGUSR1 on the
+    # main one) must not write into one file
+    tmp = f"{path}.{os.getpid()}.{next(_tmp_ids)}.tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
+    if on_demand and _failure_dumped:   # a failure's dump was written meanwhile: it stays
+        os.unlink(tmp)
+        return None
     os.replace(tmp, path)
     _failure_dumped = _failure_dumped or not on_demand
     return path
@@ -357,6 +369,8 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
 
 _installed = False
 _failure_dumped = False
+_dumping = 0                     # dumps in progress in this process
+_tmp_ids = itertools.count()     # their temporary files' numbers
 
 
 def install_signal(comm: Communicator) -> None:
