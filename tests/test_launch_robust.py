@@ -171,6 +171,73 @@ def test_kill_9_of_ringlet_run_takes_the_ranks_and_their_files(tmp_path: Path, d
     _assert_no_files(job)
 
 
+#: each rank starts a process of its own (a data loader's worker, say) and prints its pid
+_PARENT_RANK = textwrap.dedent("""
+    import os, subprocess, sys, time
+    import numpy as np, ringlet
+    comm = ringlet.init()
+    child = subprocess.Popen(["sleep", "300"])
+    print("pid", child.pid, "job", comm.job_id, flush=True)
+    comm.all_reduce(np.ones(2))
+    print("ready", flush=True)
+    if sys.argv[1] != "end":
+        time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("how", ["end", "SIGTERM", "SIGKILL"])
+def test_the_processes_a_rank_started_end_with_the_job(tmp_path: Path, how: str) -> None:
+    """They are in the rank's process group: the launcher forwards signals to the group
+    and kills what is left of it at the end; its watchdog kills the group if the
+    launcher is SIGKILLed (the kernel's parent-death signal had already killed the rank,
+    and the watchdog, finding the rank gone, used to leave its group alone)."""
+    script = tmp_path / "parent_rank.py"
+    script.write_text(_PARENT_RANK)
+    proc = _run(script, how, n=2)
+    out = _Output(proc)
+    pids, job = _pids_and_job(out.wait_for("ready", 2, timeout=30))
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    if how != "end":
+        proc.send_signal(getattr(signal, how))
+    proc.wait(15)
+    _assert_gone(pids, within=3.0)
+    _assert_no_files(job)
+
+
+_CHECKPOINTER = textwrap.dedent("""
+    import signal, sys, time
+    import ringlet
+    comm = ringlet.init()
+
+    def save(signum, frame):
+        print("saving a checkpoint", flush=True)
+        time.sleep(0.5)
+        print("checkpoint saved", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, save)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_signal_sent_twice_at_once_is_one_signal(tmp_path: Path) -> None:
+    """timeout(1) sends its SIGTERM to the launcher and again to its own process group:
+    that used to count as a second Ctrl-C, which SIGKILLs the ranks without their
+    grace period, so no rank finished saving its checkpoint."""
+    script = tmp_path / "checkpointer.py"
+    script.write_text(_CHECKPOINTER)
+    proc = subprocess.Popen(["timeout", "-s", "TERM", "8", sys.executable, "-m", "ringlet.cli",
+                             "run", "-n", "3", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_ENV)
+    try:
+        text = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert text.count("checkpoint saved") == 3, text
+    assert "SIGKILL" not in text, text
+
+
 #: each rank leaves a file in the job's name (as a rank killed in start-up leaves its
 #: segment), then waits; rank 1 sleeps before ringlet.init, so the others wait inside it
 _LITTERER = textwrap.dedent("""

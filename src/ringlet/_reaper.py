@@ -38,9 +38,14 @@ def _start_time(pid: int) -> str | None:
 
 
 def _kill(pid: int, group: bool, started: str | None) -> None:
-    if started is None or _start_time(pid) != started:
-        return  # gone, or the pid now belongs to another process
+    now = _start_time(pid)
+    if started is None or (now is not None and now != started):
+        return  # the pid now belongs to another process (and so would a group of its number)
+    if now is None and not group:
+        return  # gone
     try:
+        # a group outlives its leader while a member runs: the processes the rank started
+        # (the kernel's PR_SET_PDEATHSIG has usually killed the rank itself already)
         if group:
             os.killpg(pid, signal.SIGKILL)
         else:

@@ -75,6 +75,10 @@ KILL_AFTER = 1.0
 #: Seconds between exit checks of a child that has no pollable sentinel
 #: (``os.pidfd_open`` needs Linux 5.3); other waits block on sentinels.
 _POLL = 0.05
+#: a signal that comes again within this many seconds is the same one sent twice
+#: (``timeout`` sends its child the signal and then its own process group, the child
+#: included): a second Ctrl-C, which kills the ranks, comes later than this
+SAME_SIGNAL_S = 0.5
 #: Seconds the launcher waits for output still buffered in a finished rank's pipes.
 _DRAIN = 2.0
 
@@ -107,6 +111,10 @@ class _Child(abc.ABC):
     def close(self) -> None:
         """Release the handles (after the process has ended)."""
 
+    def kill_group(self) -> None:  # noqa: B027 - only a rank that leads a group has one
+        """SIGKILL what is left of the process group it leads (the processes it started,
+        which outlive it), once it has ended."""
+
 
 class _PopenChild(_Child):
     def __init__(self, rank: int, popen: subprocess.Popen[bytes]) -> None:
@@ -122,7 +130,16 @@ class _PopenChild(_Child):
         return self.popen.poll()
 
     def send_signal(self, sig: int) -> None:
-        self.popen.send_signal(sig)  # a no-op once the process has been reaped
+        """To the rank's process group: the rank and the processes it started (a data
+        loader's workers), as a terminal's Ctrl-C reaches a foreground job."""
+        if self.popen.returncode is None:   # not reaped: the group's number is the rank's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    def kill_group(self) -> None:
+        if self.popen.poll() is not None:   # a group outlives its leader while a member runs
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
         if self.sentinel is not None:
@@ -245,8 +262,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     ``on_ready(conn)``, which returns False once ``conn`` is exhausted.
     ``interrupts`` are the signals the launcher received: the first is
     forwarded to the children (they then get the grace period), a second
-    one kills them.  Waits block on the children's sentinels, the readers
-    and the interrupt pipe, with a deadline: nothing spins.  ``on_failure(live)`` is
+    one (the same signal again within :data:`SAME_SIGNAL_S` is not one) kills
+    them.  Waits block on the children's sentinels, the readers and the
+    interrupt pipe, with a deadline: nothing spins.  ``on_failure(live)`` is
     called once, with the children still running, when the first rank fails or the
     timeout passes (``ringlet run`` asks them for their flight recorders).
 
@@ -266,6 +284,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     kill_at: float | None = None    # when to SIGKILL the ranks SIGTERM did not stop
     event = False                   # a failure, an interrupt or the timeout has happened
     stops: dict[int, tuple[str, int]] = {}  # rank -> what the supervisor last did, the signal
+    first_signal = (0, 0.0)         # the first interrupt and when it came
 
     def signal_all(sig: int, why: str) -> None:
         for c in live.values():
@@ -292,8 +311,11 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         for sig in interrupts.take() if interrupts is not None else ():
             if not out.interrupted:
                 out.interrupted, event = sig, True
+                first_signal = (sig, now)
                 signal_all(sig, f"ended on the forwarded {_signame(sig)}")
                 stop_at = now + grace if stop_at is None else min(stop_at, now + grace)
+            elif first_signal[0] == sig and now - first_signal[1] < SAME_SIGNAL_S:
+                pass   # one signal sent twice (timeout(1) signals its child and its group)
             else:
                 signal_all(signal.SIGKILL, f"{{was}} killed with SIGKILL after a second "
                                            f"{_signame(sig)}")
@@ -479,6 +501,8 @@ def _job(job_id: str) -> Iterator[list[_Child]]:
         _WATCHDOG_FDS.discard(watchdog.fd)
         try:
             _stop(children)
+            for c in children:   # the processes the ranks started, left behind
+                c.kill_group()
         finally:
             for c in children:
                 c.close()
