@@ -37,7 +37,10 @@ Start-up guarantees
   :func:`init`.  Ranks whose settings differ (``RINGLET_SHM_*``, or the
   world size) all fail at once with one :class:`ConfigError` naming every
   difference.  A rank that dies, and the launcher itself exiting (its ranks
-  orphaned), make the others fail at once with a :class:`PeerError`.
+  orphaned), make the others that have reached :func:`init` fail at once with a
+  :class:`PeerError`.  A rank that reaches it after rank 0 failed finds no
+  rendezvous, as if rank 0 had not started yet: its launcher stops it, or the
+  deadline does (the error says rank 0 may have failed first).
   Across nodes, a node whose start-up failed fails every rank of the job
   (:func:`ringlet.engines.start`); ``MPI_Init`` is MPI's own start-up and waits
   for every rank, unbounded, with signals not held.
