@@ -204,6 +204,39 @@ def test_the_processes_a_rank_started_end_with_the_job(tmp_path: Path, how: str)
     _assert_no_files(job)
 
 
+_LATE_TO_INIT = textwrap.dedent("""
+    import os, time, ringlet
+    rank = int(os.environ["RANK"])
+    if rank == 2:
+        time.sleep(0.5)
+        os._exit(9)                 # dies before ringlet.init
+    if rank in (1, 3):
+        time.sleep(3)               # reach ringlet.init after rank 0 has given up
+    try:
+        ringlet.init()
+    except ringlet.RingletError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
+        raise SystemExit(1)
+""")
+
+
+def test_a_rank_that_reaches_init_after_the_job_failed_stops_at_once(tmp_path: Path) -> None:
+    """Rank 0 fails when rank 2 dies in start-up; ranks that reach init later find no
+    rendezvous and used to wait for the whole RINGLET_INIT_TIMEOUT (or the grace
+    period), then blame rank 0.  ringlet run's marker stops them at once, naming rank 2."""
+    script = tmp_path / "late_to_init.py"
+    script.write_text(_LATE_TO_INIT)
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "4", "--grace",
+                           "60", str(script)], capture_output=True, text=True, timeout=60,
+                          env={**_ENV, "RINGLET_INIT_TIMEOUT": "40",
+                               "RINGLET_DUMP_DIR": str(tmp_path / "dumps")})
+    for rank in (1, 3):
+        assert (f"rank {rank}: PeerError: rank 2 of this job ended with an error while this "
+                f"rank was in start-up") in proc.stdout, proc.stdout + proc.stderr
+    assert "rank 2 failed first (exit code 9)" in proc.stderr
+    assert not list((tmp_path / "dumps").glob("*.failed"))   # the marker is removed at the end
+
+
 _CHECKPOINTER = textwrap.dedent("""
     import signal, sys, time
     import ringlet

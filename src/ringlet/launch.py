@@ -638,6 +638,29 @@ def _dump_dir(settings: Settings) -> Iterator[str]:
         yield tmp
 
 
+def failed_marker(dump_dir: str, job_id: str) -> str:
+    """The file ``ringlet run`` writes when a rank of job ``job_id`` fails (its text says
+    which), so that a rank still in start-up stops at once: one that reaches
+    :func:`ringlet.init` after rank 0 failed finds no rendezvous, as if rank 0 were not
+    there yet (:func:`ringlet.startup._checker` looks for it)."""
+    return os.path.join(dump_dir, f"job-{job_id}.failed")
+
+
+def _mark_failed(path: str, children: Sequence[_Child], live: Sequence[_Child]) -> None:
+    """Say that the job failed, and which ranks ended, for ranks still in start-up
+    (:func:`ringlet.startup.failed_marker`)."""
+    alive = {c.rank for c in live}
+    ended = [c.rank for c in children if c.rank not in alive]
+    text = (f"rank {ended[0]} of this job ended with an error" if len(ended) == 1 else
+            f"ranks {', '.join(map(str, ended))} of this job ended, with an error" if ended
+            else "this job reached its timeout")
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            f.write(text)
+        os.replace(f"{path}.tmp", path)
+
+
 def _ask_for_dumps(directory: str, live: Sequence[_Child]) -> None:
     """SIGUSR1 to the ranks that said they dump on it (``rank-R.signal`` holds their pid)."""
     for c in live:
@@ -685,9 +708,18 @@ def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node
                           _Pump(popen.stderr, _binary(sys.stderr), prefix, lock)]
                 pumps[-2].start()
                 pumps[-1].start()
-        outcome = _supervise(children, grace=grace, interrupts=interrupts,
-                             on_failure=lambda live: _ask_for_dumps(dumps, live),
-                             errors=errors)
+        failed = failed_marker(dumps, job_id)
+
+        def on_failure(live: Sequence[_Child]) -> None:
+            _mark_failed(failed, children, live)
+            _ask_for_dumps(dumps, live)
+
+        try:
+            outcome = _supervise(children, grace=grace, interrupts=interrupts,
+                                 on_failure=on_failure, errors=errors)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(failed)
         errors.read()
         reported = {rank: why for rank in range(nranks)
                     if (why := errors.reported(rank)) is not None}

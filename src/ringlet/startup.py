@@ -39,8 +39,10 @@ Start-up guarantees
   difference.  A rank that dies, and the launcher itself exiting (its ranks
   orphaned), make the others that have reached :func:`init` fail at once with a
   :class:`PeerError`.  A rank that reaches it after rank 0 failed finds no
-  rendezvous, as if rank 0 had not started yet: its launcher stops it, or the
-  deadline does (the error says rank 0 may have failed first).
+  rendezvous, as if rank 0 had not started yet: under ``ringlet run`` the
+  launcher's mark of a failed rank stops it (:func:`ringlet.launch.failed_marker`),
+  else its launcher or the deadline does (the error says rank 0 may have failed
+  first).
   Across nodes, a node whose start-up failed fails every rank of the job
   (:func:`ringlet.engines.start`); ``MPI_Init`` is MPI's own start-up and waits
   for every rank, unbounded, with signals not held.
@@ -616,7 +618,14 @@ def _redeliver(signum: int) -> None:
 
 
 def _checker(held: list[int], parent: int | None) -> Callable[[], None]:
-    """What every start-up poll calls: stop for a held signal, or if the launcher died."""
+    """What every start-up poll calls: stop for a held signal, if the launcher died, or
+    if ``ringlet run`` says a rank of the job failed."""
+    marker = None
+    if "_RINGLET_RUN_ERRORS" in os.environ and os.environ.get("RINGLET_DUMP_DIR") and \
+            os.environ.get("RINGLET_JOB_ID"):
+        from .launch import failed_marker
+
+        marker = failed_marker(os.environ["RINGLET_DUMP_DIR"], os.environ["RINGLET_JOB_ID"])
 
     def check() -> None:
         if held:
@@ -625,5 +634,13 @@ def _checker(held: list[int], parent: int | None) -> Callable[[], None]:
             raise PeerError(
                 f"the launcher (pid {parent}, this rank's parent) exited during start-up; "
                 f"this rank was orphaned and stops")
+        if marker is not None:
+            try:
+                with open(marker) as f:
+                    why = f.read().strip()
+            except OSError:
+                return
+            raise PeerError(f"{why or 'a rank of this job failed'} while this rank was in "
+                            f"start-up (ringlet run); it stops")
 
     return check
