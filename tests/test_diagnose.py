@@ -62,6 +62,41 @@ def test_p2p_cycle_is_a_deadlock_and_no_rank_is_called_missing(tmp_path: Path) -
                          timeout=30)
     assert off.returncode == 0, off.stderr
     assert "deadlock: rank 0 waits to receive from 2, 2 from 1, 1 from 0" in off.stdout
+    for n in ("0", "-1", "2", "5"):   # the job had 3 ranks: never "ranks 0-4 left no record"
+        bad = subprocess.run([*CLI, "diagnose", str(tmp_path), "-n", n], capture_output=True,
+                             text=True, timeout=30)
+        assert bad.returncode == 2 and "-n " + n in bad.stderr and not bad.stdout, bad.stderr
+
+
+def test_a_cycle_inside_groups_is_named_in_each_group(tmp_path: Path) -> None:
+    """The diagnosis read only the world communicator's records and said that no rank
+    was waiting while each group of a split waited in a cycle."""
+    proc = _run(4, "group-cycle", dumps=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    d = _diagnosis(proc)
+    for members in ("0, 2", "1, 3"):
+        assert (f"in the group of world ranks {members} (ranks here are the group's, 0-1): "
+                f"deadlock: rank 0 waits to receive from 1, 1 from 0; nobody sends") in d, d
+    assert not any("no rank was waiting" in ln for ln in d), d
+
+
+@pytest.mark.parametrize("files, args, msg", [
+    ({"rank-0.json": '{"a":'}, [], "skipped rank-0.json: not JSON"),
+    ({"rank-0.json": '{"rank": 0, "comms": []}'}, [], "not a flight recorder dump"),
+    ({"rank-0.json": json.dumps({"format": "ringlet-flight-recorder/1", "rank": 0, "comms": [
+        {"size": 2, "ranks": [0, 1], "ops": [{"kind": "all_reduce"}]}]})}, [],
+     "an operation without its kind, state, seq or peer"),
+])
+def test_diagnose_says_why_it_skips_a_file(tmp_path: Path, files: dict[str, str],
+                                           args: list[str], msg: str) -> None:
+    """A file that is not a dump was a traceback (KeyError, AttributeError) or skipped
+    with 'no dumps in DIR'."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    off = subprocess.run([*CLI, "diagnose", str(tmp_path), *args], capture_output=True,
+                         text=True, timeout=30)
+    assert off.returncode == 1 and msg in off.stderr and "Traceback" not in off.stderr, \
+        off.stderr
 
 
 def test_straggler_that_never_arrives_is_behind(tmp_path: Path) -> None:

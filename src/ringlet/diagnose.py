@@ -32,23 +32,49 @@ from typing import Any
 from .errors import ArgumentError
 
 
-def load(directory: str, job: str | None = None) -> dict[int, dict[str, Any]]:
+def load(directory: str, job: str | None = None,
+         bad: list[str] | None = None) -> dict[int, dict[str, Any]]:
     """The ``rank-R.json`` dumps in ``directory`` of job ``job`` (default: the job of the
-    latest dump), by world rank; unreadable ones are skipped."""
+    latest dump), by world rank; files that are not a flight recorder's dump are skipped
+    (and named, with why, in ``bad``)."""
     if not os.path.isdir(directory):
         raise ArgumentError(f"{directory!r} is not a directory (give the RINGLET_DUMP_DIR of "
                             f"the job)")
     out: dict[int, dict[str, Any]] = {}
-    for path in glob.glob(os.path.join(directory, "rank-*.json")):
+    for path in sorted(glob.glob(os.path.join(directory, "rank-*.json"))):
         try:
             with open(path) as f:
                 doc = json.load(f)
+            _check_dump(doc)
             out[int(doc["rank"])] = doc
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if bad is not None:
+                why = exc.strerror if isinstance(exc, OSError) else \
+                    f"not JSON ({exc})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+                bad.append(f"{os.path.basename(path)}: {why}")
     if job is None and out:
         job = max(out.values(), key=lambda d: d.get("time_unix", 0)).get("job")
     return {q: d for q, d in out.items() if d.get("job") == job}
+
+
+def _check_dump(doc: Any) -> None:
+    """A ValueError unless ``doc`` is a flight recorder's dump that the diagnosis can read."""
+    from .recorder import FORMAT
+
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"not a flight recorder dump (no \"format\": \"{FORMAT}\")")
+    if not isinstance(doc.get("rank"), int) or not isinstance(doc.get("comms"), list):
+        raise ValueError("its rank or comms are missing or of the wrong type")
+    for c in doc["comms"]:
+        if not (isinstance(c, dict) and isinstance(c.get("size"), int) and
+                isinstance(c.get("ranks"), list) and isinstance(c.get("ops"), list)):
+            raise ValueError("a communicator without its size, ranks or ops")
+        for op in c["ops"]:
+            if not (isinstance(op, dict) and isinstance(op.get("kind"), str) and
+                    isinstance(op.get("state"), str) and isinstance(op.get("seq"), int) and
+                    (op["kind"] not in ("send", "recv") or isinstance(op.get("peer"), int))):
+                raise ValueError(f"an operation without its kind, state, seq or peer: {op!r}"
+                                 [:200])
 
 
 def _ranks(rs: list[int] | set[int]) -> str:
@@ -76,10 +102,17 @@ class _Rank:
     entered: int = 0                             # the highest collective seq it entered
 
     @classmethod
-    def of(cls, rank: int, doc: dict[str, Any], size: int) -> _Rank | None:
-        comms = [c for c in doc.get("comms", []) if c.get("size") == size]
+    def of(cls, rank: int, doc: dict[str, Any], size: int,
+           members: tuple[int, ...] | None = None) -> _Rank | None:
+        """The records of ``doc``'s communicator of ``size`` ranks (the world's), or of
+        the group whose world ranks are ``members`` (its latest with a call pending)."""
+        comms = [c for c in doc.get("comms", []) if c.get("size") == size and
+                 (members is None or tuple(c.get("ranks", ())) == members)]
         if not comms:
             return None
+        if members is not None:
+            comms.sort(key=lambda c: any(op.get("state") != "done" for op in c.get("ops", [])))
+            comms = comms[-1:]
         ops = comms[0].get("ops", [])
         r = cls(rank, ops, str(doc.get("reason", "")))
         for op in ops:
@@ -122,6 +155,31 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
         r = _Rank.of(q, doc, size)
         if r is not None:
             ranks[q] = r
+    lines, cycle = _diagnosis(ranks, size, ended, group=False)
+    if cycle:
+        return lines
+    # groups (comm.split, comm.group): each one's wait-for graph, in the group's numbering
+    groups = sorted({tuple(int(w) for w in c.get("ranks", ())) for d in docs.values()
+                     for c in d.get("comms", []) if 1 < int(c.get("size", 0)) < size})
+    for members in groups:
+        sub: dict[int, _Rank] = {}
+        for i, w in enumerate(members):
+            gdoc = docs.get(w)
+            r = None if gdoc is None else _Rank.of(i, gdoc, len(members), members)
+            if r is not None:
+                sub[i] = r
+        found, _ = _diagnosis(sub, len(members), {i: ended[w] for i, w in enumerate(members)
+                                                  if w in ended}, group=True)
+        if found:
+            lines.append(f"in the group of world ranks {', '.join(map(str, members))} (ranks "
+                         f"here are the group's, 0-{len(members) - 1}): " + "; ".join(found))
+    return lines
+
+
+def _diagnosis(ranks: dict[int, _Rank], size: int, ended: dict[int, str], group: bool
+               ) -> tuple[list[str], list[int]]:
+    """:func:`diagnose` of one communicator's records (``ranks``, by its rank); with
+    ``group``, only where a rank waits (a group's ranks in no call are no news)."""
     lines: list[str] = []
     edges: dict[int, list[tuple[int, str]]] = {}
     for q, r in sorted(ranks.items()):
@@ -156,6 +214,8 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
             where.setdefault(f"last completed {_name(r.last_done)}", []).append(q)
         else:
             where.setdefault("had made no collective call", []).append(q)
+    if group and not edges:
+        return [], []
     if len(where) > 1 and not cycle:
         # those furthest behind first: their place is the news
         order = sorted(where.items(), key=lambda kv: _progress(kv[0]))
@@ -201,6 +261,8 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
                                      for w, qs in who.items())
 
     for q in missing:
+        if group and not waited.get(q):
+            continue
         if q in ended:
             lines.append(f"rank {q} ended ({ended[q]}) and left no flight record{tail(q)}")
         elif q in said_dead:
@@ -213,7 +275,7 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
     for q in sorted(set(ended) & set(ranks)):
         if waited.get(q) and not cycle:
             lines.append(f"rank {q} ended ({ended[q]}){tail(q)}")
-    return lines
+    return lines, cycle
 
 
 def _where_text(qs: list[int], txt: str) -> str:
@@ -279,11 +341,18 @@ def _cycle_text(cycle: list[int], edges: dict[int, list[tuple[int, str]]],
 
 
 def report(directory: str, nranks: int | None = None,
-           ended: dict[int, str] | None = None, job: str | None = None) -> str:
-    """The diagnosis of the dumps in ``directory`` as text ('' when there are none)."""
-    docs = load(directory, job)
+           ended: dict[int, str] | None = None, job: str | None = None,
+           bad: list[str] | None = None) -> str:
+    """The diagnosis of the dumps in ``directory`` as text ('' when there are none);
+    ``bad`` gets the files that are not dumps (see :func:`load`)."""
+    docs = load(directory, job, bad)
     if not docs:
         return ""
+    size = _world_size(docs)
+    if nranks is not None and (nranks < 1 or (size and nranks != size)):
+        raise ArgumentError(f"-n {nranks}: the job's world communicator has {size} ranks "
+                            f"(its dumps say so)" if nranks >= 1 else
+                            f"-n {nranks}: a job has at least 1 rank")
     lines = diagnose(docs, nranks, ended)
     if not lines:
         lines = ["no rank was waiting for another in its last records"]
@@ -307,10 +376,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    text = report(args.directory, args.nranks)
+    if args.nranks is not None and args.nranks < 1:
+        raise ArgumentError(f"-n {args.nranks}: a job has at least 1 rank")
+    bad: list[str] = []
+    text = report(args.directory, args.nranks, bad=bad)
+    for line in bad:
+        print(f"ringlet diagnose: skipped {line}", file=sys.stderr)
     if not text:
-        print(f"ringlet diagnose: no flight recorder dumps (rank-R.json) in {args.directory}",
-              file=sys.stderr)
+        print(f"ringlet diagnose: no flight recorder dumps (rank-R.json) in {args.directory}"
+              + (" that can be read" if bad else ""), file=sys.stderr)
         return 1
     print(text)
     if args.json:

@@ -7,6 +7,7 @@ straggler: the last rank never reaches all_reduce #4 (it sleeps);
 mismatch: rank 0 calls all_reduce #4, the others broadcast;
 dead: the last rank dies (SIGKILL) before all_reduce #4;
 missing: the last rank returns without calling all_reduce #4 (it closes its communicator);
+group-cycle: the cycle inside each of two groups (comm.split by rank parity);
 ok: every rank runs three all_reduce calls and a barrier.
 """
 
@@ -45,6 +46,10 @@ elif case == "dead":
 elif case == "missing":
     if not last:
         comm.all_reduce(x)
+elif case == "group-cycle":
+    sub = comm.split(color=r % 2, key=r)
+    sub.recv(x, src=(sub.rank - 1) % sub.size)
+    sub.send(x, dst=(sub.rank + 1) % sub.size)
 elif case == "ok":
     comm.barrier()
 else:
