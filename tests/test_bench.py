@@ -393,6 +393,11 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     (["all_reduce", "--op", "avg", "--vs", "gloo"], "gloo has no AVG reduction"),
     (["all_reduce", "--json", "/nonexistent/dir/x.json"], "directory /nonexistent/dir does not"),
     (["gather", "--buffers", "shared"], "--buffers shared: gather's buffers differ"),
+    # checked before the sweep, which then could not write its result (a traceback)
+    (["all_reduce", "--json", "/tmp"], "--json /tmp: is a directory"),
+    (["all_reduce", "--plot", "x.txt"], "--plot x.txt: give a file name ending in .png"),
+    (["all_reduce", "--timeout", "inf"], "--timeout must be a number of seconds from 0"),
+    (["all_reduce", "--timeout", "1e300"], "--timeout must be a number of seconds from 0"),
 ])
 def test_bad_arguments(argv: list[str], message: str,
                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -400,6 +405,14 @@ def test_bad_arguments(argv: list[str], message: str,
     err = capsys.readouterr().err
     assert err.startswith("ringlet bench: ")
     assert re.search(message, err), err
+
+
+def test_a_run_that_fails_exits_1_not_the_usage_errors_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A timeout is a failed run (exit code 1); 2 is for arguments, as --help says."""
+    assert main(["bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8M", "-q",
+                 "--timeout", "0.05"]) == 1
+    assert "timed out after 0.05 s" in capsys.readouterr().err
 
 
 def test_missing_peers_say_what_to_install(monkeypatch: pytest.MonkeyPatch,

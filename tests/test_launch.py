@@ -203,6 +203,11 @@ def test_signals_to_the_launcher_are_forwarded(sig: signal.Signals) -> None:
     (["-n", "2"], r"give a script to run: ringlet run -n 4 script.py"),
     (["-n", "2", "-m"], r"give a module name after -m"),
     (["-n", "2", "--grace", "-1", "rank_env.py"], r"--grace must be >= 0 seconds, got -1"),
+    # a traceback (FileExistsError, FileNotFoundError) before
+    (["--trace", "rank_env.py", "-n", "2", "rank_env.py"],
+     r"--trace .*rank_env.py: is a file, not a directory"),
+    (["--trace", "/proc/nope", "-n", "2", "rank_env.py"],
+     r"--trace /proc/nope: cannot make the directory"),
 ])
 def test_bad_usage(argv: list[str], message: str) -> None:
     proc = ringlet_run(*argv)

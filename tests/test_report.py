@@ -123,6 +123,8 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
     p = _ringlet("report", "--trace", str(tmp_path), "--vs", "mpi")
     assert p.returncode == 2 and "--vs goes with the short bench" in p.stderr
     assert not (tmp_path / "r.html").exists()
+    p = _ringlet("report", "--trace", str(tmp_path), "--out", str(tmp_path))  # a directory
+    assert p.returncode == 2 and "is a directory; give a file name" in p.stderr, p.stderr
 
 
 def test_without_inputs_it_runs_a_short_bench_with_a_bar_on_a_terminal(tmp_path: Path) -> None:

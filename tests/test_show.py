@@ -157,8 +157,22 @@ def test_notation() -> None:
 
 
 def test_show_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "show", "all_reduce", "-n", "4")
-    assert code == 2 and "choose an algorithm with --algo; all_reduce has: binomial" in err
+    code, out, _ = run(capsys, "show", "scan")   # without --algo: the list, as --help says
+    assert code == 0 and out.startswith("scan: 2 algorithms (draw one: ringlet show scan "
+                                        "--algo NAME -n N)\n  linear ")
+    code, out, _ = run(capsys, "show", "gather_v")
+    assert code == 0 and out.startswith("gather_v: ") and "binomial" in out
+    for png, msg in (("out.txt", "give a file name ending in .png"),
+                     ("/tmp", "is a directory")):   # it wrote /tmp.png and said "wrote /tmp"
+        code, out, err = run(capsys, "show", "all_reduce", "--algo", "ring", "--png", png)
+        assert code == 2 and msg in err and out == "", err
+    code, _, err = run(capsys, "show", "all_reduce", "--algo", "hierarchical_pipelined",
+                       "--pieces", "1000")   # ran for minutes
+    assert code == 2 and "pieces=1000: at most 64" in err
+    code, _, err = run(capsys, "verify", "all_reduce", "--algo", "ring", "--param", "foo=1")
+    assert code == 2 and "all_reduce/ring takes no parameter(s) ['foo']" in err
+    code, _, err = run(capsys, "verify", "all_reduce", "--root", "1")
+    assert code == 2 and "all_reduce has no root" in err
     code, _, err = run(capsys, "show", "all_reduce", "--algo", "ring", "-n", "27")
     assert code == 2 and "draws 1 to 26 ranks" in err
     code, _, err = run(capsys, "show", "all_reduce", "--algo", "ring", "--root", "1")

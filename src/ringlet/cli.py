@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .errors import RingletError
+from .errors import ArgumentError, ConfigError, RingletError
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -73,8 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(getattr(mod, args._entry)(args) or 0)
     except RingletError as exc:
+        # 2: what was asked cannot be done as asked (arguments, settings); 1: it was tried
+        # and failed (a timeout, a peer that died), as a failed run exits
         print(f"ringlet {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, (ArgumentError, ConfigError)) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `ringlet config | head`

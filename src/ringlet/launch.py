@@ -616,10 +616,11 @@ def main_run(args: argparse.Namespace) -> int:
     with _dump_dir(settings) as dumps:
         extra["RINGLET_DUMP_DIR"] = dumps
         if args.trace:
+            from .outputs import check_directory
             from .tracing import clear
 
             trace = os.path.abspath(args.trace)
-            os.makedirs(trace, exist_ok=True)
+            check_directory(trace, "--trace")
             clear(trace)
             extra["RINGLET_TRACE"] = trace
         code = _run_job(args, command, nranks, per_node, nodes, grace, job_id, extra)
@@ -630,6 +631,9 @@ def main_run(args: argparse.Namespace) -> int:
 def _dump_dir(settings: Settings) -> Iterator[str]:
     """The ranks' RINGLET_DUMP_DIR: the user's, or a temporary one removed at the end."""
     if settings.dump_dir:
+        from .outputs import check_directory
+
+        check_directory(settings.dump_dir, "RINGLET_DUMP_DIR")
         yield os.path.abspath(settings.dump_dir)
         return
     import tempfile

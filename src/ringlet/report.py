@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -691,10 +690,10 @@ def short_bench(vs: str | None, quiet: bool) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``ringlet report``; 0 when the report is written."""
+    from .outputs import check_file
+
     out = Path(args.out)
-    parent = out.resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ArgumentError(f"--out {args.out}: directory {parent} is missing or not writable")
+    check_file(args.out, "--out")
     if args.vs is not None and (args.bench or args.trace):
         raise ArgumentError("--vs goes with the short bench, which runs only without --bench "
                             "and --trace; measure peers with ringlet bench --vs")

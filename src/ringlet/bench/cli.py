@@ -29,6 +29,7 @@ from ..config import Settings
 from ..errors import ArgumentError, RingletError
 from ..jsonout import dumps
 from ..ops import DTYPES, ReduceOp, check_op
+from ..outputs import FIGURE_SUFFIXES, check_file
 from ..progress import Progress
 from .core import (
     BENCH_DTYPES,
@@ -47,6 +48,10 @@ from .report import Result, environment, human_bytes, table, to_json, write_plot
 DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "iters": 20,
             "warmup": 5, "budget": 0.5, "dtype": "float32", "op": "sum", "root": 0,
             "algo": "auto"}
+
+
+#: the longest --timeout: a week
+MAX_TIMEOUT = 7 * 86400.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -155,9 +160,9 @@ def make_job(args: argparse.Namespace) -> Job:
         raise ArgumentError(f"--warmup must be 0 or more, got {args.warmup}")
     if not (args.budget > 0 and math.isfinite(args.budget)):
         raise ArgumentError(f"--budget must be a positive number of seconds, got {args.budget}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise ArgumentError(f"--timeout must be a positive number of seconds, got "
-                            f"{args.timeout}")
+    if args.timeout is not None and not 0 < args.timeout <= MAX_TIMEOUT:
+        raise ArgumentError(f"--timeout must be a number of seconds from 0 to "
+                            f"{MAX_TIMEOUT:g} (a week), got {args.timeout}")
     sizes = sweep_sizes(parse_bytes(args.minbytes, "-b/--minbytes"),
                         parse_bytes(args.maxbytes, "-e/--maxbytes"), args.stepfactor)
     rows = cases(coll, sizes, DTYPES[args.dtype].itemsize, n)
@@ -277,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot(args.plot)
     if args.json:
-        _check_writable(args.json, "--json")
+        check_file(args.json, "--json")
     res = collect(args)
     sys.stdout.write(table(res))
     sys.stdout.flush()
@@ -334,12 +339,6 @@ def _check_plot(path: str) -> None:
     if not found:
         raise ArgumentError("--plot needs matplotlib, which is not installed: "
                             "pip install 'ringlet[plot]'")
-    _check_writable(path, "--plot")
+    check_file(path, "--plot", FIGURE_SUFFIXES)
 
 
-def _check_writable(path: str, option: str) -> None:
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise ArgumentError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ArgumentError(f"{option} {path}: directory {parent} is not writable")

@@ -1,0 +1,50 @@
+"""Checks on the files and directories the command-line tools write, made before any work.
+
+A sweep that runs for minutes and then fails to write its result (a directory given
+for a file, a format matplotlib does not know, a missing parent) loses the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import ArgumentError
+
+#: The image formats matplotlib writes without other packages.
+FIGURE_SUFFIXES = (".png", ".svg", ".svgz", ".pdf", ".eps", ".ps")
+
+
+def check_file(path: str, option: str, suffixes: Sequence[str] = ()) -> None:
+    """An ArgumentError unless ``path`` can be written as a file (not a directory, in a
+    writable directory that exists) and, if ``suffixes`` are given, ends in one of them
+    (a figure's format is its name's ending)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ArgumentError(f"{option} {path}: is a directory; give a file name")
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise ArgumentError(f"{option} {path}: give a file name ending in "
+                            f"{', '.join(suffixes)} (its format)")
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise ArgumentError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ArgumentError(f"{option} {path}: directory {parent} is not writable")
+
+
+def check_directory(path: str, option: str) -> None:
+    """An ArgumentError unless ``path`` is a writable directory or can be made one."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ArgumentError(f"{option} {path}: is a file, not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArgumentError(f"{option} {path}: cannot make the directory: "
+                            f"{exc.strerror or exc}") from None
+    if not os.access(p, os.W_OK):
+        raise ArgumentError(f"{option} {path}: directory is not writable")
+
+
+__all__ = ["FIGURE_SUFFIXES", "check_directory", "check_file"]
