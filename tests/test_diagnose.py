@@ -158,6 +158,21 @@ def test_trace_of_a_3_rank_job(tmp_path: Path) -> None:
     assert "arrival skew over 4 collectives" in proc.stderr
 
 
+def test_the_trace_of_a_job_that_timed_out_has_every_rank_and_the_wait(tmp_path: Path) -> None:
+    """The straggler, asked for its records and then stopped with SIGTERM (no exit
+    handlers), used to leave no trace: its records were written only at exit.  A call
+    that timed out lasted 0 us in the trace; it lasts its wait."""
+    proc = _run(3, "straggler", "--trace", str(tmp_path / "tr"), dumps=tmp_path / "d")
+    assert proc.returncode == 1, proc.stderr
+    spans = [e for e in json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
+             if e["ph"] == "X"]
+    assert {(e["tid"], e["name"]) for e in spans if e["tid"] == 2} == {
+        (2, f"all_reduce #{s}") for s in (1, 2, 3)}
+    failed = [e for e in spans if e["args"]["state"] == "failed"]
+    assert {e["tid"] for e in failed} == {0, 1}
+    assert all(e["dur"] >= 1.5e6 for e in failed), failed   # RINGLET_TIMEOUT=2 s
+
+
 def test_trace_across_nodes_aligns_the_clocks_to_rank_0(tmp_path: Path) -> None:
     """ringlet run --nodes 2 -n 4 (two emulated nodes, torch's gloo between them): the
     ranks of node 1 measure their offset to rank 0's clock at start-up; on one host the

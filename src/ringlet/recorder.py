@@ -16,7 +16,8 @@ finished (dumps say ``"state": "done"`` and no end time), which saves the
 second clock read of every call (see benchmarks/RECORDER.md: two reads cost
 an 8 B all_reduce at 2 ranks 3-4 %, the budget is 2 %).  A call queued
 behind async work has its queueing time appended; a failed operation a dict
-(``error``, ``waiting_on``: the ranks a timed-out wait still waited for).
+(``error``, ``waiting_on``: the ranks a timed-out wait still waited for;
+``t_failed_us``: when it failed, its end in a trace).
 The state is read from these: queued, started, done or failed.  Adding a
 record costs one five-item list (which is also the communicator's call in
 progress), one list store and one clock read; nothing is formatted until a
@@ -160,14 +161,20 @@ class FlightRecorder:
                              "args": {"offset_us": round(offset_ns / 1000, 3),
                                       "round_trip_us": round(rtt_ns / 1000, 3)}}])
 
-    def flush_trace(self, final: bool = False) -> None:
-        """Write the finished records of the trace (all of them if ``final``)."""
-        with self._lock:
+    def flush_trace(self, final: bool = False, wait: bool = True) -> None:
+        """Write the finished records of the trace (all of them if ``final``); without
+        ``wait``, nothing if another flush holds the lock (a dump in a signal handler may
+        have interrupted this thread's own flush)."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
             done = [r for r in self._trace if final or r[T_END] or len(r) > 5]
             if not done:
                 return
             keep = [] if final else [r for r in self._trace if not (r[T_END] or len(r) > 5)]
             self._trace = keep
+        finally:
+            self._lock.release()
         self._append_trace([trace_event(r, self) for r in done])
 
     def _append_trace(self, events: list[dict[str, Any]]) -> None:
@@ -249,7 +256,11 @@ def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
     out["t_queued_us"] = _us(_queued(r), offset)
     out["t_start_us"] = _us(r[T_START], offset)
     out["t_end_us"] = _us(r[T_END], offset)
-    out.update(_failure(r) or {})
+    fail = dict(_failure(r) or {})
+    t_failed = fail.pop("t_failed_ns", 0)
+    if t_failed:   # when it failed: its end in a trace (a wait that timed out lasts)
+        out["t_failed_us"] = _us(t_failed, offset)
+    out.update(fail)
     return out
 
 
@@ -257,7 +268,7 @@ def failed(rec: list[Any] | None, exc: BaseException) -> None:
     """Mark ``rec`` failed with ``exc`` (and whom a timed-out wait waited for)."""
     if rec is None or _failure(rec) is not None:
         return
-    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}", "t_failed_ns": now_ns()}
     on = getattr(exc, "waiting_on", None)
     if on is not None:
         info["waiting_on"] = list(on)
@@ -268,7 +279,7 @@ def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
     """One record as a Chrome trace event (``ph: X``, one row per rank)."""
     j = record_json(r, fr.offset_ns)
     start = j["t_start_us"] or j["t_queued_us"] or 0.0
-    end = j["t_end_us"] or start
+    end = j["t_end_us"] or j.get("t_failed_us") or start
     args: dict[str, Any] = {"seq": j["seq"], "bytes": j["bytes"], "state": j["state"],
                             "comm": ",".join(map(str, fr.world_ranks))}
     if type(r[INFO]) is Desc:
@@ -352,6 +363,10 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
            "job": cs[0].job_id, "reason": reason, "time_unix": time.time(),
            "now_us": _us(now_ns(), cs[0]._fr.offset_ns if cs[0]._fr else 0),
            "waits": waits, "comms": [comm_json(c) for c in cs]}
+    for c in cs:   # the trace so far: a rank asked for its dump may be stopped next (SIGTERM
+        fr = c._fr  # ends it without its exit handlers, which write the rest)
+        if fr is not None and fr.trace_dir:
+            fr.flush_trace(wait=False)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"rank-{world}.json")
     # a file of its own: two dumps at once (a failure on the worker thread, SIGUSR1 on the
