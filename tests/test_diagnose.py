@@ -173,6 +173,42 @@ def test_the_trace_of_a_job_that_timed_out_has_every_rank_and_the_wait(tmp_path:
     assert all(e["dur"] >= 1.5e6 for e in failed), failed   # RINGLET_TIMEOUT=2 s
 
 
+_SENDS_AMONG_SMALL_CALLS = """
+import time
+import numpy as np
+import ringlet
+comm = ringlet.init()
+x = np.ones(4)
+for _ in range(10):
+    comm.all_reduce(x)          # small: the compiled path, whose start times are coarse
+if comm.rank == 0:
+    comm.send(x, dst=1)
+else:
+    comm.recv(x, src=0)
+for _ in range(2):
+    comm.all_reduce(x)
+if comm.rank == 1:
+    time.sleep(30)
+comm.all_gather(x)
+"""
+
+
+def test_a_dump_keeps_the_last_records_in_call_order(tmp_path: Path) -> None:
+    """Records were merged by start time, and the compiled path's are the coarse
+    clock's, up to a tick early: a send came after the calls that followed it, and the
+    last N records were not the last N calls."""
+    script = tmp_path / "sends.py"
+    script.write_text(_SENDS_AMONG_SMALL_CALLS)
+    env = clean_env(RINGLET_TIMEOUT="2", OMP_NUM_THREADS="1", RINGLET_FLIGHT_RECORDS="3",
+                    RINGLET_DUMP_DIR=str(tmp_path / "d"))
+    proc = subprocess.run([*CLI, "run", "--grace", "1", "-n", "2", str(script)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 1, proc.stderr
+    ops = json.loads((tmp_path / "d" / "rank-0.json").read_text())["comms"][0]["ops"]
+    assert [(op["kind"], op["seq"]) for op in ops] == [
+        ("all_reduce", 11), ("all_reduce", 12), ("all_gather", 13)], ops
+
+
 def test_trace_across_nodes_aligns_the_clocks_to_rank_0(tmp_path: Path) -> None:
     """ringlet run --nodes 2 -n 4 (two emulated nodes, torch's gloo between them): the
     ranks of node 1 measure their offset to rank 0's clock at start-up; on one host the

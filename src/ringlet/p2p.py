@@ -113,7 +113,7 @@ class P2PEngine:
         whole (nothing queued before it to ``dst``, and the transport took all of it at
         once: then nothing is left to wait for)."""
         fr = self.c._fr
-        rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes) if fr is not None else None
+        rec = fr.p2p(SEND, dst, tag, xb.dt.code, xb.nbytes, self.c._seq) if fr is not None else None
         inline = xb.nbytes <= INLINE_BYTES
         t = self.c._t
         if blocking:
@@ -169,7 +169,7 @@ class P2PEngine:
                     if got == TAKEN:
                         fr = self.c._fr
                         if fr is not None:
-                            done = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
+                            done = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes, self.c._seq)
                             done[T_END] = done[T_START]
                         return
                     if got == EMPTY:
@@ -194,7 +194,7 @@ class P2PEngine:
                         break
                     q, utag, code, data = kept
                     fr = self.c._fr
-                    rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes) \
+                    rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes, self.c._seq) \
                         if fr is not None else None
                     err = _mismatch(xb, q, utag, code, data.size)
                     if err is not None:
@@ -212,7 +212,7 @@ class P2PEngine:
         w = Work(f"recv from {who} ({what})", None if src == ANY_SOURCE else src)
         fr = self.c._fr
         if fr is not None:
-            w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes)
+            w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes, self.c._seq)
         with self.lock:
             self.c._usable()
             kept = self._take_kept(src, tag)

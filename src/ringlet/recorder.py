@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import heapq
 import itertools
 import json
 import os
@@ -121,10 +120,12 @@ class FlightRecorder:
         if len(self._trace) >= TRACE_BATCH:
             self.flush_trace()
 
-    def p2p(self, kind: int, peer: int, tag: int, dtype: int, nbytes: int) -> list[Any]:
-        """The record of a send or receive (started now)."""
+    def p2p(self, kind: int, peer: int, tag: int, dtype: int, nbytes: int,
+            after: int = 0) -> list[Any]:
+        """The record of a send or receive (started now), made after the communicator's
+        collective #``after`` (kept where a collective's algorithm is: it orders them)."""
         self.p2p_seq += 1
-        rec = [self.p2p_seq, (kind, peer, tag, dtype, nbytes), "", now_ns(), 0]
+        rec = [self.p2p_seq, (kind, peer, tag, dtype, nbytes), after, now_ns(), 0]
         self.add(rec)
         return rec
 
@@ -141,10 +142,10 @@ class FlightRecorder:
             from .lean import records
 
             colls += records(self.lean)
-        # collectives in call order; sends and receives merged in by time (the compiled
-        # path's start times are the coarse clock's, a few ms behind: see ringlet.lean)
-        colls.sort(key=lambda r: r[SEQ])
-        recs = list(heapq.merge(colls, list(self.ring), key=lambda r: _queued(r) or r[T_START]))
+        # in call order: a send or receive after the collective it followed (by number, not
+        # by time: the compiled path's start times are the coarse clock's, up to a tick
+        # behind, see ringlet.lean)
+        recs = sorted([*colls, *self.ring], key=_order)
         return [record_json(r, self.offset_ns) for r in recs[-self.cap:]]
 
     def align(self, offset_ns: int, rtt_ns: int) -> None:
@@ -205,6 +206,14 @@ def _flush_traces() -> None:
 def _dtype_name(code: int) -> str:
     dt = DTYPE_BY_CODE.get(code)
     return dt.name if dt is not None else str(code)
+
+
+def _order(r: list[Any]) -> tuple[int, int, int]:
+    """A record's place in call order: a collective's number; a send's or receive's, the
+    collective it followed and its own number after it."""
+    if type(r[INFO]) is Desc:
+        return (r[SEQ], 0, 0)
+    return (r[ALGO] if isinstance(r[ALGO], int) else 0, 1, r[SEQ])
 
 
 def _failure(r: list[Any]) -> dict[str, Any] | None:
