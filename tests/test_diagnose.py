@@ -347,3 +347,21 @@ def test_a_dump_asked_for_during_a_dump_does_not_write_over_it(
     assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"]
     # once failed, a later request is not written either (the failure's dump stays)
     assert recorder.dump("SIGUSR1 (on demand)", comms=[fake]) is None
+
+
+def test_a_trace_names_a_groups_peer_by_its_world_rank_too() -> None:
+    """The trace's rows are world ranks: a send on a group names both numbers; a receive
+    from any rank has no peer (it named the group's last rank)."""
+    from types import SimpleNamespace
+
+    from ringlet.recorder import RECV, SEND, trace_event
+
+    fr = SimpleNamespace(offset_ns=0, world_ranks=[1, 3], world_rank=1)
+    send = trace_event([1, (SEND, 1, 0, 0, 8), 0, 1000, 2000], fr)
+    assert send["name"] == "send to rank 1 (world rank 3) (tag 0)" and \
+        send["args"]["peers"] == [3]
+    anyone = trace_event([2, (RECV, -1, -1, 0, 8), 0, 1000, 2000], fr)
+    assert anyone["name"] == "recv from any rank (any tag)" and anyone["args"]["peers"] == []
+    world = SimpleNamespace(offset_ns=0, world_ranks=[0, 1], world_rank=0)
+    assert trace_event([1, (SEND, 1, 0, 0, 8), 0, 1000, 2000], world)["name"] == \
+        "send to rank 1 (tag 0)"

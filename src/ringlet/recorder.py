@@ -297,8 +297,12 @@ def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
         name = j["what"].split(" (")[0]
         cat = "collective"
     else:
-        args.update(peers=[fr.world_ranks[j["peer"]]], tag=j["tag"], dtype=j["dtype"])
+        peer = j["peer"]
+        world = fr.world_ranks[peer] if peer >= 0 else -1   # -1: any source
+        args.update(peers=[world] if peer >= 0 else [], tag=j["tag"], dtype=j["dtype"])
         name = j["what"]
+        if peer >= 0 and world != peer:   # on a group: the rows are world ranks
+            name = name.replace(f"rank {peer} ", f"rank {peer} (world rank {world}) ", 1)
         cat = "p2p"
     if "error" in j:
         args["error"] = j["error"]
