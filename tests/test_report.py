@@ -123,6 +123,12 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
     p = _ringlet("report", "--trace", str(tmp_path), "--vs", "mpi")
     assert p.returncode == 2 and "--vs goes with the short bench" in p.stderr
     assert not (tmp_path / "r.html").exists()
+    for empty in ("[]", '{"traceEvents": []}', '{"traceEvents": [1, 2]}'):  # an empty report
+        (tmp_path / "t.json").write_text(empty)
+        p = _ringlet("report", "--trace", str(tmp_path / "t.json"), "--out",
+                     str(tmp_path / "r.html"))
+        assert p.returncode == 2 and "no operation in it" in p.stderr, p.stderr
+    (tmp_path / "t.json").unlink()
     p = _ringlet("report", "--trace", str(tmp_path), "--out", str(tmp_path))  # a directory
     assert p.returncode == 2 and "is a directory; give a file name" in p.stderr, p.stderr
 

@@ -112,6 +112,10 @@ def load_trace(path: str) -> dict[str, Any]:
         data = {"traceEvents": data}
     if not (isinstance(data, dict) and isinstance(data.get("traceEvents"), list)):
         raise ArgumentError(f"--trace {path}: not a Chrome trace (no traceEvents)")
+    data["traceEvents"] = [e for e in data["traceEvents"] if isinstance(e, dict)]
+    if not any(e.get("ph") == "X" for e in data["traceEvents"]):
+        raise ArgumentError(f"--trace {path}: no operation in it (no complete event, "
+                            f"\"ph\": \"X\"): nothing to report")
     return data
 
 
