@@ -315,7 +315,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
                 signal_all(sig, f"ended on the forwarded {_signame(sig)}")
                 stop_at = now + grace if stop_at is None else min(stop_at, now + grace)
             elif first_signal[0] == sig and now - first_signal[1] < SAME_SIGNAL_S:
-                pass   # one signal sent twice (timeout(1) signals its child and its group)
+                continue   # one signal sent twice (timeout(1) signals its child and group)
             else:
                 signal_all(signal.SIGKILL, f"{{was}} killed with SIGKILL after a second "
                                            f"{_signame(sig)}")
