@@ -348,11 +348,6 @@ def report(directory: str, nranks: int | None = None,
     docs = load(directory, job, bad)
     if not docs:
         return ""
-    size = _world_size(docs)
-    if nranks is not None and (nranks < 1 or (size and nranks != size)):
-        raise ArgumentError(f"-n {nranks}: the job's world communicator has {size} ranks "
-                            f"(its dumps say so)" if nranks >= 1 else
-                            f"-n {nranks}: a job has at least 1 rank")
     lines = diagnose(docs, nranks, ended)
     if not lines:
         lines = ["no rank was waiting for another in its last records"]
@@ -361,6 +356,19 @@ def report(directory: str, nranks: int | None = None,
 
 
 # --- ringlet diagnose ----------------------------------------------------------------------
+
+
+def _check_nranks(n: int, docs: dict[int, dict[str, Any]]) -> None:
+    """An ArgumentError if the dumps say the job had another number of ranks than ``n``:
+    its world communicator's size (the one whose ranks are 0..size-1), else more ranks
+    than the highest that dumped."""
+    worlds = [int(c["size"]) for d in docs.values() for c in d.get("comms", [])
+              if c.get("ranks") == list(range(int(c.get("size", 0))))]
+    if worlds and n != max(worlds):
+        raise ArgumentError(f"-n {n}: the job's world communicator has {max(worlds)} ranks "
+                            f"(its dumps say so)")
+    if docs and n <= max(docs):
+        raise ArgumentError(f"-n {n}: rank {max(docs)} left a dump")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -378,6 +386,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.nranks is not None and args.nranks < 1:
         raise ArgumentError(f"-n {args.nranks}: a job has at least 1 rank")
+    if args.nranks is not None:
+        _check_nranks(args.nranks, load(args.directory))
     bad: list[str] = []
     text = report(args.directory, args.nranks, bad=bad)
     for line in bad:
