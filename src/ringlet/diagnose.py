@@ -345,7 +345,12 @@ def report(directory: str, nranks: int | None = None,
            bad: list[str] | None = None) -> str:
     """The diagnosis of the dumps in ``directory`` as text ('' when there are none);
     ``bad`` gets the files that are not dumps (see :func:`load`)."""
-    docs = load(directory, job, bad)
+    return _text(load(directory, job, bad), nranks, ended)
+
+
+def _text(docs: dict[int, dict[str, Any]], nranks: int | None = None,
+          ended: dict[int, str] | None = None) -> str:
+    """:func:`report` of dumps already loaded."""
     if not docs:
         return ""
     lines = diagnose(docs, nranks, ended)
@@ -359,9 +364,11 @@ def report(directory: str, nranks: int | None = None,
 
 
 def _check_nranks(n: int, docs: dict[int, dict[str, Any]]) -> None:
-    """An ArgumentError if the dumps say the job had another number of ranks than ``n``:
+    """An ArgumentError if ``n`` < 1 or the dumps say the job had another number of ranks:
     its world communicator's size (the one whose ranks are 0..size-1), else more ranks
     than the highest that dumped."""
+    if n < 1:
+        raise ArgumentError(f"-n {n}: a job has at least 1 rank")
     worlds = [int(c["size"]) for d in docs.values() for c in d.get("comms", [])
               if c.get("ranks") == list(range(int(c.get("size", 0))))]
     if worlds and n != max(worlds):
@@ -384,12 +391,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.nranks is not None and args.nranks < 1:
-        raise ArgumentError(f"-n {args.nranks}: a job has at least 1 rank")
-    if args.nranks is not None:
-        _check_nranks(args.nranks, load(args.directory))
     bad: list[str] = []
-    text = report(args.directory, args.nranks, bad=bad)
+    docs = load(args.directory, bad=bad)
+    if args.nranks is not None:
+        _check_nranks(args.nranks, docs)
+    text = _text(docs, args.nranks)
     for line in bad:
         print(f"ringlet diagnose: skipped {line}", file=sys.stderr)
     if not text:
@@ -398,6 +404,5 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(text)
     if args.json:
-        print(json.dumps({str(k): v for k, v in sorted(load(args.directory).items())},
-                         indent=1))
+        print(json.dumps({str(k): v for k, v in sorted(docs.items())}, indent=1))
     return 0

@@ -283,6 +283,16 @@ def resolve_ranks(args: argparse.Namespace, links: Links, limit: int = MAX_RANKS
     return int(ranks)
 
 
+def size_and_root(args: argparse.Namespace, n: int) -> int:
+    """``--bytes`` (at least 1) in bytes, after checking ``--root`` against ``n`` ranks."""
+    nbytes = parse_size(args.nbytes, "--bytes")
+    if nbytes < 1:
+        raise ArgumentError("--bytes must be at least 1 byte")
+    if not 0 <= args.root < n:
+        raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
+    return nbytes
+
+
 def chosen_algorithms(collective: str, names: list[str] | None,
                       params: dict[str, int]) -> list[str] | None:
     """The canonical names of ``--algorithm``'s choices (None: all), in order, once
@@ -464,12 +474,8 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     links = resolve_links(args)
     n = resolve_ranks(args, links)
-    nbytes = parse_size(args.nbytes, "--bytes")
-    if nbytes < 1:
-        raise ArgumentError("--bytes must be at least 1 byte")
+    nbytes = size_and_root(args, n)
     d = dtype_of(args.dtype)
-    if not 0 <= args.root < n:
-        raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
     params = parse_params(args.param)
     args.algorithm = chosen_algorithms(args.collective, args.algorithm, params)
     paths = Paths.from_settings(Settings.from_env())

@@ -31,10 +31,11 @@ from ..cost.cli import (
     chosen_algorithms,
     resolve_links,
     resolve_ranks,
+    size_and_root,
 )
 from ..cost.host import Paths
 from ..cost.model import Profile, bus_factor, predict
-from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_size, parse_time
+from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_time
 from ..errors import ArgumentError
 from ..jsonout import dumps
 from ..progress import callback
@@ -176,11 +177,7 @@ def main(args: argparse.Namespace) -> int:
     links = resolve_links(args)
     n = resolve_ranks(args, links)
     profile: Profile = links.profile
-    nbytes = parse_size(args.nbytes, "--bytes")
-    if nbytes < 1:
-        raise ArgumentError("--bytes must be at least 1 byte")
-    if not 0 <= args.root < n:
-        raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
+    nbytes = size_and_root(args, n)
     if args.seed < 0:
         raise ArgumentError(f"--seed must be >= 0, got {args.seed}")
     if args.rails and profile.inter is None:
