@@ -51,7 +51,12 @@ Large jobs
 ----------
 Counting walks every rank's steps while that stays within
 :data:`EXACT_STEP_BUDGET` steps (tens of ranks for ring-like schedules,
-hundreds for logarithmic ones).  Beyond it the walk visits a fixed,
+hundreds for logarithmic ones).  Beyond it, a schedule with a closed form of
+its rounds (:meth:`~ringlet.schedule.Schedule.round_arrays`: every registered
+algorithm has one) is counted over every rank from those vectors, a round
+pattern once however often it repeats (:func:`_vector_count`: a ring of 16,384
+ranks on two levels in well under a second, exact, as the tests check against
+the walk).  A schedule without one is walked over a fixed,
 deterministic sample of ranks (:func:`_sample`: the ends, the root, powers of
 two and their mirror images, node boundaries) and takes the per-round maxima
 over them.  While every rank walked moved exactly the same bytes in every
@@ -423,7 +428,9 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     """The :class:`Tally` of ``schedule``, split by link if ``0 < gpus_per_node < nranks``.
 
     One level: straight from :meth:`Schedule.counts` when every rank can be
-    walked within :data:`EXACT_STEP_BUDGET`.  Otherwise the same walk over the
+    walked within :data:`EXACT_STEP_BUDGET`.  Otherwise from the rounds' closed
+    form over every rank (:func:`_vector_count`) where the schedule has one, or
+    the same walk over the
     same steps, split by link, over every rank or over :func:`_sample`: the
     sample stops after three ranks (and :data:`SAMPLE_STEP_BUDGET` steps) if
     every rank walked so far moved exactly the same bytes in every round (a
@@ -445,6 +452,8 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     exact = first * n <= EXACT_STEP_BUDGET
     g = gpus_per_node if two_level else 0
     rails = rails and g > 0
+    if not exact and schedule.round_fn is not None:
+        return _vector_count(schedule, m, g, rails)
     if exact or len(_sample(n, schedule.root, g)) * (g if rails else 1) >= n:
         exact, ranks = True, list(range(n))
     elif rails:   # whole nodes: the nodes of the sampled ranks
@@ -453,6 +462,62 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     else:
         ranks = _sample(n, schedule.root, g)
     return _walk(schedule, m, ranks, g, exact, rails)
+
+
+def _vector_count(schedule: Schedule, m: int, g: int, rails: bool) -> Tally:
+    """:func:`count` over every rank from the rounds' closed form (no rank's steps built).
+
+    At ``m_ref`` every chunk holds the same number of elements, so a message's
+    bytes are its chunk count times that and the count is exact, like a walk
+    of every rank.  Rounds that repeat a pattern (a ring's ``2(p - 1)`` rounds
+    are two) reuse its figures, which is what makes 16,384 ranks quick.
+    """
+    n, R = schedule.nranks, schedule.nrounds
+    e = schedule.chunk_elements(m)
+    unit = np.arange(n) // g if rails else None
+    size = np.bincount(unit).astype(float) if unit is not None else None
+
+    def per_unit(v: np.ndarray) -> np.ndarray:
+        if unit is None or size is None:
+            return v
+        return np.bincount(unit, v, len(size)) / size
+
+    # pattern -> (intra, inter, reduced, intra count, inter count, sent per unit); the
+    # arrays are kept with their figures so that the ids in the key stay theirs
+    figures: dict[tuple[int, ...], tuple[Any, tuple[float, ...], np.ndarray]] = {}
+    times: dict[tuple[int, ...], int] = {}
+    rows = np.zeros((5, R))
+    for i in range(R):
+        ra = schedule.round_arrays(i)
+        arrays = tuple(ra[k] for k in ("src", "dst", "chunks", "reduce", "local") if k in ra)
+        key = tuple(id(a) for a in arrays) + (len(arrays),)
+        got = figures.get(key)
+        if got is None:
+            src, dst, chunks, red = arrays[:4]
+            nb = chunks * e
+            cross = (src // g != dst // g) if g else np.zeros(len(src), bool)
+            sides = []
+            for mask in (~cross, cross):
+                vol = [per_unit(np.bincount(x[mask], nb[mask], n)) for x in (src, dst)]
+                msgs = [per_unit(np.bincount(x[mask], minlength=n).astype(float))
+                        for x in (src, dst)]
+                sides.append((float(np.max(np.maximum(*vol), initial=0.0)),
+                              float(np.max(np.maximum(*msgs), initial=0.0))))
+            reduced = np.bincount(dst[red], nb[red], n) + (ra["local"] * e if "local" in ra
+                                                           else 0.0)
+            row = (sides[0][0], sides[1][0], float(np.max(per_unit(reduced), initial=0.0)),
+                   sides[0][1], sides[1][1])
+            got = figures[key] = (arrays, row, per_unit(np.bincount(src, nb, n)))
+        rows[:, i] = got[1]
+        times[key] = times.get(key, 0) + 1
+    sent = sum((figures[k][2] * c for k, c in times.items()), np.zeros(1))
+    a_in, a_out, a_red, c_in, c_out = rows
+    how = f"all {n} ranks (from the rounds' closed form)"
+    if rails:
+        how += f", as {g} rail channels (loads averaged within each node)"
+    return Tally(a_in / m, a_out / m, a_in > 0, a_out > 0, a_red / m,
+                 float(np.max(sent)) / m, int(((a_in > 0) | (a_out > 0)).sum()), how,
+                 c_in, c_out)
 
 
 def _walk(schedule: Schedule, m: int, ranks: Sequence[int], g: int, exact: bool,
