@@ -9,6 +9,7 @@ closed-form cost model (``ringlet predict``).
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 from pathlib import Path
@@ -278,7 +279,8 @@ def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None
     (["--jitter", "normal:1"], "lognormal:SIGMA"),
     (["--jitter", "lognormal:1e6"], "SIGMA from 0 to 10"),   # was an OverflowError
     (["--seed", "-1"], "--seed must be >= 0"),                # was numpy's ValueError
-    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: No such file"),
+    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: directory /nonexistent"),
+    (["--trace", "/tmp"], "--trace /tmp: is a directory"),
     (["--root", "8"], "--root 8 is out of range for 8 ranks"),
     (["--bytes", "0"], "--bytes must be at least 1 byte"),
     (["--algorithm", "rign"], "unknown algorithm 'rign' for all_reduce; valid: "),
@@ -327,3 +329,17 @@ def test_noise_is_a_folded_lognormal_from_16_bits_a_message() -> None:
     assert np.mean(np.log(f) / 0.5) == pytest.approx(np.sqrt(2 / np.pi), abs=0.01)
     again = noise(np.random.default_rng(3), np.exp(0.5 * q), 100_001)
     assert np.array_equal(f, again)
+
+
+def test_cli_failed_run_leaves_no_trace_file(tmp_path: pathlib.Path,
+                                             capsys: pytest.CaptureFixture[str]
+                                             ) -> None:
+    """--trace is checked before the work and written after it: a run that fails
+    leaves no empty (or truncated) file behind."""
+    path = tmp_path / "t.json"
+    path.write_text("kept")
+    assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8",
+                     "--bandwidth", "10GB/s", "--algorithm", "ring", "--param",
+                     "pieces=100000000", "--trace", str(path)]) == 2
+    assert "limit 2,000,000" in capsys.readouterr().err
+    assert path.read_text() == "kept"

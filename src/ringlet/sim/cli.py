@@ -19,7 +19,7 @@ import argparse
 import json
 import math
 import textwrap
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from ..cost.model import Profile, bus_factor, predict
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_time
 from ..errors import ArgumentError
 from ..jsonout import dumps
+from ..outputs import check_file
 from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
 from . import simulate
@@ -146,16 +147,6 @@ def parse_jitter(text: str | None) -> float:
     return v
 
 
-def _trace_file(path: str | None) -> IO[str] | None:
-    """``--trace``'s file, opened for writing (an ArgumentError if it cannot be)."""
-    if not path:
-        return None
-    try:
-        return open(path, "w")   # noqa: SIM115 - closed once the trace is written
-    except OSError as exc:
-        raise ArgumentError(f"--trace {path}: {exc.strerror}") from None
-
-
 def trace_events(results: list[tuple[Result, list[Any]]]) -> dict[str, Any]:
     """A Chrome trace: process per algorithm, thread per rank, an 'X' event per round."""
     events: list[dict[str, Any]] = []
@@ -193,7 +184,8 @@ def main(args: argparse.Namespace) -> int:
     jitter = parse_jitter(args.jitter)
     params = parse_params(args.param)
     chosen = chosen_algorithms(args.collective, args.algorithm, params)
-    trace = _trace_file(args.trace)   # before the work: a path that cannot be written fails now
+    if args.trace:   # before the work: a path that cannot be written fails now
+        check_file(args.trace, "--trace")
     paths = Paths.from_settings(Settings.from_env())   # as ringlet predict takes them
     names = chosen or [a for a in registered_algorithms(args.collective) if a != "naive"]
     out: list[dict[str, Any]] = []
@@ -230,8 +222,8 @@ def main(args: argparse.Namespace) -> int:
             traced.append((res, rec))
     ok = sorted((d for d in out if "seconds" in d), key=lambda d: (d["seconds"], d["algorithm"]))
     bad = [d for d in out if "seconds" not in d]
-    if trace is not None:
-        with trace:
+    if args.trace:   # written once the work is done: a failed run leaves no empty file
+        with open(args.trace, "w") as trace:
             json.dump(trace_events(traced), trace)
     if args.json:
         print(dumps([*ok, *bad], indent=1))
