@@ -319,6 +319,20 @@ def test_a_peer_killed_after_the_last_call_does_not_hold_the_store_host() -> Non
     assert "TCPStore" not in proc.stderr, out
 
 
+@pytest.mark.parametrize("engine", ["mpi", "none"])
+def test_ringlet_run_nodes_refuses_another_engine(engine: str) -> None:
+    """--nodes emulates nodes on torch.distributed: an explicit RINGLET_ENGINE of another
+    engine is a ConfigError before any rank starts (it was silently replaced by torch)."""
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
+                           str(SCRIPT)], capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_ENGINE=engine))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert f"--nodes 2 emulates nodes over torch.distributed (gloo on loopback), but " \
+           f"RINGLET_ENGINE={engine}: unset it, or emulate nodes on MPI with mpiexec" \
+           in proc.stderr
+
+
 def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:
     """The last rank skips a call: the others' timeout names it alone and says where it is,
     though on the torch engine its node's verdict never comes (its node's other rank sends

@@ -67,7 +67,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 
 from .config import Settings
-from .errors import ArgumentError, RingletError, SpawnError
+from .errors import ArgumentError, ConfigError, RingletError, SpawnError
 from .procs import stopped
 
 #: Seconds between SIGTERM and SIGKILL when the supervisor stops a rank.
@@ -609,6 +609,12 @@ def main_run(args: argparse.Namespace) -> int:
                             f"node runs the same number of ranks")
     per_node = nranks // nodes
     extra: dict[str, str] = {}
+    if nodes > 1 and settings.engine not in ("auto", "torch"):
+        raise ConfigError(
+            f"--nodes {nodes} emulates nodes over torch.distributed (gloo on "
+            f"loopback), but RINGLET_ENGINE={settings.engine}: unset it, or emulate nodes on "
+            f"MPI with mpiexec and RINGLET_NODE (mpiexec -n 2 -env RINGLET_NODE a python "
+            f"s.py : -n 2 -env RINGLET_NODE b python s.py)")
     if nodes > 1:
         extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}
