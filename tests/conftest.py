@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,6 +64,43 @@ def _close_worlds() -> Iterator[None]:
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("ringlet-")] \
         if os.path.isdir("/dev/shm") else []
     assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
+def _mapped_in_some_process(paths: set[str]) -> set[str]:
+    """Which of ``paths`` a live process still maps."""
+    found: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found.update(p for line in f for p in paths if p in line)
+        except OSError:   # gone, or not ours to read
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _mpich_segments() -> Iterator[None]:
+    """Remove the MPICH segments a test's MPI job left behind.  MPICH keeps its node's
+    segment (/dev/shm/mpich_shm_*) until MPI_Finalize when ranks are started as several
+    programs (``mpiexec -n 2 ... : -n 2 ...``, how the tests emulate nodes), so a job
+    whose rank the test kills leaves 4 MB there for good, whichever library it runs
+    (MPICH's, not ringlet's: ringlet's own segments are checked above).  Only new
+    segments that no live process maps are removed."""
+    def mpich() -> set[str]:
+        try:
+            return {f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm_")}
+        except OSError:
+            return set()
+
+    before = mpich()
+    yield
+    new = {f"/dev/shm/{f}" for f in mpich() - before}
+    if new:
+        for path in new - _mapped_in_some_process(new):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 @pytest.fixture(params=SIZES, ids=lambda n: f"N{n}")
