@@ -356,3 +356,35 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
         assert work.waited == 1
         assert took < 0.4, f"the wait ended {took:.3f} s in, not at the callback"
         assert not work.completed
+
+
+def test_end_lanes_gives_up_once_no_connection_is_left_to_close() -> None:
+    """A lane still inside a gloo wait after every connection of its group was closed
+    (the dead peer's, and those of survivors that exited) is one gloo never ends: closing
+    gives up after a moment instead of its whole budget (a survivor's exit took 12 s:
+    2 s at close and 5 s per group at exit, past ringlet run's 3 s grace)."""
+    from types import SimpleNamespace
+
+    from ringlet.transport.torch import TorchTransport
+
+    class StuckLane:
+        joined = 0.0
+
+        def alive(self) -> bool:
+            return True
+
+        def join(self, seconds: float) -> None:
+            StuckLane.joined += seconds
+            time.sleep(seconds)
+
+    kills: list[int] = []
+
+    def kill() -> bool:   # every connection is closed already: nothing times out
+        kills.append(1)
+        return False
+
+    fake = SimpleNamespace(_pg=object(), _lanes={(1, 0, 0): StuckLane()}, _kill=kill)
+    t0 = time.monotonic()
+    assert TorchTransport._end_lanes(fake, 5.0) is False   # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 1.5 and len(kills) == 2
+    assert fake._pg is not None   # the group is kept: a lane may still hold it
