@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,12 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
     ({"RINGLET_SHM_SLOT_BYTES": "4100"}, r"shm_slot_bytes must be a multiple of 64"),
     ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),
     ({"RINGLET_GRACE": "-1"}, r"grace must be >= 0, got -1.0"),
+    # an OverflowError traceback before, for every byte size
+    ({"RINGLET_SHM_SLOT_BYTES": "inf"}, r"RINGLET_SHM_SLOT_BYTES='inf' is not a valid int"),
+    ({"RINGLET_CMA_BYTES": "-inf"}, r"RINGLET_CMA_BYTES='-inf' is not a valid int"),
+    # the launcher's and the waits' clocks overflowed
+    ({"RINGLET_GRACE": "1e300"}, r"RINGLET_GRACE='1e300': grace must be at most 604,800 s"),
+    ({"RINGLET_TIMEOUT": "1e300"}, r"timeout must be at most 604,800 s \(a week\)"),
     ({"RINGLET_START_METHOD": "thread"}, r"start_method must be auto, spawn, forkserver or fork"),
     # every entry of RINGLET_ALGO at once, not at the first call of its collective
     ({"RINGLET_ALGO": "broadcast:bogus"}, r"RINGLET_ALGO entry 'broadcast:bogus': broadcast "
@@ -107,6 +114,37 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
 def test_invalid_values_are_rejected(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize("given, message", [
+    # strings are truthy: fused="no" left the fused paths on
+    ({"fused": "no"}, r"fused must be True or False, got 'no' \(str\)"),
+    ({"lean": "off"}, r"lean must be True or False, got 'off' \(str\)"),
+    # a false mismatch between ranks, a TypeError in the recorder, an OverflowError in a
+    # wait, TypeError and AttributeError tracebacks
+    ({"shm_slots": 2.5}, r"shm_slots must be a whole number, got 2.5 \(float\)"),
+    ({"shm_slots": True}, r"shm_slots must be a whole number, got True \(bool\)"),
+    ({"flight_records": 10.7}, r"flight_records must be a whole number"),
+    ({"timeout": 10 ** 400}, r"timeout must be a finite number, got an integer of 401 digits"),
+    ({"timeout": "5"}, r"timeout must be a number, got '5' \(str\)"),
+    ({"timeout": None}, r"timeout must be a number, got None"),
+    ({"debug": None}, r"debug must be a string, got None"),
+    ({"algo": 5}, r"algo must be a string, got 5 \(int\)"),
+    ({"node": 3}, r"node must be a string"),
+    ({"dump_dir": None}, r"dump_dir must be a string"),
+])
+def test_settings_made_in_code_are_checked_too(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings(**given)
+
+
+def test_whole_seconds_and_numpy_numbers_are_numbers() -> None:
+    import numpy as np
+
+    s = Settings(timeout=10, grace=0, shm_slots=np.int64(8), liveness_s=np.float32(0.5))
+    assert s.timeout == 10.0 and type(s.timeout) is float and s.grace == 0.0
+    assert s.shm_slots == 8 and type(s.shm_slots) is int
+    assert s.liveness_s == 0.5 and type(s.liveness_s) is float
 
 
 def test_replace_validates() -> None:

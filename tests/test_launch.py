@@ -202,7 +202,11 @@ def test_signals_to_the_launcher_are_forwarded(sig: signal.Signals) -> None:
     (["-n", "2", "missing.py"], r"no such script: 'missing.py' \(to run a module, use -m\)"),
     (["-n", "2"], r"give a script to run: ringlet run -n 4 script.py"),
     (["-n", "2", "-m"], r"give a module name after -m"),
-    (["-n", "2", "--grace", "-1", "rank_env.py"], r"--grace must be >= 0 seconds, got -1"),
+    (["-n", "2", "--grace", "-1", "rank_env.py"], r"--grace must be >= 0, got -1.0"),
+    # an OverflowError in the launcher's wait once a rank failed, or never stopping them
+    (["-n", "2", "--grace", "inf", "rank_env.py"], r"--grace must be a finite number"),
+    (["-n", "2", "--grace", "nan", "rank_env.py"], r"--grace must be a finite number"),
+    (["-n", "2", "--grace", "1e300", "rank_env.py"], r"--grace must be at most 604,800 s"),
     # a traceback (FileExistsError, FileNotFoundError) before
     (["--trace", "rank_env.py", "-n", "2", "rank_env.py"],
      r"--trace .*rank_env.py: is a file, not a directory"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -42,9 +43,17 @@ def parse_bytes(text: str) -> int:
         value = float(t) * mult
     except ValueError:
         raise ConfigError(f"{text!r} is not a byte size; write e.g. 4096, 64K, 1M or 2G") from None
-    if value < 0 or value != int(value):
+    if not math.isfinite(value) or value < 0 or value != int(value):
         raise ConfigError(f"{text!r} is not a whole, non-negative number of bytes")
     return int(value)
+
+
+#: what each kind of setting must be (Settings made in code are checked too)
+_KINDS = {"float": "a number", "int": "a whole number", "bool": "True or False",
+          "str": "a string"}
+#: the longest deadline, liveness interval or grace a setting may give: a week (a wait
+#: of 1e300 s overflows the clocks of the waits that keep it)
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -159,10 +168,28 @@ class Settings:
                "python - and an interactive session; else spawn."})
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in fields(self):   # types first: Settings(fused="no") would be on
             v = getattr(self, f.name)
+            kind = f.type if isinstance(f.type, str) else f.type.__name__
+            number = {"float": numbers.Real, "int": numbers.Integral}.get(kind)
+            if number is not None and isinstance(v, number) and not isinstance(v, bool) \
+                    and type(v) is not (float if kind == "float" else int):
+                try:   # numpy's numbers, and whole seconds, as Python's own type
+                    v = float(v) if kind == "float" else int(v)  # type: ignore[call-overload]
+                except OverflowError:
+                    raise ConfigError(f"{f.name} must be a finite number, got an integer "
+                                      f"of {len(str(v))} digits") from None
+                object.__setattr__(self, f.name, v)
+            want = {"float": float, "int": int, "bool": bool, "str": str}[kind]
+            if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                raise ConfigError(f"{f.name} must be {_KINDS[kind]}, got {v!r} "
+                                  f"({type(v).__name__})")
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
+        for name in ("timeout", "init_timeout", "liveness_s", "heartbeat_s", "grace"):
+            if getattr(self, name) > MAX_SECONDS:
+                raise ConfigError(f"{name} must be at most {MAX_SECONDS:,.0f} s (a week), got "
+                                  f"{getattr(self, name)!r}")
         for name, top, unit in (("spin_us", 1e6, " us (1 s)"), ("yield_us", 1e6, " us (1 s)"),
                                 ("sleep_us", 1e6, " us (1 s)"),
                                 ("flight_records", 1_000_000, " records"),

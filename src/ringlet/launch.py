@@ -599,9 +599,12 @@ def main_run(args: argparse.Namespace) -> int:
     """Run ``args.program`` on ``args.nranks`` local ranks; return the job's exit status."""
     settings = Settings.from_env()  # rejects unknown RINGLET_* once, here, not in every rank
     nranks = _check_nranks(args.nranks, "-n")
-    grace = settings.grace if args.grace is None else args.grace
-    if grace < 0:
-        raise ArgumentError(f"--grace must be >= 0 seconds, got {grace:g}")
+    grace = settings.grace
+    if args.grace is not None:
+        try:
+            grace = settings.replace(grace=args.grace).grace
+        except ConfigError as exc:
+            raise ArgumentError(f"--{exc}") from None
     command = _command(args.program, module=args.module)
     nodes = _check_nranks(args.nodes, "--nodes")
     if nranks % nodes:
