@@ -128,6 +128,18 @@ def test_survivors_detect_a_dead_peer_with_the_communicator() -> None:
                           re.MULTILINE)) == 2
 
 
+def test_a_peer_error_does_not_take_the_blame_from_the_rank_that_ended() -> None:
+    """Rank 1 calls sys.exit(3) after init: its peers report a PeerError (it closed its
+    communicator) before its own exit handlers are done, and even exit first; the
+    summary and the exit status are still rank 1's (they were rank 0's PeerError)."""
+    proc = ringlet_run("-n", "3", "comm_ring.py", "--exit")
+    assert proc.returncode == 3, proc.stderr
+    assert summary(proc) == ("ringlet run: rank 1 failed first (exit code 3); "
+                             "ranks 0, 2 then exited on their own (exit code 1)")
+    assert len(re.findall(r"^\[[02]\] ringlet.errors.PeerError: rank 1 ", proc.stderr,
+                          re.MULTILINE)) == 2
+
+
 def test_hanging_survivors_are_stopped_after_the_grace_period() -> None:
     start = time.monotonic()
     proc = ringlet_run("-n", "4", "--grace", "0.3", "behave.py", "--fail", "2",

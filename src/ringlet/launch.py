@@ -272,10 +272,16 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     read as they come.  The rank that failed first is the first to report one, if it
     did so before another rank exited with an error: a rank's exit handlers (closing
     its communicator) may take longer than its peers take to hear of its failure and
-    exit themselves.  The grace period still starts at the first failed exit.
+    exit themselves.  A :class:`~ringlet.errors.PeerError` is an echo (a peer died,
+    closed its communicator, was interrupted or aborted after its own failure): a rank
+    that reports one does not count as failing first while another rank may, so a rank
+    that ends with an error without one (``sys.exit(3)`` after ``init``, a kill) and
+    not at the supervisor's hand, or reports another exception, takes its place, even
+    after the echo's exit.  The grace period still starts at the first failed exit.
     """
     out = _Outcome(nranks=len(children), timeout=timeout)
     raised: int | None = None       # the first rank that reported an uncaught exception
+    settled = False                 # first_failed is not an echo (see above)
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     live = {c.rank: c for c in children}
@@ -295,15 +301,22 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         now = time.monotonic()
         if errors is not None:   # before the exits: a rank reports before it exits
             for rank in errors.read():
-                raised = rank if raised is None else raised
+                if not errors.echo(rank):
+                    raised = rank if raised is None else raised
+            if event and not settled and raised is not None:
+                out.first_failed, settled = raised, True
         for rank, child in list(live.items()):
             code = child.exitcode()
             if code is None:
                 continue
             del live[rank]
             out.endings[rank] = _Ending(code, *stops.get(rank, ("", 0)))
+            cause = code != 0 and rank not in stops and not (errors and errors.echo(rank))
+            if event and not settled and cause:
+                out.first_failed, settled = rank, True
             if code != 0 and not event:
                 out.first_failed, event = rank if raised is None else raised, True
+                settled = raised is not None or cause
                 out.frozen = tuple(r for r, c in sorted(live.items()) if stopped(c.pid))
                 stop_at = now + grace
                 if on_failure is not None:
@@ -839,6 +852,12 @@ class _ErrorPipes:
 
     def _raised(self, rank: int) -> bool:
         return (b"\n" + self._data[rank]).find(b"\nerror ") >= 0
+
+    def echo(self, rank: int) -> bool:
+        """Whether the rank's uncaught exception is a PeerError: another rank's failure
+        heard of, not a failure of its own."""
+        why = self.reported(rank) or ""
+        return why.startswith(("ringlet.errors.PeerError:", "PeerError:"))
 
     def reported(self, rank: int) -> str | None:
         """What the rank said of itself: its uncaught exception, '' if it had none, None if
