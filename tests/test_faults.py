@@ -93,6 +93,71 @@ def test_p2p_wait_after_an_abort_says_what_failed_here_and_there() -> None:
         and "all_reduce #1" in res[0], res[0]
 
 
+def _any_source_dead(comm: ringlet.Communicator, how: str) -> str:
+    """Rank 0 waits for a message from any rank; the last rank dies, the others sleep."""
+    r, n = comm.rank, comm.size
+    comm.barrier()
+    if r == n - 1:
+        time.sleep(0.3)
+        os._exit(1)
+    if r > 0:
+        time.sleep(4.0)
+        return "slept"
+    start = time.monotonic()
+    if how == "recv":
+        got = outcome(lambda: comm.recv(np.empty(1), ringlet.ANY_SOURCE, tag=1))
+    elif how == "probe":
+        got = outcome(lambda: comm.probe(ringlet.ANY_SOURCE, 1))
+    else:
+        works = comm.batch_isend_irecv([("recv", np.empty(1), ringlet.ANY_SOURCE, 1)])
+        got = outcome(works[0].wait)
+    raise RuntimeError(f"{got} after {time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.parametrize("how", ["recv", "probe", "batch"])
+def test_any_source_wait_fails_when_a_peer_dies(how: str) -> None:
+    """A wait for a message from any rank fails at once when a peer dies (it may have been
+    the sender; the communicator is aborted anyway): it waited until ringlet run's grace
+    ran out (or RINGLET_TIMEOUT), watching no rank at all."""
+    with pytest.raises(ringlet.SpawnError) as info:
+        ringlet.spawn(_any_source_dead, 3, how, settings=FAST)
+    fails = info.value.failures
+    assert set(fails) == {0, 2}, fails   # rank 1 slept its 4 s and returned
+    what = "probe for a message from any rank (tag 1)" if how == "probe" else \
+        "recv from any rank (tag 1)"
+    m = re.search(r"PeerError: rank 2 \(pid \d+\) died; (.*) cannot complete.* after "
+                  r"([\d.]+) s", fails[0])
+    assert m and m[1] == what and float(m[2]) < 3.0, fails[0]
+
+
+def _any_source_closed(comm: ringlet.Communicator) -> str:
+    """Rank 2 ends its program while rank 0 waits for a message from any rank: rank 1 may
+    still send (and does); once rank 1 has ended too, nobody can."""
+    r = comm.rank
+    comm.barrier()
+    if r == 2:
+        comm.close()
+        return "closed"
+    if r == 1:
+        time.sleep(1.0)
+        comm.send(np.full(1, 5.0), 0, tag=1)
+        comm.close()
+        return "sent"
+    got = comm.recv(np.empty(1), ringlet.ANY_SOURCE, tag=1)
+    return f"got {got[0]:g}; then " + outcome(lambda: comm.recv(np.empty(1),
+                                                                 ringlet.ANY_SOURCE, tag=1))
+
+
+def test_any_source_wait_outlives_a_peer_that_closed_until_none_is_left() -> None:
+    """A peer that closed the communicator is no failure of a wait for any rank while
+    another rank may still send; once every other rank has closed, it is one."""
+    res = ringlet.spawn(_any_source_closed, 3, settings=FAST)
+    assert res[1:] == ["sent", "closed"], res
+    assert res[0] == ("got 5; then PeerError: every other rank closed the communicator (or "
+                      "its program ended) while recv from any rank (tag 1) waited: no rank is "
+                      "left to send"), res[0]
+
+
 def _absent(comm: ringlet.Communicator) -> str:
     if comm.rank == 1:
         time.sleep(3.0)   # never calls the collective

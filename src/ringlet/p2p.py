@@ -288,7 +288,8 @@ class P2PEngine:
         watch = [] if src == ANY_SOURCE else [src]
         with self.lock:
             waiter = Waiter(t.settings, lambda: what, lambda: watch,
-                            lambda: t.check(watch, what))
+                            lambda: self._check_any(what) if src == ANY_SOURCE
+                            else t.check(watch, what))
             peers = functools.partial(self._in_flight, None if src == ANY_SOURCE else src)
             while True:
                 seen = t.events()
@@ -425,8 +426,32 @@ class P2PEngine:
         return [peer, *(q for q in range(self.c.size) if q != peer and
                         (self.sends[q] or self.active[q] is not None))]
 
+    def _check_any(self, what: str) -> None:
+        """The check of a wait for a message from any rank: a peer that died (or aborted)
+        fails it, as MPI's fault-tolerant ANY_SOURCE receives fail when any process
+        does (it may have been the sender, and the communicator is aborted anyway); a
+        peer that closed the communicator does not, while another rank may still send,
+        but once every other rank has closed, nobody can."""
+        t, me = self.c._t, self.c.rank
+        t.check([], what)
+        others = [q for q in range(self.c.size) if q != me]
+        closed = 0
+        for q in others:
+            try:
+                t.check([q], what)
+            except PeerError as exc:
+                if not getattr(exc, "peer_closed", False):
+                    raise
+                closed += 1
+        if others and closed == len(others):
+            raise PeerError(f"every other rank closed the communicator (or its program "
+                            f"ended) while {what} waited: no rank is left to send")
+
     def _check(self, watch: list[int], w: Work) -> None:
         try:
+            if w._peer is None:
+                self._check_any(w._what)
+                return
             self.c._t.check(watch, w._what)
         except (PeerError, CommTimeoutError) as exc:
             # a peer's abort notice says what failed there (a timeout too: this wait's own

@@ -234,9 +234,11 @@ class Transport(ABC):
         now = self.calls()[0]
         if 0 < now <= done:
             return None
-        return PeerError(
+        err = PeerError(
             f"rank {name} closed the communicator (or its program ended) while "
             f"{what or self.describe()} waited for it: every rank must make the same calls")
+        err.peer_closed = True  # type: ignore[attr-defined]  # not dead: see p2p.check_any
+        return err
 
     # --- messages ---------------------------------------------------------------------
 
