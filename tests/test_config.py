@@ -189,3 +189,40 @@ def test_config_command_reports_bad_variables(monkeypatch: pytest.MonkeyPatch) -
     configure(parser)
     with pytest.raises(ConfigError, match="unknown setting RINGLET_TIMOUT"):
         main(parser.parse_args([]))
+
+
+def _returns_rank(comm: Any) -> int:
+    return int(comm.rank)
+
+
+@pytest.mark.parametrize("name, var", [("dump_dir", "RINGLET_DUMP_DIR"),
+                                       ("trace", "RINGLET_TRACE")])
+def test_unusable_dump_and_trace_directories_fail_the_start(name: str, var: str,
+                                                            tmp_path: Any) -> None:
+    """The recorder writes these on a failure or in batches and cannot say then that it
+    could not: a directory that cannot be made or written is a ConfigError when the job
+    starts, in init, in spawn (before any rank starts) and in ringlet run (they were
+    ignored in silence: no trace, no dumps)."""
+    import os
+    import subprocess
+    import sys
+
+    import ringlet
+
+    bad = Settings(**{name: "/proc/nope"})
+    with pytest.raises(ConfigError, match=f"{var} /proc/nope: cannot make the directory"):
+        bad.check_paths()
+    with pytest.raises(ConfigError, match=f"{var} /proc/nope"):
+        ringlet.spawn(_returns_rank, 2, settings=bad)
+    with pytest.raises(ConfigError, match=f"{var} /proc/nope"):
+        ringlet.init(settings=bad, rank=0, size=1)
+    made = tmp_path / "made" / "here"
+    Settings(**{name: str(made)}).check_paths()
+    assert made.is_dir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGLET_")}
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "-n", "2", "-m",
+                           "json.tool", "--help"],
+                          env={**env, var: "/proc/nope"}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"ringlet run: {var} /proc/nope: cannot make the directory" in proc.stderr

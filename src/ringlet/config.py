@@ -241,6 +241,22 @@ class Settings:
             raise ConfigError(f"start_method must be auto, spawn, forkserver or fork, got "
                               f"{self.start_method!r}")
 
+    def check_paths(self) -> None:
+        """A ConfigError unless ``dump_dir`` and ``trace``, where set, are directories this
+        process can write (made if missing): checked when a job starts (``init``,
+        ``spawn``, ``ringlet run``), since the recorder that writes them later cannot
+        say so (its dumps happen on a failure, its trace in batches)."""
+        from .errors import ArgumentError
+        from .outputs import check_directory
+
+        for name in ("dump_dir", "trace"):
+            path = getattr(self, name)
+            if path:
+                try:
+                    check_directory(path, f"RINGLET_{name.upper()}")
+                except ArgumentError as exc:
+                    raise ConfigError(str(exc)) from None
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with some settings changed (validated like the original)."""
         names = {f.name for f in fields(self)}

@@ -611,6 +611,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
 def main_run(args: argparse.Namespace) -> int:
     """Run ``args.program`` on ``args.nranks`` local ranks; return the job's exit status."""
     settings = Settings.from_env()  # rejects unknown RINGLET_* once, here, not in every rank
+    settings.check_paths()
     nranks = _check_nranks(args.nranks, "-n")
     grace = settings.grace
     if args.grace is not None:
@@ -1055,6 +1056,7 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
            init: Callable[..., Any]) -> list[Any]:
     """:func:`spawn` with the per-rank start-up function ``init`` (``ringlet.comm.init``)."""
     settings = Settings.from_env() if settings is None else settings
+    settings.check_paths()
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")

@@ -107,6 +107,7 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     (see the module documentation for what it guarantees).
     """
     settings = Settings.from_env() if settings is None else settings
+    settings.check_paths()
     key = None
     parent = None
     engine = settings.engine if settings.engine in ("mpi", "torch") else None
@@ -195,6 +196,7 @@ def init_on_store(store: Any, rank: int, size: int, *,
     (:func:`ringlet.engines.start`); one node gets shared memory only unless
     ``RINGLET_ENGINE=torch``.  Collective: every rank of the group calls it."""
     settings = Settings.from_env() if settings is None else settings
+    settings.check_paths()
     if not 0 <= rank < size:
         raise ArgumentError(f"rank {rank} is out of range for size {size}")
     if settings.engine == "none" or settings.engine == "mpi":
