@@ -221,6 +221,16 @@ def test_closed_form_count_is_the_exact_walk(coll: str) -> None:
             assert got.rounds == want.rounds, (coll, name, n, g)
 
 
+def test_all_pairs_rounds_at_scale_are_walked_not_vectorised() -> None:
+    # an all-pairs round of 4,096 ranks has 16.8 million messages: as vectors, hundreds of
+    # megabytes (gigabytes at 16,384 ranks); its ranks are alike, so the sample walks 3
+    needs("all_reduce", "direct")
+    t = count(build("all_reduce", "direct", 4096), 8)
+    assert "3 of 4096 ranks" in t.counted and "symmetric" in t.counted
+    ring = count(build("all_reduce", "ring", 4096), 8)
+    assert ring.counted == "all 4096 ranks (from the rounds' closed form)"
+
+
 def test_large_job_uses_symmetry_and_is_fast() -> None:
     import time
 

@@ -56,7 +56,8 @@ its rounds (:meth:`~ringlet.schedule.Schedule.round_arrays`: every registered
 algorithm has one) is counted over every rank from those vectors, a round
 pattern once however often it repeats (:func:`_vector_count`: a ring of 16,384
 ranks on two levels in well under a second, exact, as the tests check against
-the walk).  A schedule without one is walked over a fixed,
+the walk), unless its rounds are too big for vectors (:data:`VECTOR_MESSAGES`:
+all-pairs rounds at thousands of ranks).  Any other schedule is walked over a fixed,
 deterministic sample of ranks (:func:`_sample`: the ends, the root, powers of
 two and their mirror images, node boundaries) and takes the per-round maxima
 over them.  While every rank walked moved exactly the same bytes in every
@@ -131,6 +132,9 @@ _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp3
 EXACT_STEP_BUDGET = 20_000
 #: Steps a sampled count walks (at least three ranks are always walked).
 SAMPLE_STEP_BUDGET = 10_000
+#: The most messages (about ranks x rank 0's steps) a round may have for a count from the
+#: rounds' closed form (:func:`_vector_count`); beyond, the walk over a sample of ranks.
+VECTOR_MESSAGES = 1 << 21
 #: A piece count is counted only if rounds x the ranks walked stays within this; beyond
 #: it the fitted closed form answers (or, without one, the search stops).
 COUNT_BUDGET = 10_000
@@ -429,7 +433,8 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
 
     One level: straight from :meth:`Schedule.counts` when every rank can be
     walked within :data:`EXACT_STEP_BUDGET`.  Otherwise from the rounds' closed
-    form over every rank (:func:`_vector_count`) where the schedule has one, or
+    form over every rank (:func:`_vector_count`) where the schedule has one and its
+    rounds are not too big for vectors (:data:`VECTOR_MESSAGES`), or
     the same walk over the
     same steps, split by link, over every rank or over :func:`_sample`: the
     sample stops after three ranks (and :data:`SAMPLE_STEP_BUDGET` steps) if
@@ -448,11 +453,15 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     n = schedule.nranks
     two_level = 0 < gpus_per_node < n
     m = _m_ref(schedule)
-    first = sum(len(rnd) for rnd in schedule.steps(0))
+    mine = schedule.steps(0)
+    first = sum(len(rnd) for rnd in mine)
     exact = first * n <= EXACT_STEP_BUDGET
     g = gpus_per_node if two_level else 0
     rails = rails and g > 0
-    if not exact and schedule.round_fn is not None:
+    # a round's vectors hold about n times rank 0's steps in it: all-pairs rounds at
+    # 16,384 ranks would take gigabytes (their ranks are alike: the sample walks 3)
+    if not exact and schedule.round_fn is not None \
+            and n * max(map(len, mine), default=0) <= VECTOR_MESSAGES:
         return _vector_count(schedule, m, g, rails)
     if exact or len(_sample(n, schedule.root, g)) * (g if rails else 1) >= n:
         exact, ranks = True, list(range(n))
