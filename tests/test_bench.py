@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -390,6 +391,7 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     (["all_reduce", "--budget", "0"], "--budget must be a positive number"),
     (["all_reduce", "-e", "1000G"], "need about .* of memory"),
     (["all_reduce", "--vs", "nccl"], "--vs: unknown peer 'nccl'"),
+    (["all_reduce", "--vs", ""], "--vs: name at least one peer"),   # ran with no peer
     (["all_reduce", "--op", "avg", "--vs", "gloo"], "gloo has no AVG reduction"),
     (["all_reduce", "--json", "/nonexistent/dir/x.json"], "directory /nonexistent/dir does not"),
     (["gather", "--buffers", "shared"], "--buffers shared: gather's buffers differ"),
@@ -413,6 +415,22 @@ def test_a_run_that_fails_exits_1_not_the_usage_errors_2(
     assert main(["bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8M", "-q",
                  "--timeout", "0.05"]) == 1
     assert "timed out after 0.05 s" in capsys.readouterr().err
+
+
+def test_a_result_that_cannot_be_written_is_one_line_not_a_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What the checks before the sweep cannot see (a full disk, a read-only file) fails
+    the write after it: one line and exit code 1 (an OSError traceback before)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    assert main(["bench", "all_reduce", "-n", "1", "-e", "8", "-q", "--json",
+                 "/dev/full"]) == 1
+    err = capsys.readouterr().err
+    assert err == "ringlet bench: --json /dev/full: cannot write it: No space left on device\n"
+    assert main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8", "--bandwidth",
+                 "10GB/s", "--trace", "/dev/full"]) == 1
+    assert "ringlet simulate: --trace /dev/full: cannot write it: No space left on device" \
+        in capsys.readouterr().err
 
 
 def test_missing_peers_say_what_to_install(monkeypatch: pytest.MonkeyPatch,

@@ -226,3 +226,13 @@ def test_unusable_dump_and_trace_directories_fail_the_start(name: str, var: str,
                           timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"ringlet run: {var} /proc/nope: cannot make the directory" in proc.stderr
+
+
+def test_spawn_refuses_the_mpi_engine() -> None:
+    """spawn starts its ranks itself: RINGLET_ENGINE=mpi cannot hold there (every rank
+    failed, MPI seeing each alone; ringlet bench, which spawns, the same)."""
+    import ringlet
+
+    with pytest.raises(ConfigError, match=r"ringlet.spawn starts its ranks itself, not "
+                                          r"through MPI, but RINGLET_ENGINE=mpi"):
+        ringlet.spawn(_returns_rank, 2, settings=Settings(engine="mpi"))

@@ -319,18 +319,34 @@ def test_a_peer_killed_after_the_last_call_does_not_hold_the_store_host() -> Non
     assert "TCPStore" not in proc.stderr, out
 
 
-@pytest.mark.parametrize("engine", ["mpi", "none"])
-def test_ringlet_run_nodes_refuses_another_engine(engine: str) -> None:
-    """--nodes emulates nodes on torch.distributed: an explicit RINGLET_ENGINE of another
-    engine is a ConfigError before any rank starts (it was silently replaced by torch)."""
-    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
-                           str(SCRIPT)], capture_output=True, text=True, timeout=LIMIT,
-                          env=_env(RINGLET_ENGINE=engine))
+@pytest.mark.parametrize("nodes, engine", [(2, "mpi"), (2, "none"), (1, "mpi")])
+def test_ringlet_run_refuses_an_engine_it_cannot_start(nodes: int, engine: str) -> None:
+    """--nodes emulates nodes on torch.distributed, and ringlet run is no MPI launcher: an
+    explicit RINGLET_ENGINE it cannot honour is a ConfigError before any rank starts
+    (--nodes silently ran torch; -n alone failed in every rank, saying that MPI saw each
+    rank alone and to run one job per mpiexec)."""
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", str(nodes),
+                           "-n", "4", str(SCRIPT)], capture_output=True, text=True,
+                          timeout=LIMIT, env=_env(RINGLET_ENGINE=engine))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""
-    assert f"--nodes 2 emulates nodes over torch.distributed (gloo on loopback), but " \
-           f"RINGLET_ENGINE={engine}: unset it, or emulate nodes on MPI with mpiexec" \
-           in proc.stderr
+    how = "--nodes 2 emulates nodes over torch.distributed (gloo on loopback)" if nodes > 1 \
+        else "ringlet run starts its ranks itself, not through MPI"
+    assert f"ringlet run: {how}, but RINGLET_ENGINE={engine}: unset it, or run on MPI with " \
+           f"mpiexec" in proc.stderr, proc.stderr
+
+
+def test_ringlet_run_on_one_node_can_force_the_torch_engine() -> None:
+    """RINGLET_ENGINE=torch on one node: ringlet run gives the ranks a store to meet on
+    (they failed, MASTER_ADDR not set)."""
+    _torch()
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "-n", "2", str(SCRIPT),
+                           "--no-sweep"], capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(RINGLET_ENGINE="torch"))
+    reports = _reports(proc.stdout)
+    assert proc.returncode == 0 and len(reports) == 2 and all(r["ok"] for r in reports), \
+        proc.stdout + proc.stderr
+    assert all(r["engine"] == "torch" and r["nodes"] == [[0, 1]] for r in reports), reports
 
 
 def test_ringlet_run_timeout_across_nodes_names_the_rank() -> None:

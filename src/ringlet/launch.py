@@ -626,13 +626,14 @@ def main_run(args: argparse.Namespace) -> int:
                             f"node runs the same number of ranks")
     per_node = nranks // nodes
     extra: dict[str, str] = {}
-    if nodes > 1 and settings.engine not in ("auto", "torch"):
+    if settings.engine == "mpi" or (nodes > 1 and settings.engine == "none"):
+        how = (f"--nodes {nodes} emulates nodes over torch.distributed (gloo on loopback)"
+               if nodes > 1 else "ringlet run starts its ranks itself, not through MPI")
         raise ConfigError(
-            f"--nodes {nodes} emulates nodes over torch.distributed (gloo on "
-            f"loopback), but RINGLET_ENGINE={settings.engine}: unset it, or emulate nodes on "
-            f"MPI with mpiexec and RINGLET_NODE (mpiexec -n 2 -env RINGLET_NODE a python "
-            f"s.py : -n 2 -env RINGLET_NODE b python s.py)")
-    if nodes > 1:
+            f"{how}, but RINGLET_ENGINE={settings.engine}: unset it, or run on MPI with "
+            f"mpiexec (mpiexec -n 4 python s.py; nodes emulated with RINGLET_NODE: mpiexec "
+            f"-n 2 -env RINGLET_NODE a python s.py : -n 2 -env RINGLET_NODE b python s.py)")
+    if nodes > 1 or settings.engine == "torch":   # the store torch.distributed meets on
         extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}
     job_id = secrets.token_hex(16)
@@ -1057,6 +1058,9 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
     """:func:`spawn` with the per-rank start-up function ``init`` (``ringlet.comm.init``)."""
     settings = Settings.from_env() if settings is None else settings
     settings.check_paths()
+    if settings.engine == "mpi":
+        raise ConfigError("ringlet.spawn starts its ranks itself, not through MPI, but "
+                          "RINGLET_ENGINE=mpi: unset it, or start the program with mpiexec")
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")

@@ -7,10 +7,11 @@ for a file, a format matplotlib does not know, a missing parent) loses the run.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import ArgumentError
+from .errors import ArgumentError, RingletError
 
 #: The image formats matplotlib writes without other packages.
 FIGURE_SUFFIXES = (".png", ".svg", ".svgz", ".pdf", ".eps", ".ps")
@@ -48,3 +49,15 @@ def check_directory(path: str, option: str) -> None:
 
 
 __all__ = ["FIGURE_SUFFIXES", "check_directory", "check_file"]
+
+
+@contextmanager
+def writing(path: str | os.PathLike[str], option: str) -> Iterator[None]:
+    """Write ``path`` inside the block: an OSError there (a full disk, a read-only file
+    or file system, what the checks before the work cannot see) is one line naming the
+    option, not a traceback after the work."""
+    try:
+        yield
+    except OSError as exc:
+        raise RingletError(f"{option} {os.fspath(path)}: cannot write it: "
+                           f"{exc.strerror or exc}") from None

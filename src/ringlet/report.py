@@ -694,7 +694,7 @@ def short_bench(vs: str | None, quiet: bool) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``ringlet report``; 0 when the report is written."""
-    from .outputs import check_file
+    from .outputs import check_file, writing
 
     out = Path(args.out)
     check_file(args.out, "--out")
@@ -715,6 +715,7 @@ def main(args: argparse.Namespace) -> int:
     steps = (2 if inputs.benches else 0) + (inputs.trace is not None) + 1
     with Progress(steps, "ringlet report", "parts", False if args.quiet else None) as bar:
         html = render(inputs, bar)
-    out.write_text(html)
+    with writing(out, "--out"):
+        out.write_text(html)
     print(f"wrote {out} ({len(html.encode()) / 1024:.0f} KiB)")
     return 0

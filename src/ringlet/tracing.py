@@ -179,8 +179,10 @@ def merge(directory: str) -> tuple[str, dict[str, Any], int]:
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": q,
                      "args": {"sort_index": q}})
     s = skew(events)
+    from .outputs import writing
+
     path = os.path.join(directory, "trace.json")
-    with open(path, "w") as f:
+    with writing(path, "--trace"), open(path, "w") as f:
         json.dump({"traceEvents": meta + sorted(events, key=lambda e: (e["tid"], e["ts"])),
                    "displayTimeUnit": "ms",
                    "otherData": {"skew": s, **({"clocks": clocks} if clocks else {})}}, f)

@@ -29,7 +29,7 @@ from ..config import Settings
 from ..errors import ArgumentError, RingletError
 from ..jsonout import dumps
 from ..ops import DTYPES, ReduceOp, check_op
-from ..outputs import FIGURE_SUFFIXES, check_file
+from ..outputs import FIGURE_SUFFIXES, check_file, writing
 from ..progress import Progress
 from .core import (
     BENCH_DTYPES,
@@ -141,7 +141,7 @@ def make_job(args: argparse.Namespace) -> Job:
         if importlib.util.find_spec("torch") is None:
             raise ArgumentError("--dtype bfloat16 runs on torch tensors: pip install "
                                 "torch==2.13.0")
-        if args.vs:
+        if args.vs is not None:
             raise ArgumentError("--dtype bfloat16 is measured for ringlet only (the peers' "
                                 "benchmarks fill numpy arrays); drop --vs")
         if args.buffers == "shared":
@@ -287,9 +287,11 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(table(res))
     sys.stdout.flush()
     if args.json:
-        Path(args.json).write_text(dumps(to_json(res, sys.argv), indent=1) + "\n")
+        with writing(args.json, "--json"):
+            Path(args.json).write_text(dumps(to_json(res, sys.argv), indent=1) + "\n")
     if args.plot:
-        write_plot(res, args.plot)
+        with writing(args.plot, "--plot"):
+            write_plot(res, args.plot)
     return 1 if res.failed() else 0
 
 
@@ -307,7 +309,7 @@ def collect(args: argparse.Namespace, what: str = "ringlet bench") -> Result:
     job = make_job(args)
     settings = Settings.from_env()
     algos = algorithms(job, settings)  # also rejects an unknown --algo before anything runs
-    peers = parse_vs(args.vs) if args.vs else []
+    peers = parse_vs(args.vs) if args.vs is not None else []
     check_supported(peers, job)
     coll = COLLECTIVES[job.collective]
     timeout = args.timeout or default_timeout(job, len(coll.forms))

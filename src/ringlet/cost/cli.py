@@ -435,7 +435,10 @@ def calibrate(args: argparse.Namespace) -> int:
     profile = run_calibration(2 if args.nranks is None else args.nranks, quick=args.quick,
                               reps=5 if args.reps is None else args.reps, settings=settings)
     after = idle(0.5)
-    path = profile.save(out)
+    from ..outputs import writing
+
+    with writing(out, "--out" if args.out else "RINGLET_PROFILE"):
+        path = profile.save(out)
     if min(before, after) < 0.8:
         print(f"warning: the CPUs were busy around the calibration ({before:.0%} idle "
               f"before, {after:.0%} after): other work may have skewed it; calibrate again "

@@ -38,7 +38,7 @@ from ..cost.model import Profile, bus_factor, predict
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_time
 from ..errors import ArgumentError
 from ..jsonout import dumps
-from ..outputs import check_file
+from ..outputs import check_file, writing
 from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
 from . import simulate
@@ -223,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
     ok = sorted((d for d in out if "seconds" in d), key=lambda d: (d["seconds"], d["algorithm"]))
     bad = [d for d in out if "seconds" not in d]
     if args.trace:   # written once the work is done: a failed run leaves no empty file
-        with open(args.trace, "w") as trace:
+        with writing(args.trace, "--trace"), open(args.trace, "w") as trace:
             json.dump(trace_events(traced), trace)
     if args.json:
         print(dumps([*ok, *bad], indent=1))
