@@ -11,6 +11,7 @@ default), alternating, and prints the median time of each and the ratio.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 import numpy as np
@@ -56,4 +57,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

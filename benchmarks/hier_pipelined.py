@@ -11,6 +11,8 @@ parameters, and the predicted bus bandwidth.  Prints the Markdown table of
 
 from __future__ import annotations
 
+import argparse
+
 from ringlet.cost.model import predict
 from ringlet.cost.topology import preset_profile
 from ringlet.sim import Topology, simulate
@@ -41,4 +43,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
