@@ -203,8 +203,9 @@ class Calls:
                 self._name_group(exc)
             return exc
         if isinstance(exc, ArgumentError):
-            note = str(exc)
-            exc.args = (f"{name} on rank {self.rank}: {note}",)
+            note, head = str(exc), f"{name} on rank {self.rank}: "
+            note = note.removeprefix(head)   # named already (the torch backend's calls)
+            exc.args = (head + note,)
             err = exc
         else:
             note = f"bad argument ({type(exc).__name__}: {exc})"
@@ -289,12 +290,22 @@ class Calls:
         if owner is None or not owner.is_alive():
             self._owner, self._owner_id = me, threading.get_ident()
             return
-        raise ArgumentError(
-            f"{what} on rank {self.rank}: this communicator's calls are made by thread "
-            f"{owner.name!r}, and thread {me.name!r} called it too; calls from two threads "
-            f"would pair up differently on different ranks. Make every call from one thread, "
-            f"or give each thread its own communicator (comm.split(color=0) once per thread, "
-            f"in the same order on every rank)")
+        if threading.get_ident() == self._worker_ident:
+            err = ArgumentError(
+                f"{what} on rank {self.rank}: called from a callback on ringlet's worker "
+                f"thread (a torch future's .then(), or a Work's), which finished an "
+                f"asynchronous call of thread {owner.name!r}; a call made there would pair "
+                f"up differently on different ranks. Wait for the future on {owner.name!r} "
+                f"and make the call there (torch's PowerSGD hook chains collectives in "
+                f"callbacks: not supported; allreduce_hook and fp16_compress_hook are)")
+        else:
+            err = ArgumentError(
+                f"{what} on rank {self.rank}: this communicator's calls are made by thread "
+                f"{owner.name!r}, and thread {me.name!r} called it too; calls from two "
+                f"threads would pair up differently on different ranks. Make every call from "
+                f"one thread, or give each thread its own communicator (comm.split(color=0) "
+                f"once per thread, in the same order on every rank)")
+        raise err
 
     @property
     def _current(self) -> str:

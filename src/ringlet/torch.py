@@ -93,6 +93,26 @@ def _cpu(tensors: Sequence[Any], what: str) -> None:
                 f"cuda:nccl') puts each device on its own backend)")
 
 
+def _dense(t: Any) -> Any:
+    """``t``, or a contiguous copy of it if it is strided (a transposed view): gloo takes
+    those, and so does this backend, writing a copy back with :func:`_back` after the
+    call (ringlet's own calls take contiguous buffers only)."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[Any], Any]:
+    """``finish``, after copying each dense copy back into its strided tensor."""
+    pairs = tuple((t, d) for t, d in pairs if t is not d)
+    if not pairs:
+        return finish
+
+    def done(res: Any) -> Any:
+        for t, d in pairs:
+            t.copy_(d)
+        return finish(res)
+    return done
+
+
 def _one(tensors: Sequence[Any], what: str) -> Any:
     if len(tensors) != 1:
         raise ArgumentError(f"{what}: the ringlet backend takes one tensor per call, got "
@@ -233,26 +253,29 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "all_reduce")
         op = _op(opts)
-        return self._async(lambda a: self.comm.all_reduce(t, op=op, async_op=a),
-                           lambda _: tensors, opts)
+        d = _dense(t)
+        return self._async(lambda a: self.comm.all_reduce(d, op=op, async_op=a),
+                           _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("broadcast")
     def broadcast(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "broadcast")
-        return self._async(lambda a: self.comm.broadcast(t, root=opts.rootRank, async_op=a),
-                           lambda _: tensors, opts)
+        d = _dense(t)
+        return self._async(lambda a: self.comm.broadcast(d, root=opts.rootRank, async_op=a),
+                           _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("reduce")
     def reduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
         t = _one(tensors, "reduce")
         op = _op(opts)
+        d = _dense(t)
         return self._async(
-            lambda a: self.comm.reduce(t, root=opts.rootRank, op=op, async_op=a),
-            lambda _: tensors, opts)
+            lambda a: self.comm.reduce(d, root=opts.rootRank, op=op, async_op=a),
+            _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("all_gather")
     def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
-        x = _one(inputs, "all_gather")
+        x = _dense(_one(inputs, "all_gather"))
         outs = outputs[0]
         _cpu(outs, "all_gather")
         sizes = [o.numel() for o in outs]
@@ -262,7 +285,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             def finish(res: Any) -> Any:
                 for o, r in zip(outs, res, strict=True):
                     o.copy_(r.reshape(o.shape))
-                return outputs
+                return outs
 
             return self._async(lambda a: self.comm.all_gather(x, async_op=a), finish, opts)
         # tensors of different sizes (as NCCL allows): the uneven all-gather
@@ -273,7 +296,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         def finish_v(res: Any) -> Any:
             for o, r in zip(outs, torch.split(res, sizes), strict=True):
                 o.copy_(r.reshape(o.shape))
-            return outputs
+            return outs
 
         return self._async(lambda a: self.comm.all_gather_v(x.reshape(-1), sizes, async_op=a),
                            finish_v, opts)
@@ -281,8 +304,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     @_checked("all_gather")
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         _cpu([output, input], "all_gather_into_tensor")
-        return self._async(lambda a: self.comm.all_gather(input, out=output, async_op=a),
-                           lambda _: [output], opts)
+        x, out = _dense(input), _dense(output)
+        return self._async(lambda a: self.comm.all_gather(x, out=out, async_op=a),
+                           _back(lambda _: [output], (output, out)), opts)
 
     @_checked("reduce_scatter")
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
@@ -293,17 +317,19 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         self._count(ins, out, "reduce_scatter")
         x = torch.cat([t.reshape(-1) for t in ins])
         op = _op(opts)
-        return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=out, async_op=a),
-                           lambda _: outputs, opts)
+        d = _dense(out)
+        return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=d, async_op=a),
+                           _back(lambda _: outputs, (out, d)), opts)
 
     @_checked("reduce_scatter")
     def reduce_scatter_single(self, output: Any, input: Any,  # noqa: A002
                               opts: Any = None) -> Any:
         _cpu([output, input], "reduce_scatter_tensor")
         op = _op(opts)
+        x, out = _dense(input), _dense(output)
         return self._async(
-            lambda a: self.comm.reduce_scatter(input, op=op, out=output, async_op=a),
-            lambda _: [output], opts)
+            lambda a: self.comm.reduce_scatter(x, op=op, out=out, async_op=a),
+            _back(lambda _: [output], (output, out)), opts)
 
     @_checked("all_to_all")
     def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
@@ -342,16 +368,17 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                 raise ArgumentError(f"all_to_all_single: {name} has {rows} rows, not a "
                                     f"multiple of {n} ranks; give {name}_split_sizes")
             splits[name] = list(given) if given else [rows // n] * n
+        x, out = _dense(input), _dense(output)
+        finish = _back(lambda _: [output], (output, out))
         if len({*splits["input"], *splits["output"]}) == 1:   # one block size: even
-            return self._async(lambda a: self.comm.all_to_all(input, out=output, async_op=a),
-                               lambda _: [output], opts)
+            return self._async(lambda a: self.comm.all_to_all(x, out=out, async_op=a),
+                               finish, opts)
         return self._async(lambda a: self.comm.all_to_all_v(
-            input, splits["input"], splits["output"], out=output, async_op=a),
-            lambda _: [output], opts)
+            x, splits["input"], splits["output"], out=out, async_op=a), finish, opts)
 
     @_checked("gather")
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
-        x = _one(inputs, "gather")
+        x = _dense(_one(inputs, "gather"))
         root = opts.rootRank
         outs = outputs[0] if outputs else []
         if self.comm.rank == root:
@@ -362,7 +389,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             if res is not None:
                 for o, r in zip(outs, res, strict=True):
                     o.copy_(r.reshape(o.shape))
-            return outputs
+            return outs   # gloo's value: the list of tensors ([] off the root)
 
         return self._async(lambda a: self.comm.gather(x, root=root, async_op=a), finish, opts)
 
@@ -376,8 +403,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             _cpu(ins, "scatter")
             self._count(ins, out, "scatter")
             x = torch.cat([t.reshape(-1) for t in ins])
-        return self._async(lambda a: self.comm.scatter(x, root=root, out=out, async_op=a),
-                           lambda _: outputs, opts)
+        d = _dense(out)
+        return self._async(lambda a: self.comm.scatter(x, root=root, out=d, async_op=a),
+                           _back(lambda _: outputs, (out, d)), opts)
 
     @_checked("barrier")
     def barrier(self, opts: Any = None) -> Any:
@@ -387,15 +415,17 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     def send(self, tensors: list[Any], dst: int, tag: int) -> Any:
         t = _one(tensors, "send")
-        return _Work(self.comm.isend(t, dst, tag), lambda _: tensors)
+        return _Work(self.comm.isend(_dense(t), dst, tag), lambda _: tensors)
 
     def recv(self, tensors: list[Any], src: int, tag: int) -> Any:
         t = _one(tensors, "recv")
-        return _Work(self.comm.irecv(t, src, tag), lambda _: tensors)
+        d = _dense(t)
+        return _Work(self.comm.irecv(d, src, tag), _back(lambda _: tensors, (t, d)))
 
     def recv_anysource(self, tensors: list[Any], tag: int) -> Any:
         t = _one(tensors, "recv")
-        return _Work(self.comm.irecv(t, ANY_SOURCE, tag), lambda _: tensors)
+        d = _dense(t)
+        return _Work(self.comm.irecv(d, ANY_SOURCE, tag), _back(lambda _: tensors, (t, d)))
 
     # --- life --------------------------------------------------------------------------
 

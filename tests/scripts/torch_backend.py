@@ -165,6 +165,30 @@ def operations(r: int, n: int, bad: list[str]) -> None:
             t = torch.full((3,), float(r))
             dist.all_reduce(t, group=sub)
             check(bad, t.tolist() == [2.0] * 3, f"subgroup all_reduce {t}")
+    # strided tensors (a transposed view) are taken, as gloo takes them
+    base = torch.arange(6.0).reshape(2, 3) + r
+    tv = base.t()
+    dist.all_reduce(tv)
+    want = (torch.arange(6.0).reshape(2, 3) * n + n * (n - 1) / 2).t()
+    check(bad, torch.equal(tv, want) and torch.equal(base, want.t()),
+          f"all_reduce of a transposed view {tv}")
+    tv = (torch.zeros(2, 3) + r).t()
+    dist.broadcast(tv, n - 1)
+    check(bad, torch.equal(tv, torch.full((3, 2), float(n - 1))), f"broadcast strided {tv}")
+    out = torch.zeros(2, 3).t()                       # a strided (3, 2) output
+    dist.reduce_scatter_tensor(out, torch.ones(6 * n))
+    check(bad, torch.equal(out, torch.full((3, 2), float(n))),
+          f"reduce_scatter_tensor into a strided output {out}")
+    # the futures' values are gloo's: a list of tensors for all_gather and gather
+    outs = [torch.empty(2) for _ in range(n)]
+    v = dist.all_gather(outs, torch.full((2,), float(r)), async_op=True).get_future().wait()
+    check(bad, isinstance(v, list) and len(v) == n and all(torch.is_tensor(x) for x in v)
+          and [x[0].item() for x in v] == [float(q) for q in range(n)],
+          f"all_gather future value {v}")
+    gl = [torch.empty(2) for _ in range(n)] if r == 0 else None
+    v = dist.gather(torch.full((2,), float(r)), gl, dst=0, async_op=True).get_future().wait()
+    check(bad, (isinstance(v, list) and len(v) == n and torch.is_tensor(v[0])) if r == 0
+          else v == [], f"gather future value {v}")
     # clear errors, and the group still works after them
     for what, fn in (
             ("CUDA-less device", lambda: dist.all_reduce(torch.ones(2, device="meta"))),
