@@ -653,11 +653,9 @@ def main_run(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _dump_dir(settings: Settings) -> Iterator[str]:
-    """The ranks' RINGLET_DUMP_DIR: the user's, or a temporary one removed at the end."""
+    """The ranks' RINGLET_DUMP_DIR: the user's (checked: :meth:`Settings.check_paths`), or a
+    temporary one removed at the end."""
     if settings.dump_dir:
-        from .outputs import check_directory
-
-        check_directory(settings.dump_dir, "RINGLET_DUMP_DIR")
         yield os.path.abspath(settings.dump_dir)
         return
     import tempfile
