@@ -104,13 +104,15 @@ def test_shaped_rate_each_direction_and_at_the_receiver(bed: netbed.NetBed) -> N
     # two senders into one host share its download link: together they get one rate
     for what, src, dst in [("0->1", 0, 1), ("1->0", 1, 0), ("1,2->0", [1, 2], 0)]:
         # nothing crosses faster than the rate, ever; a busy machine's TCP may fall short
-        # of it for a while (631 Mbit/s of 1 Gbit/s once in CI on a slow day), so the
-        # floor holds for the best of up to three measurements
+        # of it for a while (631 Mbit/s of 1 Gbit/s once in CI on a slow day, 686 at best
+        # of three on another), so the floor, which is there to catch a shaper set in the
+        # wrong units (1000x off), not to time the machine, is 0.4 of the rate for the
+        # best of up to three measurements
         got = []
         while len(got) < 3 and (not got or max(got) <= 0.7 * rate):
             got.append(bed.measure_throughput(src, dst, seconds=1.0))
             assert got[-1] < 1.3 * rate, (what, got, bed.qdiscs(0))
-        assert max(got) > 0.7 * rate, (what, got, bed.qdiscs(0))
+        assert max(got) > 0.4 * rate, (what, got, bed.qdiscs(0))
 
 
 @needs_rate
