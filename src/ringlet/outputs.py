@@ -1,4 +1,5 @@
-"""Checks on the files and directories the command-line tools write, made before any work.
+"""Checks on the files and directories the command-line tools write, made before any work,
+and the one-line error when writing them fails after it (:func:`writing`).
 
 A sweep that runs for minutes and then fails to write its result (a directory given
 for a file, a format matplotlib does not know, a missing parent) loses the run.
@@ -48,9 +49,6 @@ def check_directory(path: str, option: str) -> None:
         raise ArgumentError(f"{option} {path}: directory is not writable")
 
 
-__all__ = ["FIGURE_SUFFIXES", "check_directory", "check_file"]
-
-
 @contextmanager
 def writing(path: str | os.PathLike[str], option: str) -> Iterator[None]:
     """Write ``path`` inside the block: an OSError there (a full disk, a read-only file
@@ -61,3 +59,6 @@ def writing(path: str | os.PathLike[str], option: str) -> Iterator[None]:
     except OSError as exc:
         raise RingletError(f"{option} {os.fspath(path)}: cannot write it: "
                            f"{exc.strerror or exc}") from None
+
+
+__all__ = ["FIGURE_SUFFIXES", "check_directory", "check_file", "writing"]
