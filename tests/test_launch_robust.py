@@ -171,6 +171,29 @@ def test_kill_9_of_ringlet_run_takes_the_ranks_and_their_files(tmp_path: Path, d
     _assert_no_files(job)
 
 
+def test_kill_9_of_ringlet_run_removes_its_temporary_dump_dir(tmp_path: Path) -> None:
+    """The dump directory ``ringlet run`` made in TMPDIR goes with the job, SIGKILL or not."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in _ENV.items() if k != "RINGLET_DUMP_DIR"}
+    proc = subprocess.Popen([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**env, "TMPDIR": str(tmp)})
+    out = _Output(proc)
+    pids, job = _pids_and_job(out.wait_for("ready", 2, timeout=30))
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("ringlet-dumps-")]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    _assert_gone(pids)
+    _assert_no_files(job)
+    deadline = time.monotonic() + 3
+    while list(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp.iterdir()) == []
+
+
 #: each rank starts a process of its own (a data loader's worker, say) and prints its pid
 _PARENT_RANK = textwrap.dedent("""
     import os, subprocess, sys, time

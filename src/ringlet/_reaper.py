@@ -4,11 +4,13 @@
 that it imports nothing of ringlet, numpy included) with a pipe as its
 standard input, whose write end only the launcher holds.  The launcher writes
 one line per rank it starts (``pid PID GROUP``, GROUP 1 if the rank leads its
-own process group) and ``done`` when the job is over.  If the pipe reaches its
+own process group), ``dir HEXPATH`` for a temporary directory of the launcher's to remove
+too (its path, hex-encoded), and ``done`` when the job is over.  If the pipe reaches its
 end without ``done``, the launcher died, however it died (SIGKILL included):
 the watchdog SIGKILLs every rank still running (its process group where it
 leads one), waits until they are gone, and removes every file the job left in
-the shared-memory directory (``ringlet-<job id>-*`` owned by this user).
+the shared-memory directory (``ringlet-<job id>-*`` owned by this user), and the
+launcher's temporary directories (``ringlet run``'s dump directory).
 
 Usage: ``python _reaper.py JOB_ID SHM_DIR`` (the launcher's business only).
 """
@@ -16,7 +18,9 @@ Usage: ``python _reaper.py JOB_ID SHM_DIR`` (the launcher's business only).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -71,6 +75,16 @@ def _remove(job_id: str, shm_dir: str) -> None:
             pass
 
 
+def _remove_dir(path: str) -> None:
+    """Remove a temporary directory of the launcher's: a real directory of this user only."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     job_id, shm_dir = argv[1], argv[2]
     if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
@@ -78,12 +92,18 @@ def main(argv: list[str]) -> int:
     # the terminal's Ctrl-C is the launcher's to handle, not this process's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ranks: list[tuple[int, bool, str | None]] = []
+    dirs: list[str] = []
     done = False
     for line in sys.stdin.buffer:
         words = line.split()
         if words[:1] == [b"pid"] and len(words) == 3:
             pid = int(words[1])
             ranks.append((pid, words[2] == b"1", _start_time(pid)))
+        elif words[:1] == [b"dir"] and len(words) == 2:
+            try:
+                dirs.append(os.fsdecode(bytes.fromhex(words[1].decode())))
+            except ValueError:
+                pass
         elif words == [b"done"]:
             done = True
     if done:
@@ -95,6 +115,8 @@ def main(argv: list[str]) -> int:
             _start_time(pid) == started and started is not None for pid, _, started in ranks):
         time.sleep(0.01)
     _remove(job_id, shm_dir)
+    for path in dirs:
+        _remove_dir(path)
     return 0
 
 

@@ -416,6 +416,11 @@ class _Watchdog:
     def watch(self, pid: int, group: bool) -> None:
         self._say(f"pid {pid} {int(group)}\n")
 
+    def remove_dir(self, path: str) -> None:
+        """Have the watchdog also remove the temporary directory ``path`` if this process
+        dies (its own exit removes it otherwise)."""
+        self._say(f"dir {os.fsencode(path).hex()}\n")
+
     def done(self) -> None:
         """The job is over (every rank ended, files removed): the watchdog exits quietly."""
         if self.proc is None:
@@ -500,11 +505,14 @@ class _Children(list[_Child]):
 
 
 @contextmanager
-def _job(job_id: str) -> Iterator[list[_Child]]:
+def _job(job_id: str, temp_dirs: Sequence[str] = ()) -> Iterator[list[_Child]]:
     """The children of one job: on the way out, stop any still running, free, clean /dev/shm.
 
-    A watchdog process does the same if this process dies first."""
+    A watchdog process does the same if this process dies first, and then also removes
+    ``temp_dirs`` (which the caller removes itself on an ordinary exit)."""
     watchdog = _Watchdog(job_id)
+    for path in temp_dirs:
+        watchdog.remove_dir(path)
     children = _Children(watchdog)
     if watchdog.fd is not None:
         _WATCHDOG_FDS.add(watchdog.fd)
@@ -647,7 +655,8 @@ def main_run(args: argparse.Namespace) -> int:
             check_directory(trace, "--trace")
             clear(trace)
             extra["RINGLET_TRACE"] = trace
-        code = _run_job(args, command, nranks, per_node, nodes, grace, job_id, extra)
+        code = _run_job(args, command, nranks, per_node, nodes, grace, job_id, extra,
+                        temp_dirs=() if settings.dump_dir else (dumps,))
     return code
 
 
@@ -701,14 +710,16 @@ def _ask_for_dumps(directory: str, live: Sequence[_Child]) -> None:
 
 
 def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node: int,
-             nodes: int, grace: float, job_id: str, extra: dict[str, str]) -> int:
+             nodes: int, grace: float, job_id: str, extra: dict[str, str],
+             temp_dirs: Sequence[str] = ()) -> int:
     """Start the ranks and supervise them (see main_run)."""
     dumps = extra["RINGLET_DUMP_DIR"]
     width = len(str(nranks - 1))
     lock = threading.Lock()
     pumps: list[_Pump] = []
     errors = _ErrorPipes()   # the pipes the ranks write their uncaught exception to
-    with _Interrupts() as interrupts, _job(job_id) as children, _closing(errors.fds):
+    with _Interrupts() as interrupts, _job(job_id, temp_dirs) as children, \
+            _closing(errors.fds):
         for rank in range(nranks):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nranks),
                        LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
