@@ -39,18 +39,19 @@ _SLEEPER = textwrap.dedent("""
 """)
 
 _SPAWN_PARENT = textwrap.dedent("""
-    import os, sys, time
+    import os, subprocess, sys, time
     import ringlet
 
     def body(comm, path, delay):
+        child = subprocess.Popen(["sleep", "300"])   # a data loader's worker, say
         with open(f"{path}.{comm.rank}", "w") as f:
-            f.write(f"{os.getpid()} {comm.job_id}")
+            f.write(f"{os.getpid()} {comm.job_id} {child.pid}")
         time.sleep(delay)
-        return comm.rank
+        return child.pid
 
     if __name__ == "__main__":
         print("parent", os.getpid(), flush=True)
-        ringlet.spawn(body, 3, sys.argv[1], 60.0)
+        print("children", *ringlet.spawn(body, 3, sys.argv[1], float(sys.argv[2])), flush=True)
 """)
 
 
@@ -369,8 +370,8 @@ def test_kill_9_of_a_spawn_parent_takes_the_ranks(tmp_path: Path, method: str,
     script = tmp_path / "parent.py"
     script.write_text(_SPAWN_PARENT)
     marks = tmp_path / "pid"
-    proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen([sys.executable, str(script), str(marks), "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**_ENV, "RINGLET_START_METHOD": method})
     deadline = time.monotonic() + 30
     files = [Path(f"{marks}.{r}") for r in range(3)]
@@ -379,12 +380,34 @@ def test_kill_9_of_a_spawn_parent_takes_the_ranks(tmp_path: Path, method: str,
         time.sleep(0.05)
     pids = [int(f.read_text().split()[0]) for f in files]
     job = files[0].read_text().split()[1]
+    started = [int(f.read_text().split()[2]) for f in files]   # the ranks' own children
     if watchdog == "no watchdog":
         _kill_watchdog(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     _assert_gone(pids)
     assert _files_of(job) == []
+    if watchdog == "no watchdog":   # the kernel kills the ranks only
+        for pid in started:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    else:    # the watchdog kills each rank's process group
+        _assert_gone(started, within=3.0)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_processes_a_spawned_rank_started_end_with_the_job(tmp_path: Path,
+                                                               method: str) -> None:
+    """Each rank of ringlet.spawn leads a process group, as ringlet run's do: what a rank
+    started and left running is killed when the job ends (it was left running)."""
+    script = tmp_path / "parent.py"
+    script.write_text(_SPAWN_PARENT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "pid"), "0"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**_ENV, "RINGLET_START_METHOD": method})
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("children")), None)
+    assert proc.returncode == 0 and line, proc.stdout + proc.stderr
+    _assert_gone([int(p) for p in line.split()[1:]])
 
 
 # --- ringlet.spawn where people try it first -----------------------------------------------

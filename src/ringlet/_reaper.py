@@ -51,7 +51,10 @@ def _kill(pid: int, group: bool, started: str | None) -> None:
         # a group outlives its leader while a member runs: the processes the rank started
         # (the kernel's PR_SET_PDEATHSIG has usually killed the rank itself already)
         if group:
-            os.killpg(pid, signal.SIGKILL)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:  # its group not made yet (ringlet.spawn's ranks)
+                os.kill(pid, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -148,16 +148,34 @@ class _PopenChild(_Child):
 
 
 class _ProcessChild(_Child):
+    """A rank of :func:`spawn`: it leads a process group of its own, as a rank of ``ringlet
+    run`` does, so that the processes it starts are stopped with it (:func:`_own_group`)."""
+
     def __init__(self, rank: int, process: BaseProcess) -> None:
         super().__init__(rank, process.sentinel, process.pid or 0)
         self.process = process
+        self.leads_group = True
+        _own_group(self.pid)
 
     def exitcode(self) -> int | None:
         return self.process.exitcode
 
     def send_signal(self, sig: int) -> None:
+        """To the rank's process group (the rank and the processes it started); to the rank
+        alone if its group is not made yet (a rank of start method ``spawn`` makes it)."""
         if self.process.exitcode is None:  # not reaped, so the pid is still this process's
-            os.kill(self.process.pid, sig)  # type: ignore[arg-type]
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, sig)
+            except PermissionError:  # pragma: no cover - a group of someone else's
+                pass
+
+    def kill_group(self) -> None:
+        if self.process.exitcode is not None:  # the group outlives its leader
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
         if self.process.exitcode is not None:
@@ -467,6 +485,17 @@ if os.getppid() != int(sys.argv[1]):
     os.kill(os.getpid(), 9)
 os.execv(sys.argv[2], sys.argv[2:])
 """
+
+
+def _own_group(pid: int) -> None:
+    """Make ``pid`` (0: this process) lead a new process group, if it does not already.
+
+    A rank of :func:`spawn` calls it first thing, and the parent calls it too as soon as
+    the rank has started: whichever comes first makes the group, so the parent's signals
+    reach the group from the start where it can (a forked rank; a rank that has exec'd, as
+    start method ``spawn``'s do, only makes its group itself)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid if pid else 0)
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -1262,6 +1291,7 @@ def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size
     it exits with status 1 (``SystemExit``) after reporting a failure, so
     the supervisor sees the failure as soon as the process ends.
     """
+    _own_group(0)
     _die_with_parent(parent)
     for fd in list(_WATCHDOG_FDS):  # forked: this copy would keep the watchdog's pipe open
         with contextlib.suppress(OSError):
