@@ -66,6 +66,28 @@ def test_torch_tensors_and_another_op() -> None:
         assert got == [[2.0] * 5, [2 * i for i in range(6)]]
 
 
+def _params(c: ringlet.Communicator) -> list[list[float]]:
+    import torch
+
+    m = torch.nn.Linear(3, 2)
+    for q in m.parameters():
+        torch.nn.init.constant_(q, float(c.rank))
+    c.all_reduce_coalesced(list(m.parameters()))     # leaves that require grad, as all_reduce
+    b = ringlet.Bucketer(c, cap_bytes=8)
+    for q in m.parameters():
+        b.add(q)
+    b.wait()
+    return [q.detach().reshape(-1).tolist() for q in m.parameters()]
+
+
+def test_parameters_that_require_grad() -> None:
+    pytest.importorskip("torch")
+    n = 3
+    s = float(sum(range(n)) * n)
+    for got in get_world(n).run(_params):
+        assert got == [[s] * 6, [s] * 2]
+
+
 def _bad(c: ringlet.Communicator) -> str:
     out = []
     try:

@@ -75,7 +75,9 @@ def _unpack(flat: Any, parts: list[Any]) -> None:
     for p in parts:
         n = p.numel() if _is_torch(p) else p.size
         if _is_torch(p):
-            p.copy_(flat[off:off + n].view(p.shape))
+            # detached: a parameter (a leaf that requires grad) takes its result as
+            # all_reduce writes it, outside autograd
+            p.detach().copy_(flat[off:off + n].view(p.shape))
         else:
             np.copyto(p, flat[off:off + n].reshape(p.shape))
         off += n

@@ -100,6 +100,17 @@ def _dense(t: Any) -> Any:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
+def _apart(x: Any, out: Any) -> Any:
+    """``x``, or a copy of it if it shares storage with ``out``: torch's in-place forms
+    (``all_gather_into_tensor(out, out.chunk(n)[rank])``, as FSDP2 calls it, and an
+    output inside the input of ``reduce_scatter_tensor``) work on gloo and NCCL, while
+    ringlet's calls refuse an ``out=`` that overlaps ``x``."""
+    if x.numel() and out.numel() and \
+            x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+        return x.clone()
+    return x
+
+
 def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[Any], Any]:
     """``finish``, after copying each dense copy back into its strided tensor."""
     pairs = tuple((t, d) for t, d in pairs if t is not d)
@@ -232,6 +243,16 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
 
+    @property
+    def group_name(self) -> str:
+        """torch's name of this group (DeviceMesh, FSDP2 and the functional collectives
+        ask for it): torch sets it on a group's registered backends, and this group has
+        none, so it is read from torch's own table."""
+        name = dist.distributed_c10d._world.pg_names.get(self)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     def __repr__(self) -> str:
         return f"<ProcessGroupRinglet rank {self.comm.rank} of {self.comm.size}>"
 
@@ -305,6 +326,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         _cpu([output, input], "all_gather_into_tensor")
         x, out = _dense(input), _dense(output)
+        x = _apart(x, out)
         return self._async(lambda a: self.comm.all_gather(x, out=out, async_op=a),
                            _back(lambda _: [output], (output, out)), opts)
 
@@ -327,6 +349,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         _cpu([output, input], "reduce_scatter_tensor")
         op = _op(opts)
         x, out = _dense(input), _dense(output)
+        x = _apart(x, out)
         return self._async(
             lambda a: self.comm.reduce_scatter(x, op=op, out=out, async_op=a),
             _back(lambda _: [output], (output, out)), opts)

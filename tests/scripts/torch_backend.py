@@ -69,6 +69,18 @@ def operations(r: int, n: int, bad: list[str]) -> None:
     dist.all_gather_into_tensor(big, torch.full((3,), float(r)))
     check(bad, big.tolist() == [float(q) for q in range(n) for _ in range(3)],
           f"all_gather_into_tensor {big}")
+    big = torch.zeros(3 * n)       # in place, as FSDP2 calls it: the input is this rank's block
+    mine = big[3 * r:3 * r + 3]
+    mine.fill_(float(r))
+    dist.all_gather_into_tensor(big, mine)
+    check(bad, big.tolist() == [float(q) for q in range(n) for _ in range(3)],
+          f"in-place all_gather_into_tensor {big}")
+    x = torch.arange(2.0 * n)      # in place: the output is this rank's block of the input
+    dist.reduce_scatter_tensor(x[2 * r:2 * r + 2], x)
+    check(bad, x[2 * r:2 * r + 2].tolist() == [2.0 * r * n, (2.0 * r + 1) * n],
+          f"in-place reduce_scatter_tensor {x}")
+    check(bad, dist.group.WORLD.group_name == dist.distributed_c10d._world.pg_names[
+        dist.group.WORLD], "the group has no name (DeviceMesh and FSDP2 ask for it)")
     o = torch.empty(2)
     dist.reduce_scatter(o, [torch.full((2,), float(10 * q + r)) for q in range(n)])
     check(bad, o.tolist() == [float(sum(10 * r + q for q in range(n)))] * 2,
@@ -337,6 +349,35 @@ def ddp(r: int, n: int, bad: list[str]) -> None:
     grads = [torch.empty_like(m16.weight.grad) for _ in range(n)]
     dist.all_gather(grads, m16.weight.grad)
     check(bad, all(torch.equal(e, grads[0]) for e in grads), "fp16 hook: grads differ")
+    fsdp2(r, gloo, bad)
+
+
+def fsdp2(r: int, gloo: Any, bad: list[str]) -> None:
+    """FSDP2 (``fully_shard``, ZeRO-3) on ringlet and on gloo: same weights.  It names its
+    group (DeviceMesh asks for ``group_name``) and gathers in place
+    (``all_gather_into_tensor(out, out's block of this rank)``)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    weights = {}
+    for name, mesh in (("ringlet", DeviceMesh.from_group(dist.group.WORLD, "cpu")),
+                       ("gloo", DeviceMesh.from_group(gloo, "cpu"))):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        for layer in m:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(200 + r)
+        for _ in range(3):
+            opt.zero_grad()
+            m(torch.randn(4, 8, generator=g)).pow(2).sum().backward()
+            opt.step()
+        weights[name] = torch.cat([p.to_local().detach().reshape(-1) for p in m.parameters()])
+    a, b = weights["ringlet"], weights["gloo"]
+    check(bad, torch.allclose(a, b, rtol=1e-5, atol=1e-6),
+          f"FSDP2 shards differ from gloo's by {float((a - b).abs().max()):.3g}")
 
 
 def dead_peer(r: int, n: int, bad: list[str]) -> None:
