@@ -244,7 +244,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return BACKEND
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> str:  # type: ignore[override]  # torch types it GroupName, a str
         """torch's name of this group (DeviceMesh, FSDP2 and the functional collectives
         ask for it): torch sets it on a group's registered backends, and this group has
         none, so it is read from torch's own table."""
