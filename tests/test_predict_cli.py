@@ -343,3 +343,12 @@ def test_an_uneven_form_is_its_even_schedule(capsys: pytest.CaptureFixture[str])
     assert main(["predict", "all_to_all_v", "--bytes", "1MB", "--ranks", "8",
                  "--link", "nvlink4", "--algorithm", "bruck"]) == 2
     assert "bruck: not an algorithm of all_to_all_v" in capsys.readouterr().err
+
+
+def test_the_reference_never_wins_a_tie(capsys: pytest.CaptureFixture[str]) -> None:
+    """naive (the tests' oracle) ties with oneshot, the same schedule under the name the
+    tuner runs: predict names oneshot fastest, in the table and in the crossovers."""
+    assert main(["predict", "all_reduce", "--bytes", "100KB", "--ranks", "8", "--link",
+                 "nvlink4"]) == 0
+    out = capsys.readouterr().out
+    assert "fastest: oneshot" in out and "naive below" not in out and "oneshot below" in out

@@ -352,3 +352,14 @@ def test_operand_order_is_drawn() -> None:
     assert items == ["c0=3+c0", "c1+<-2", "c2=t0+c2"]
     assert str(recv_reduce(3, (Buf.OUT, 0), src_first=True)) == \
         "recv+reduce OUT[0] <- 3, received first"
+
+
+def test_show_refuses_a_vector_its_counts_cannot_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    """--count x --itemsize past 1 PiB wrapped int64 (negative bytes) or raised a traceback."""
+    for count in ("4611686018427387904", str(10**22)):
+        code, _, err = run(capsys, "show", "all_reduce", "--algo", "ring", "-n", "5",
+                           "--count", count)
+        assert code == 2 and "at most" in err and "Traceback" not in err
+    code, out, _ = run(capsys, "show", "all_reduce", "--algo", "ring", "-n", "5",
+                       "--count", str(2**50), "--itemsize", "1")
+    assert code == 0 and "-" not in out.splitlines()[1].split("sends")[1].split("m")[0]

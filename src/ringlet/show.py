@@ -45,6 +45,9 @@ SLOT = {Buf.IN: "i", Buf.OUT: "c", Buf.TMP: "t"}
 #: Ranks are letters, so a diagram has at most this many.
 MAX_RANKS = 26
 
+#: The largest vector (--count x --itemsize) whose byte counts ringlet show gives.
+MAX_SHOW_BYTES = 2 ** 50
+
 #: Widest a steps column grows before its items wrap onto more lines.
 STEPS_WIDTH = 28
 
@@ -847,6 +850,11 @@ def main_show(args: argparse.Namespace) -> int:
     if args.count < 1 or args.itemsize < 1:
         raise ArgumentError(
             f"--count {args.count} --itemsize {args.itemsize}: both must be >= 1")
+    if args.count * args.itemsize > MAX_SHOW_BYTES:
+        # the header's counts are int64 arithmetic: beyond this they wrap around
+        raise ArgumentError(
+            f"--count {args.count} --itemsize {args.itemsize}: at most "
+            f"{MAX_SHOW_BYTES:,} bytes (1 PiB) in all")
     width = args.width if args.width is not None else _default_width()
     if width < 40:
         raise ArgumentError(f"--width {width}: give at least 40 columns")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import algorithms as registered_algorithms
-from ..algorithms import parse_params
+from ..algorithms import entry, parse_params
 from ..config import Settings
 from ..cost.cli import (
     add_link_options,
@@ -49,6 +49,8 @@ from .topology import Topology
 #: messages a round, which the simulator holds in memory; skipped above this many.
 ALL_PAIRS = frozenset({"naive", "direct", "oneshot"})
 ALL_PAIRS_LIMIT = 1 << 24
+#: Pieces x ranks ringlet simulate takes from ringlet predict's piece count at most.
+SIM_PIECES = 1 << 21
 #: The largest --jitter sigma: exp(10 |Z|) is already 10^26 at six standard deviations;
 #: much more and a message's time overflows to infinity.
 MAX_SIGMA = 10.0
@@ -180,6 +182,9 @@ def main(args: argparse.Namespace) -> int:
     stragglers: dict[int, float] = {}
     for text in args.straggler:
         rank, delay = parse_straggler(text)
+        if not 0 <= rank < n:   # one error, not one per algorithm
+            raise ArgumentError(f"--straggler {text!r}: rank {rank} is out of range "
+                                f"(0..{n - 1})")
         stragglers[rank] = stragglers.get(rank, 0.0) + delay
     jitter = parse_jitter(args.jitter)
     params = parse_params(args.param)
@@ -198,8 +203,18 @@ def main(args: argparse.Namespace) -> int:
             continue
         rec: list[Any] | None = [] if args.trace else None
         try:
+            run = params
+            if "pieces" in entry(args.collective, name).params and "pieces" not in params \
+                    and not profile.uses_host(n):
+                # the piece count ringlet predict chooses (not the registry's default),
+                # so that simulate and predict describe the same schedule
+                best = predict(args.collective, name, n, nbytes, profile, args.dtype,
+                               args.root, params=params, rails=bool(args.rails), paths=paths)
+                # (at most SIM_PIECES // n: with no latency predict takes 65,536 pieces,
+                # which would take minutes to simulate on hundreds of ranks for ~no change)
+                run = {**params, "pieces": min(best.pieces, max(4, SIM_PIECES // n))}
             res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
-                           root=args.root, params=params, stragglers=stragglers, jitter=jitter,
+                           root=args.root, params=run, stragglers=stragglers, jitter=jitter,
                            seed=args.seed, trace=rec, rails=bool(args.rails), paths=paths,
                            progress=callback(f"ringlet simulate {name}", "rounds"))
         except ArgumentError as exc:
@@ -244,12 +259,13 @@ def main(args: argparse.Namespace) -> int:
         print("  " + "; ".join(extra))
     w = max([20, *(len(d["algorithm"]) for d in out)])
     head = (f"{'algorithm':<{w}} {'time':>11} {'busbw':>12} {'rounds':>7} {'messages':>13} "
-            f"{'slowest':>8}")
+            f"{'slowest':>8} {'pieces':>7}")
     print(head + (f" {'predict':>11} {'sim/predict':>11}" if args.compare else ""))
     for d in ok:
         line = (f"{d['algorithm']:<{w}} {format_seconds(d['seconds']):>11} "
                 f"{format_bandwidth(d['busbw']):>12} {d['rounds']:>7} "
-                f"{d['messages']:>13,} {d['slowest_rank']:>8}")
+                f"{d['messages']:>13,} {d['slowest_rank']:>8} "
+                f"{d.get('params', {}).get('pieces', 1):>7}")
         if args.compare:
             ratio = d["seconds"] / d["predicted_seconds"] if d["predicted_seconds"] else \
                 float(np.nan)
