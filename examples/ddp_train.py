@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 examples/ddp_train.py                 # ringlet
     torchrun --standalone --nproc-per-node 2 examples/ddp_train.py --backend gloo
+    ringlet run -n 2 examples/ddp_train.py          # ringlet run sets torch's env:// too
 
 The seeds' lab: every rank trains a replica of the same MLP on its own shard
 of a synthetic regression task; DDP all-reduces the gradients in buckets

@@ -49,15 +49,19 @@ def test_example_checks_itself(script: str, n: int) -> None:
 
 
 def test_ddp_train_on_ringlet_matches_gloo() -> None:
-    """examples/ddp_train.py under torchrun: the same losses on ringlet and on gloo, and
+    """examples/ddp_train.py on ringlet under ``ringlet run`` (which sets torch's env://
+    variables, as torchrun does) and on gloo under torchrun: the same losses, and
     identical replicas on every rank."""
     pytest.importorskip("torch")
     env = clean_env()
     losses = {}
     for backend in ("ringlet", "gloo"):
-        proc = subprocess.run(
+        launcher = [sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--no-prefix"] \
+            if backend == "ringlet" else \
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-             "2", str(EXAMPLES / "ddp_train.py"), "--backend", backend, "--steps", "4",
+             "2"]
+        proc = subprocess.run(
+            [*launcher, str(EXAMPLES / "ddp_train.py"), "--backend", backend, "--steps", "4",
              "--hidden", "128"], capture_output=True, text=True, timeout=180, env=env)
         # torch's own gloo sometimes aborts a rank at exit after the job finished
         # ("terminate called without an active exception"; 2 of 8 runs of this example

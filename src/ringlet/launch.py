@@ -673,6 +673,10 @@ def main_run(args: argparse.Namespace) -> int:
     if nodes > 1 or settings.engine == "torch":   # the store torch.distributed meets on
         extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}
+    elif not ("MASTER_ADDR" in os.environ or "MASTER_PORT" in os.environ):
+        # torch.distributed's env:// rendezvous, as torchrun sets it, for a script that
+        # calls dist.init_process_group (ringlet itself meets through the job's files)
+        extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     job_id = secrets.token_hex(16)
     with _dump_dir(settings) as dumps:
         extra["RINGLET_DUMP_DIR"] = dumps
