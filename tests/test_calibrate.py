@@ -369,12 +369,17 @@ def test_calibrate_end_to_end_quick(tmp_path: Path, capsys: pytest.CaptureFixtur
      r"-n go with --calibrate"),
     (["predict", "all_reduce", "--ranks", "2"], r"give a collective and --bytes"),
     (["predict", "--calibrate", "-n", "1", "--out", "/nonexistent/x.json"],
-     r"calibration needs at least 2 ranks \(-n\), got 1"),
+     r"calibration needs 2 to 256 ranks \(-n\), got 1"),
+    (["predict", "--calibrate", "-n", "100000"], r"calibration needs 2 to 256 ranks"),
+    # before measuring, and without making the directory
+    (["predict", "--calibrate", "-n", "2", "--out", "/nonexistent/x.json"],
+     r"--out /nonexistent/x.json: directory /nonexistent does not exist"),
 ])
 def test_calibrate_argument_errors(argv: list[str], message: str,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert __import__("re").search(message, capsys.readouterr().err)
+    assert not Path("/nonexistent").exists()
 
 
 def test_help_documents_every_option_with_units() -> None:

@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..algorithms import MAX_RANKS, UNEVEN, parse_params
@@ -58,6 +59,9 @@ from .units import (
     parse_size,
     parse_time,
 )
+
+#: The most ranks ``--calibrate -n`` takes: it runs a job at every count from 2 to N.
+MAX_CALIBRATE_RANKS = 256
 
 
 @dataclass(frozen=True)
@@ -429,15 +433,24 @@ def calibrate(args: argparse.Namespace) -> int:
     if not out:
         raise ArgumentError("RINGLET_PROFILE is '' (no tuner): give --out PATH to say where "
                             "the profile goes")
+    if args.nranks is not None and not 2 <= args.nranks <= MAX_CALIBRATE_RANKS:
+        raise ArgumentError(
+            f"calibration needs 2 to {MAX_CALIBRATE_RANKS} ranks (-n), got {args.nranks} (it "
+            f"runs a job at every count up to N; beyond N the fixed costs are extrapolated)")
+    from ..outputs import check_file, writing
+
+    option = "--out" if args.out else "RINGLET_PROFILE"
+    if not args.out:   # the default place (~/.cache/ringlet) is made if missing
+        with writing(out, option):
+            Path(out).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    check_file(str(Path(out).expanduser()), option)   # before minutes of measuring
     from .measure import idle
 
     before = idle(0.5)
     profile = run_calibration(2 if args.nranks is None else args.nranks, quick=args.quick,
                               reps=5 if args.reps is None else args.reps, settings=settings)
     after = idle(0.5)
-    from ..outputs import writing
-
-    with writing(out, "--out" if args.out else "RINGLET_PROFILE"):
+    with writing(out, option):
         path = profile.save(out)
     if min(before, after) < 0.8:
         print(f"warning: the CPUs were busy around the calibration ({before:.0%} idle "
