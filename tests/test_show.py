@@ -262,7 +262,7 @@ def test_verify_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> Non
                        "--param group: group must be >= 0, got -1"),
                       (["broadcast", "--root", "9", "--ranks", "1-4"],
                        "--root 9 is out of range at every size given"),
-                      (["all_reduce", "--ranks", "1-100000000"], "at most 65,536 ranks")):
+                      (["all_reduce", "--ranks", "1-100000000"], "at most 1,024 ranks")):
         code, out, err = run(capsys, "verify", *argv)
         assert code == 2 and msg in err and out == "", (argv, err)
     assert parse_ranks("1-3,8,2") == [1, 2, 3, 8]
