@@ -131,6 +131,13 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
     (tmp_path / "t.json").unlink()
     p = _ringlet("report", "--trace", str(tmp_path), "--out", str(tmp_path))  # a directory
     assert p.returncode == 2 and "is a directory; give a file name" in p.stderr, p.stderr
+    # a --profile given that is not one: an error before the short bench, as in predict
+    p = _ringlet("report", "--profile", str(tmp_path / "nope.json"), "--out",
+                 str(tmp_path / "r.html"))
+    assert p.returncode == 2 and "nope.json: no such file" in p.stderr, p.stderr
+    p = _ringlet("report", "--profile", str(bad), "--out", str(tmp_path / "r.html"))
+    assert p.returncode == 2 and "not a ringlet profile" in p.stderr, p.stderr
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_without_inputs_it_runs_a_short_bench_with_a_bar_on_a_terminal(tmp_path: Path) -> None:

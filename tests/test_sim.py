@@ -290,6 +290,10 @@ def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None
     (["--ranks", "65537"], "65,537 ranks: at most 65,536"),
     (["--gpus-per-node", "4"], "--gpus-per-node is for two levels of links"),
     (["--straggler", "9:1ms"], "--straggler '9:1ms': rank 9 is out of range (0..7)"),
+    # what describes the network between nodes, on one level (it was taken and ignored)
+    (["--nics-per-node", "2"], "nics_per_node describes the network between nodes"),
+    (["--nodes-per-leaf", "2"], "nodes_per_leaf describes the network between nodes"),
+    (["--oversubscription", "2"], "give nodes_per_leaf (--nodes-per-leaf) too"),
 ])
 def test_cli_errors_name_the_bad_value(capsys: pytest.CaptureFixture[str], argv: list[str],
                                        msg: str) -> None:

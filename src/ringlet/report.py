@@ -120,21 +120,30 @@ def load_trace(path: str) -> dict[str, Any]:
 
 
 def load_profile(path: str | None) -> tuple[Any, str]:
-    """The calibrated profile at ``path`` (default: RINGLET_PROFILE's), or None and why."""
+    """The calibrated profile at ``path`` (default: RINGLET_PROFILE's), or None and why.
+
+    A ``path`` given (``--profile``) that is not a profile is an ArgumentError, as in
+    ``ringlet predict``; the default one may be missing (the report says so)."""
     from .config import Settings
     from .cost.model import Profile
 
+    given = path is not None
     if path is None:
         path = Settings.from_env().profile
     if not path or path == "none":
         return None, "no profile (--profile none)"
     p = Path(path).expanduser()
     if not p.is_file():
+        if given:
+            raise ArgumentError(f"--profile {path}: no such file (`ringlet predict "
+                                f"--calibrate --out {path}` writes one; none: no profile)")
         return None, (f"no calibrated profile at {p}: `ringlet predict --calibrate` measures "
                       f"this host and writes one")
     try:
         return Profile.load(p), f"profile {p}"
     except ArgumentError as exc:
+        if given:
+            raise ArgumentError(f"--profile {path}: {exc}") from None
         return None, f"the profile {p} could not be read: {exc}"
 
 
@@ -702,6 +711,7 @@ def main(args: argparse.Namespace) -> int:
         raise ArgumentError("--vs goes with the short bench, which runs only without --bench "
                             "and --trace; measure peers with ringlet bench --vs")
     inputs = Inputs()
+    inputs.profile, inputs.profile_note = load_profile(args.profile)   # before the work
     for path in args.bench or []:
         inputs.benches.append(load_bench(path))
         inputs.bench_sources.append(path)
@@ -711,7 +721,6 @@ def main(args: argparse.Namespace) -> int:
     if not args.bench and not args.trace:
         inputs.benches.append(short_bench(args.vs, args.quiet))
         inputs.bench_sources.append("a short bench run by ringlet report")
-    inputs.profile, inputs.profile_note = load_profile(args.profile)
     steps = (2 if inputs.benches else 0) + (inputs.trace is not None) + 1
     with Progress(steps, "ringlet report", "parts", False if args.quiet else None) as bar:
         html = render(inputs, bar)

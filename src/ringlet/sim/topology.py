@@ -64,6 +64,11 @@ class Topology:
         for name in ("gpus_per_node", "nics_per_node", "nodes_per_leaf"):
             if getattr(self, name) < 0:
                 raise ArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.inter is None and (self.nics_per_node or self.nodes_per_leaf):
+            raise ArgumentError(
+                f"{'nics_per_node' if self.nics_per_node else 'nodes_per_leaf'} describes the "
+                f"network between nodes, and this topology has one level (give nodes: "
+                f"--nodes, or --link with an inter-node part)")
         if self.nics_per_node > max(self.gpus_per_node, 1):
             raise ArgumentError(f"nics_per_node ({self.nics_per_node}) cannot exceed the GPUs "
                                 f"per node ({self.gpus_per_node})")
@@ -71,6 +76,10 @@ class Topology:
             raise ArgumentError(
                 f"oversubscription is a ratio >= 1 (1: full bisection), got "
                 f"{self.oversubscription!r}")
+        if self.oversubscription != 1 and not self.nodes_per_leaf:
+            raise ArgumentError(
+                f"oversubscription {self.oversubscription:g} is the leaf switches' uplinks' "
+                f"ratio: give nodes_per_leaf (--nodes-per-leaf) too")
         if (self.overhead is not None and not self.overhead >= 0) or not self.gap >= 0:
             raise ArgumentError("overhead and gap must be >= 0 seconds")
 
