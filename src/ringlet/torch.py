@@ -111,11 +111,26 @@ def _apart(x: Any, out: Any) -> Any:
     return x
 
 
+def _overlaps_itself(t: Any) -> bool:
+    """Whether elements of ``t`` share memory (an ``expand()``ed view): a result cannot be
+    written into it."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return bool(check(t) == 1)   # 1: MemOverlap::Yes (2: too complex to tell)
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True))
+
+
 def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[Any], Any]:
-    """``finish``, after copying each dense copy back into its strided tensor."""
+    """``finish``, after copying each dense copy back into its strided tensor.  An output
+    whose elements share memory is refused here, before the call (an ArgumentError)."""
     pairs = tuple((t, d) for t, d in pairs if t is not d)
     if not pairs:
         return finish
+    for t, _ in pairs:
+        if _overlaps_itself(t):
+            raise ArgumentError(
+                f"an output tensor whose elements share memory (an expand()ed view, strides "
+                f"{tuple(t.stride())}) cannot hold a result; pass .clone() or .contiguous()")
 
     def done(res: Any) -> Any:
         for t, d in pairs:

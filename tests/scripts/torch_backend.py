@@ -263,6 +263,8 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
             src=last), "tensors for"),
         ("uneven all_gather", lambda: dist.all_gather(
             [torch.empty(q + 1) for q in range(n)], torch.ones(r + 1 + me)), "elements"),
+        ("expanded output", lambda: dist.all_reduce(
+            torch.ones(1).expand(3) if me else torch.ones(3)), "share memory"),
     ]
     for what, call, why in cases:
         t = torch.full((3,), float(r + 1))
