@@ -120,8 +120,13 @@ def _overlaps_itself(t: Any) -> bool:
     return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True))
 
 
+def _bytes(t: Any) -> Any:
+    """A contiguous tensor's memory as a flat uint8 tensor (a view)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
 def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[Any], Any]:
-    """``finish``, after copying each dense copy back into its strided tensor.  An output
+    """``finish``, then each dense copy copied back into its strided tensor.  An output
     whose elements share memory is refused here, before the call (an ArgumentError)."""
     pairs = tuple((t, d) for t, d in pairs if t is not d)
     if not pairs:
@@ -133,9 +138,10 @@ def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[An
                 f"{tuple(t.stride())}) cannot hold a result; pass .clone() or .contiguous()")
 
     def done(res: Any) -> Any:
+        value = finish(res)   # which may fill the dense copies
         for t, d in pairs:
             t.copy_(d)
-        return finish(res)
+        return value
     return done
 
 
@@ -258,15 +264,13 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
 
-    @property
-    def group_name(self) -> str:  # type: ignore[override]  # torch types it GroupName, a str
-        """torch's name of this group (DeviceMesh, FSDP2 and the functional collectives
-        ask for it): torch sets it on a group's registered backends, and this group has
-        none, so it is read from torch's own table."""
-        name = dist.distributed_c10d._world.pg_names.get(self)
-        if name is None:
-            raise RuntimeError("ProcessGroup name not set")
-        return name
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        """torch names the group when it registers it (DeviceMesh, FSDP2 and the functional
+        collectives find it by that name); a group written in Python keeps it itself."""
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return getattr(self, "_group_name", "")
 
     def __repr__(self) -> str:
         return f"<ProcessGroupRinglet rank {self.comm.rank} of {self.comm.size}>"
@@ -345,6 +349,83 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.all_gather(x, out=out, async_op=a),
                            _back(lambda _: [output], (output, out)), opts)
 
+    @_checked("all_gather")
+    def allgather_into_tensor_coalesced(self, outputs: list[Any], inputs: list[Any],
+                                        opts: Any = None) -> Any:
+        """Several ``all_gather_into_tensor`` at once (torch's functional all_gather, which
+        DTensor and tensor parallelism call, comes here): one all_gather of the inputs'
+        bytes, whatever their types, each output then taking its rows."""
+        _cpu([*outputs, *inputs], "all_gather_into_tensor_coalesced")
+        n = self.comm.size
+        if len(outputs) != len(inputs):
+            raise ArgumentError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs "
+                                f"for {len(inputs)} inputs")
+        for i, (o, x) in enumerate(zip(outputs, inputs, strict=True)):
+            if o.dtype != x.dtype or o.numel() != n * x.numel():
+                raise ArgumentError(
+                    f"all_gather_into_tensor_coalesced: output {i} ({o.numel()} x {o.dtype}) "
+                    f"is not {n} times its input ({x.numel()} x {x.dtype})")
+        outs = [_dense(o) for o in outputs]
+        sizes = [x.numel() * x.element_size() for x in inputs]
+        flat = torch.cat([_bytes(_dense(x)) for x in inputs]) if inputs else \
+            torch.empty(0, dtype=torch.uint8)
+        gathered = torch.empty(n * flat.numel(), dtype=torch.uint8)
+
+        def finish(_: Any) -> Any:
+            rows = gathered.view(n, flat.numel())
+            for o, part in zip(outs, torch.split(rows, sizes, dim=1), strict=True):
+                _bytes(o).view(n, -1).copy_(part)
+            return outputs
+
+        return self._async(lambda a: self.comm.all_gather(flat, out=gathered, async_op=a),
+                           _back(finish, *zip(outputs, outs, strict=True)), opts)
+
+    @_checked("reduce_scatter")
+    def reduce_scatter_tensor_coalesced(self, outputs: list[Any], inputs: list[Any],
+                                        opts: Any = None) -> Any:
+        """Several ``reduce_scatter_tensor`` of one element type at once (torch's functional
+        reduce_scatter comes here): one reduce_scatter of the inputs' blocks, rank by rank."""
+        _cpu([*outputs, *inputs], "reduce_scatter_tensor_coalesced")
+        n = self.comm.size
+        if len(outputs) != len(inputs):
+            raise ArgumentError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs "
+                                f"for {len(inputs)} inputs")
+        if len({t.dtype for t in [*outputs, *inputs]}) > 1:
+            raise ArgumentError("reduce_scatter_tensor_coalesced: tensors of one element type "
+                                "per call (a reduction adds like to like)")
+        for i, (o, x) in enumerate(zip(outputs, inputs, strict=True)):
+            if x.numel() != n * o.numel():
+                raise ArgumentError(
+                    f"reduce_scatter_tensor_coalesced: input {i} has {x.numel()} elements, "
+                    f"not {n} times its output's {o.numel()}")
+        op = _op(opts)
+        if not inputs:
+            return _Done(outputs)
+        x = torch.cat([torch.cat([_dense(t).reshape(n, -1)[r] for t in inputs])
+                       for r in range(n)])
+        mine = torch.empty(sum(o.numel() for o in outputs), dtype=x.dtype)
+        outs = [_dense(o) for o in outputs]
+
+        def finish(_: Any) -> Any:
+            for o, part in zip(outs, torch.split(mine, [o.numel() for o in outs]),
+                               strict=True):
+                o.view(-1).copy_(part)
+            return outputs
+
+        return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=mine, async_op=a),
+                           _back(finish, *zip(outputs, outs, strict=True)), opts)
+
+    @_checked("all_reduce_coalesced")
+    def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> Any:
+        """``dist.all_reduce_coalesced`` and torch's functional one: ringlet's
+        :meth:`~ringlet.Communicator.all_reduce_coalesced` (one all_reduce per type)."""
+        _cpu(tensors, "all_reduce_coalesced")
+        op = _op(opts)
+        dense = [_dense(t) for t in tensors]
+        return self._async(
+            lambda a: self.comm.all_reduce_coalesced(dense, op=op, async_op=a),
+            _back(lambda _: tensors, *zip(tensors, dense, strict=True)), opts)
+
     @_checked("reduce_scatter")
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
                        inputs: list[list[Any]], opts: Any = None) -> Any:
@@ -413,6 +494,12 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                                finish, opts)
         return self._async(lambda a: self.comm.all_to_all_v(
             x, splits["input"], splits["output"], out=out, async_op=a), finish, opts)
+
+    def all_to_all_single(self, output: Any, input: Any,  # noqa: A002
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> Any:
+        """torch's functional all_to_all_single comes here: :meth:`alltoall_base`."""
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     @_checked("gather")
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]

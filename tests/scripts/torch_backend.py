@@ -242,6 +242,50 @@ def operations(r: int, n: int, bad: list[str]) -> None:
             bad.append("mismatched counts: no error")
 
 
+def functional(r: int, n: int, bad: list[str]) -> None:
+    """torch's functional collectives (the C++ ops DTensor and tensor parallelism call),
+    DTensor itself, and dist.all_reduce_coalesced: each reaches the backend's
+    ``*_coalesced`` and ``all_to_all_single`` methods."""
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    world = dist.group.WORLD
+
+    def same(what: str, got: Any, want: Any) -> None:
+        check(bad, torch.equal(got, want), f"{what}: {got.tolist()} != {want.tolist()}")
+
+    same("functional all_reduce",
+         fc.wait_tensor(fc.all_reduce(torch.ones(2) * (r + 1), "sum", world)),
+         torch.full((2,), n * (n + 1) / 2))
+    same("functional all_gather", fc.wait_tensor(fc.all_gather_tensor(
+        torch.ones(2) * r, 0, world)), torch.arange(n).repeat_interleave(2).float())
+    same("functional reduce_scatter", fc.wait_tensor(fc.reduce_scatter_tensor(
+        torch.arange(2.0 * n), "sum", 0, world)), torch.tensor([2.0 * r, 2.0 * r + 1]) * n)
+    same("functional all_to_all_single", fc.wait_tensor(fc.all_to_all_single(
+        torch.arange(n) + 10 * r, None, None, world)), torch.arange(n) * 10 + r)
+    # several tensors of several types gathered at once (one all_gather of their bytes)
+    got = [fc.wait_tensor(x) for x in fc.all_gather_into_tensor_coalesced(
+        [torch.ones(1) * r, torch.tensor([r, r]), torch.tensor([r % 2 == 0])], world)]
+    for g, want in zip(got, (torch.arange(n).float(), torch.arange(n).repeat_interleave(2),
+                             torch.arange(n) % 2 == 0), strict=True):
+        same("functional all_gather coalesced", g, want)
+    got = [fc.wait_tensor(y) for y in fc.reduce_scatter_tensor_coalesced(
+        [torch.arange(float(n)), torch.arange(2.0 * n)], "sum", [0, 0], world)]
+    same("functional reduce_scatter coalesced", torch.cat(got),
+         torch.tensor([r * n, 2.0 * r * n, (2.0 * r + 1) * n]))
+    ts = [torch.ones(3), torch.ones(2) * r]
+    dist.all_reduce_coalesced(ts)
+    same("all_reduce_coalesced", torch.cat(ts),
+         torch.tensor([float(n)] * 3 + [float(sum(range(n)))] * 2))
+    mesh = init_device_mesh("cpu", (n,))
+    full = torch.arange(4.0 * n).reshape(2 * n, 2)
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    same("DTensor full_tensor", d.full_tensor(), full)
+    same("DTensor redistribute", d.redistribute(mesh, [Replicate()]).to_local(), full)
+    same("DTensor sum", d.sum().full_tensor(), full.sum())
+
+
 def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
     """Arguments that the backend's own checks refuse on one rank only (the last, or the
     root), each between two good calls: that rank gets ArgumentError saying why, the
@@ -415,6 +459,7 @@ def main() -> int:
     try:
         if "--ddp-only" not in sys.argv:
             operations(r, n, bad)
+            functional(r, n, bad)
         if n > 1 and "--ddp-only" not in sys.argv:
             one_rank_wrong(r, n, bad)
             timeout(r, n, bad)
