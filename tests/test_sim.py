@@ -361,3 +361,10 @@ def test_cli_simulates_the_pieces_predict_chooses(capsys: pytest.CaptureFixture[
         p = predict("all_reduce", d["algorithm"], 32, 256 * 10**6, profile)
         assert d["params"]["pieces"] == p.pieces
         assert d["seconds"] == pytest.approx(p.seconds, rel=0.02)
+    # with no latency predict doubles the pieces to 65,536 of 15 bytes (23 s to simulate
+    # for no change): simulate takes pieces of at least 4 KiB
+    out = json.loads(run(capsys, "all_reduce", "--bytes", "1MB", "--ranks", "8", "--bandwidth",
+                         "10GB/s", "--algorithm", "double_binary_tree", "--json"))
+    assert predict("all_reduce", "double_binary_tree", 8, 10**6,
+                   Profile(Link.from_bandwidth(10e9))).pieces > 10**6 // 4096
+    assert out[0]["params"]["pieces"] == 10**6 // 4096

@@ -49,8 +49,14 @@ from .topology import Topology
 #: messages a round, which the simulator holds in memory; skipped above this many.
 ALL_PAIRS = frozenset({"naive", "direct", "oneshot"})
 ALL_PAIRS_LIMIT = 1 << 24
-#: Pieces x ranks ringlet simulate takes from ringlet predict's piece count at most.
-SIM_PIECES = 1 << 21
+#: Pieces x ranks ringlet simulate takes from ringlet predict's piece count at most, and
+#: the least bytes a piece so taken holds: predict doubles the pieces while that pays at
+#: all, so with no latency it takes 65,536 pieces of a few bytes, which take the
+#: simulator minutes (0.35 ms a piece for a double binary tree at 8 ranks) and change
+#: nothing.  (Up to 128 pieces at 512 ranks: the piece count predict takes on 64 DGX
+#: nodes; --param pieces=K simulates any count.)
+SIM_PIECES = 1 << 16
+SIM_PIECE_BYTES = 4096
 #: The largest --jitter sigma: exp(10 |Z|) is already 10^26 at six standard deviations;
 #: much more and a message's time overflows to infinity.
 MAX_SIGMA = 10.0
@@ -210,9 +216,9 @@ def main(args: argparse.Namespace) -> int:
                 # so that simulate and predict describe the same schedule
                 best = predict(args.collective, name, n, nbytes, profile, args.dtype,
                                args.root, params=params, rails=bool(args.rails), paths=paths)
-                # (at most SIM_PIECES // n: with no latency predict takes 65,536 pieces,
-                # which would take minutes to simulate on hundreds of ranks for ~no change)
-                run = {**params, "pieces": min(best.pieces, max(4, SIM_PIECES // n))}
+                # (within SIM_PIECES and SIM_PIECE_BYTES, see there)
+                run = {**params, "pieces": max(1, min(best.pieces, max(4, SIM_PIECES // n),
+                                                      int(nbytes) // SIM_PIECE_BYTES))}
             res = simulate(args.collective, name, n, nbytes, topo, dtype=args.dtype,
                            root=args.root, params=run, stragglers=stragglers, jitter=jitter,
                            seed=args.seed, trace=rec, rails=bool(args.rails), paths=paths,
