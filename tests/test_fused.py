@@ -57,15 +57,19 @@ def _fused_all_reduce(comm: ringlet.Communicator) -> list[Any]:
         for dtype in ("float32", "float64", "int32", "uint8", "complex64", "float16", "bool"):
             for op in valid_ops(dtype):
                 for count in COUNTS:
-                    ins = [make(dtype, count, q, op, salt=3) for q in range(n)]
-                    ref = reference_reduce(np.stack(ins), op)
-                    x = ins[r].copy()
+                    mine = make(dtype, count, r, op, salt=3)
+                    x = mine.copy()
                     out = np.empty_like(x) if count % 2 else None
                     res = comm.all_reduce(x, op=op, out=out, algorithm=algo)
-                    if not close(res, ref):
-                        bad.append(f"{algo} {dtype} {op.name} count {count}: {res[:3]} != "
-                                   f"{ref[:3]}")
-                    if out is not None and not np.array_equal(x, ins[r]):
+                    # rank 0 checks the sum; every rank's bits are compared with its own
+                    # (on 2 cores, every rank computing the reference took most of the time)
+                    if r == 0:
+                        ref = reference_reduce(np.stack(
+                            [make(dtype, count, q, op, salt=3) for q in range(n)]), op)
+                        if not close(res, ref):
+                            bad.append(f"{algo} {dtype} {op.name} count {count}: {res[:3]} "
+                                       f"!= {ref[:3]}")
+                    if out is not None and not np.array_equal(x, mine):
                         bad.append(f"{algo} {dtype} {op.name} count {count}: x changed")
                     digests.append(digest(res))
     return [bad[:8], digests]
