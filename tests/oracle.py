@@ -7,6 +7,8 @@ Shared by tests/test_collectives.py (persistent worlds) and the MPI suite
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ringlet.comm import Communicator
@@ -34,6 +36,17 @@ def make(dtype: str, count: int, rank: int, op: ReduceOp | None = None,
     return x.astype(dt)
 
 
+@functools.lru_cache(maxsize=128)
+def made(dtype: str, count: int, rank: int, op: ReduceOp | None = None,
+         salt: int = 0) -> np.ndarray:
+    """:func:`make`'s array, kept and read-only: :func:`run_one` makes every rank's input on
+    every rank, for every algorithm in turn (most of the time of the algorithm tests on 2
+    cores, before)."""
+    x = make(dtype, count, rank, op, salt)
+    x.flags.writeable = False
+    return x
+
+
 def close(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal for integers and bool, close for floating point (NaN equal to NaN)."""
     a, b = np.asarray(a), np.asarray(b)
@@ -57,7 +70,7 @@ def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
             count: int, root: int) -> str | None:
     """One call of ``coll`` with algorithm ``name`` against numpy; what is wrong, or None."""
     n, r = comm.size, comm.rank
-    ins = [make(dtype, count, q, op, salt=7) for q in range(n)]
+    ins = [made(dtype, count, q, op, salt=7) for q in range(n)]
     x = ins[r].copy()
     if coll == "all_reduce":
         ref = reference_reduce(np.stack(ins), op)
@@ -83,15 +96,15 @@ def run_one(comm: Communicator, coll: str, name: str, dtype: str, op: ReduceOp,
         if r != root:
             return None if got is None else "non-root got a result"
     elif coll == "reduce_scatter":
-        full = [make(dtype, count * n, q, op, salt=8) for q in range(n)]
+        full = [made(dtype, count * n, q, op, salt=8) for q in range(n)]
         ref = reference_reduce(np.stack(full), op)[r * count:(r + 1) * count]
         got = comm.reduce_scatter(full[r], op=op, algorithm=name)
     elif coll == "all_to_all":
-        full = [make(dtype, count * n, q, op, salt=9) for q in range(n)]
+        full = [made(dtype, count * n, q, op, salt=9) for q in range(n)]
         ref = np.concatenate([full[q][r * count:(r + 1) * count] for q in range(n)])
         got = comm.all_to_all(full[r], algorithm=name)
     elif coll == "scatter":
-        full = make(dtype, count * n, root, op, salt=10)
+        full = made(dtype, count * n, root, op, salt=10)
         ref = full[r * count:(r + 1) * count]
         got = comm.scatter(full if r == root else None, root=root,
                            out=np.empty(count, dtype), algorithm=name)
