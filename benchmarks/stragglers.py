@@ -6,7 +6,7 @@ ranks (8 and 128 DGX H100 nodes, the ``dgx_h100`` preset), simulated with
 ``ringlet predict`` picks for it.  Writes ``docs/stragglers.md`` and
 ``docs/stragglers.png`` (matplotlib: the ``plot`` extra)::
 
-    python benchmarks/stragglers.py                 # about a minute
+    python benchmarks/stragglers.py                 # about 10 s
     python benchmarks/stragglers.py --no-write      # print the tables only
 """
 
