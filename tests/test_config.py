@@ -228,11 +228,16 @@ def test_unusable_dump_and_trace_directories_fail_the_start(name: str, var: str,
     assert f"ringlet run: {var} /proc/nope: cannot make the directory" in proc.stderr
 
 
-def test_spawn_refuses_the_mpi_engine() -> None:
+def test_spawn_refuses_the_mpi_and_torch_engines() -> None:
     """spawn starts its ranks itself: RINGLET_ENGINE=mpi cannot hold there (every rank
-    failed, MPI seeing each alone; ringlet bench, which spawns, the same)."""
+    failed, MPI seeing each alone; ringlet bench, which spawns, the same), nor torch, which
+    needs a store (each rank failed asking for torchrun's variables)."""
     import ringlet
 
     with pytest.raises(ConfigError, match=r"ringlet.spawn starts its ranks itself, not "
                                           r"through MPI, but RINGLET_ENGINE=mpi"):
         ringlet.spawn(_returns_rank, 2, settings=Settings(engine="mpi"))
+    with pytest.raises(ConfigError, match=r"with no torch.distributed store, but "
+                                          r"RINGLET_ENGINE=torch: .* torchrun \(or `ringlet "
+                                          r"run`, which makes a store"):
+        ringlet.spawn(_returns_rank, 2, settings=Settings(engine="torch"))

@@ -72,6 +72,21 @@ def test_ranks_see_their_variables_and_arguments(n: int) -> None:
     assert sorted(proc.stderr.splitlines()) == [f"[{r}] to stderr from {r}" for r in range(n)]
 
 
+@pytest.mark.parametrize("given", [{}, {"MASTER_PORT": "29123"},
+                                   {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29124"}])
+def test_torch_rendezvous_variables_fill_what_is_not_set(given: dict[str, str]) -> None:
+    """MASTER_ADDR and MASTER_PORT, as torchrun sets them, where the user did not (a user's
+    MASTER_PORT alone used to leave MASTER_ADDR unset: dist.init_process_group failed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
+    proc = ringlet_run("-n", "2", "rank_env.py", env={**env, **given})
+    assert proc.returncode == 0, proc.stderr
+    seen = [json.loads(line.partition(" ")[2])["env"] for line in proc.stdout.splitlines()]
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in seen}) == 1
+    assert seen[0]["MASTER_ADDR"] == given.get("MASTER_ADDR", "127.0.0.1")
+    assert seen[0]["MASTER_PORT"] == given.get("MASTER_PORT", seen[0]["MASTER_PORT"])
+    assert 0 < int(seen[0]["MASTER_PORT"]) < 65536
+
+
 def test_every_job_gets_a_fresh_job_id() -> None:
     ids = set()
     for _ in range(2):

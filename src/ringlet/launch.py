@@ -673,10 +673,14 @@ def main_run(args: argparse.Namespace) -> int:
     if nodes > 1 or settings.engine == "torch":   # the store torch.distributed meets on
         extra = {"RINGLET_ENGINE": "torch", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}
-    elif not ("MASTER_ADDR" in os.environ or "MASTER_PORT" in os.environ):
+    else:
         # torch.distributed's env:// rendezvous, as torchrun sets it, for a script that
-        # calls dist.init_process_group (ringlet itself meets through the job's files)
-        extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        # calls dist.init_process_group (ringlet itself meets through the job's files):
+        # what the user did not set
+        if "MASTER_ADDR" not in os.environ:
+            extra["MASTER_ADDR"] = "127.0.0.1"
+        if "MASTER_PORT" not in os.environ:
+            extra["MASTER_PORT"] = str(_free_port())
     job_id = secrets.token_hex(16)
     with _dump_dir(settings) as dumps:
         extra["RINGLET_DUMP_DIR"] = dumps
@@ -1100,9 +1104,13 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
     """:func:`spawn` with the per-rank start-up function ``init`` (``ringlet.comm.init``)."""
     settings = Settings.from_env() if settings is None else settings
     settings.check_paths()
-    if settings.engine == "mpi":
-        raise ConfigError("ringlet.spawn starts its ranks itself, not through MPI, but "
-                          "RINGLET_ENGINE=mpi: unset it, or start the program with mpiexec")
+    if settings.engine in ("mpi", "torch"):
+        how = ("not through MPI" if settings.engine == "mpi" else
+               "on one node, over shared memory, with no torch.distributed store")
+        raise ConfigError(f"ringlet.spawn starts its ranks itself, {how}, but "
+                          f"RINGLET_ENGINE={settings.engine}: unset it, or start the program "
+                          f"with {'mpiexec' if settings.engine == 'mpi' else 'torchrun'} "
+                          f"(or `ringlet run`, which makes a store for the torch engine)")
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
