@@ -223,3 +223,33 @@ def test_bad_arguments() -> None:
     assert "or ringlet.ANY_SOURCE" in msgs[2]
     assert "must be (" in msgs[3]
     assert "or ringlet.ANY_TAG, got -5" in msgs[4]
+
+
+def _objects_any(comm: ringlet.Communicator) -> list[str]:
+    """recv_object from ANY_SOURCE takes the pickle from the rank its size came from,
+    even when another rank's size message arrived between the two (rank 1's large
+    pickle completes only after rank 2's whole object was kept aside)."""
+    import time
+    r, bad = comm.rank, []
+    comm.barrier()
+    if r == 0:
+        time.sleep(1.0)   # rank 1's large pickle waits for this rank; rank 2's is here whole
+        for _ in range(2):
+            comm.recv(np.empty(1), ANY_SOURCE, tag=99)
+        got = sorted(comm.recv_object(ANY_SOURCE)["from"] for _ in range(2))
+        if got != [1, 2]:
+            bad.append(f"objects from {got}")
+    elif r in (1, 2):
+        if r == 2:
+            time.sleep(0.3)
+        comm.send_object({"from": r, "pad": b"x" * (4_000_000 if r == 1 else 0)}, 0)
+        comm.send(np.zeros(1), 0, tag=99)
+    comm.barrier()
+    return bad
+
+
+def test_recv_object_any_source() -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(3).run(_objects_any)):
+        assert not bad, f"rank {r}: {bad}"

@@ -43,6 +43,7 @@ class Groups(Calls):
                       algorithm: str | None = None, async_op: bool = False) -> Any: ...
         def send(self, x: Any, dst: int, tag: int = 0) -> None: ...
         def recv(self, x: Any, src: int = -1, tag: int = 0) -> Any: ...
+        def irecv(self, x: Any, src: int = -1, tag: int = 0) -> Any: ...
 
     # --- objects (pickled; trusted peers only) -----------------------------------------
 
@@ -160,9 +161,13 @@ class Groups(Calls):
     def recv_object(self, src: int, tag: int = 0) -> Any:
         """The object ``src`` sent with :meth:`send_object` and this tag."""
         n = np.empty(1, np.int64)
-        self.recv(n, src, tag)
+        w = self.irecv(n, src, tag)
+        w.wait()
+        # the pickle from the sender (and with the tag) the size came with: with ANY_SOURCE
+        # or ANY_TAG another sender's size message may otherwise be taken as the pickle
         data = np.empty(int(n[0]), np.uint8)
-        self.recv(data, src, tag)
+        self.recv(data, w.source if w.source is not None else src,
+                  w.tag if w.tag is not None else tag)
         return pickle.loads(data.tobytes())
 
     # --- groups -------------------------------------------------------------------------

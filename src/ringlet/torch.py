@@ -120,6 +120,17 @@ def _overlaps_itself(t: Any) -> bool:
     return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True))
 
 
+def _writable(outs: Sequence[Any]) -> None:
+    """An ArgumentError, before the call, if an output of a list (all_gather, all_to_all,
+    gather) has elements that share memory: the copy into it after the call would fail
+    on this rank alone."""
+    for t in outs:
+        if _overlaps_itself(t):
+            raise ArgumentError(
+                f"an output tensor whose elements share memory (an expand()ed view, strides "
+                f"{tuple(t.stride())}) cannot hold a result; pass .clone() or .contiguous()")
+
+
 def _bytes(t: Any) -> Any:
     """A contiguous tensor's memory as a flat uint8 tensor (a view)."""
     return t.reshape(-1).view(torch.uint8)
@@ -318,6 +329,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         x = _dense(_one(inputs, "all_gather"))
         outs = outputs[0]
         _cpu(outs, "all_gather")
+        _writable(outs)
         sizes = [o.numel() for o in outs]
         if len(outs) != self.comm.size or len(set(sizes)) == 1:
             self._count(outs, x, "all_gather")
@@ -353,8 +365,10 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: list[Any], inputs: list[Any],
                                         opts: Any = None) -> Any:
         """Several ``all_gather_into_tensor`` at once (torch's functional all_gather, which
-        DTensor and tensor parallelism call, comes here): one all_gather of the inputs'
-        bytes, whatever their types, each output then taking its rows."""
+        DTensor and tensor parallelism call, comes here): one all_gather of the inputs in
+        their element type where they share one (so ranks that disagree on it fail with a
+        MismatchError), else of their bytes, each output then taking its rows.  Ranks that
+        split the same count differently between the tensors are not told apart."""
         _cpu([*outputs, *inputs], "all_gather_into_tensor_coalesced")
         n = self.comm.size
         if len(outputs) != len(inputs):
@@ -366,15 +380,17 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                     f"all_gather_into_tensor_coalesced: output {i} ({o.numel()} x {o.dtype}) "
                     f"is not {n} times its input ({x.numel()} x {x.dtype})")
         outs = [_dense(o) for o in outputs]
-        sizes = [x.numel() * x.element_size() for x in inputs]
-        flat = torch.cat([_bytes(_dense(x)) for x in inputs]) if inputs else \
+        one = len({x.dtype for x in inputs}) == 1
+        flat_of = (lambda t: t.reshape(-1)) if one else _bytes   # noqa: E731
+        sizes = [flat_of(_dense(x)).numel() for x in inputs]
+        flat = torch.cat([flat_of(_dense(x)) for x in inputs]) if inputs else \
             torch.empty(0, dtype=torch.uint8)
-        gathered = torch.empty(n * flat.numel(), dtype=torch.uint8)
+        gathered = torch.empty(n * flat.numel(), dtype=flat.dtype)
 
         def finish(_: Any) -> Any:
             rows = gathered.view(n, flat.numel())
             for o, part in zip(outs, torch.split(rows, sizes, dim=1), strict=True):
-                _bytes(o).view(n, -1).copy_(part)
+                flat_of(o).view(n, -1).copy_(part)
             return outputs
 
         return self._async(lambda a: self.comm.all_gather(flat, out=gathered, async_op=a),
@@ -457,6 +473,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         if len(inputs) != n or len(outputs) != n:
             raise ArgumentError(f"all_to_all: {len(inputs)} input and {len(outputs)} output "
                                 f"tensors for {n} ranks")
+        _writable(outputs)
         x = torch.cat([t.reshape(-1) for t in inputs])
         send = [t.numel() for t in inputs]
         recv = [t.numel() for t in outputs]
@@ -508,6 +525,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         outs = outputs[0] if outputs else []
         if self.comm.rank == root:
             _cpu(outs, "gather")
+            _writable(outs)
             self._count(outs, x, "gather")
 
         def finish(res: Any) -> Any:

@@ -291,6 +291,8 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
     root), each between two good calls: that rank gets ArgumentError saying why, the
     others a MismatchError quoting it, at once, and the next call pairs rightly (the
     refused call is numbered, as ringlet's own calls are)."""
+    import torch.distributed._functional_collectives as fc
+
     last = n - 1
     me = r == last
     cases: list[tuple[str, Any, str]] = [
@@ -309,6 +311,12 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
             [torch.empty(q + 1) for q in range(n)], torch.ones(r + 1 + me)), "elements"),
         ("expanded output", lambda: dist.all_reduce(
             torch.ones(1).expand(3) if me else torch.ones(3)), "share memory"),
+        ("expanded output in a list", lambda: dist.all_gather(
+            [torch.empty(1).expand(2) if me and q == 0 else torch.empty(2) for q in range(n)],
+            torch.ones(2)), "share memory"),
+        ("expanded all_to_all output", lambda: dist.all_to_all(
+            [torch.empty(1).expand(2) if me and q == 0 else torch.empty(2) for q in range(n)],
+            [torch.ones(2) for _ in range(n)]), "share memory"),
     ]
     for what, call, why in cases:
         t = torch.full((3,), float(r + 1))
@@ -327,6 +335,19 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
         dist.all_reduce(u)
         check(bad, torch.equal(t, u) and u[0].item() == n * (n + 1) / 2,
               f"one rank wrong, {what}: the calls around it {t} {u}")
+
+
+    # ranks that disagree on a functional all_gather's element type: a MismatchError on
+    # every rank (its tensors are gathered in their type, not as bytes), then a good call
+    try:
+        fc.wait_tensor(fc.all_gather_tensor(
+            torch.ones(2, dtype=torch.int32 if me else torch.float32), 0, dist.group.WORLD))
+        bad.append("functional all_gather of different dtypes: no error")
+    except ringlet.MismatchError as exc:
+        check(bad, "dtype" in str(exc), f"functional all_gather dtype: {exc!r}")
+    u = torch.ones(3)
+    dist.all_reduce(u)
+    check(bad, u[0].item() == n, "functional all_gather dtype: the call after it")
 
 
 def timeout(r: int, n: int, bad: list[str]) -> None:
