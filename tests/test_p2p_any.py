@@ -253,3 +253,38 @@ def test_recv_object_any_source() -> None:
 
     for r, bad in enumerate(get_world(3).run(_objects_any)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _in_flight_through_a_collective(comm: ringlet.Communicator) -> list[str]:
+    """An isend (then an irecv) of 8 MiB, 32 times the channel, left in flight while its
+    rank is in a barrier: every wait moves it, as MPI's progress rule has it (the sender
+    stopped once the channel was full, in the barrier, the receiver in recv: a timeout)."""
+    r, bad = comm.rank, []
+    big = 1 << 20    # float64s
+    if r == 0:
+        w = comm.isend(np.ones(big), 1, tag=1)
+        comm.barrier()
+        w.wait()
+        comm.send(np.full(big, 2.0), 1, tag=2)
+        comm.barrier()
+    elif r == 1:
+        y = np.empty(big)
+        comm.recv(y, 0, tag=1)
+        comm.barrier()
+        z = np.empty(big)
+        w = comm.irecv(z, 0, tag=2)
+        comm.barrier()
+        w.wait()
+        if not (y == 1).all() or not (z == 2).all():
+            bad.append("wrong data")
+    else:
+        comm.barrier()
+        comm.barrier()
+    return bad
+
+
+def test_sends_and_receives_in_flight_move_while_their_rank_is_in_a_collective() -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(3).run(_in_flight_through_a_collective)):
+        assert not bad, f"rank {r}: {bad}"

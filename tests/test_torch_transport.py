@@ -343,8 +343,10 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
 
     # the parts of a TorchTransport that the wait uses
     t = types.SimpleNamespace(settings=Settings(timeout=5.0), _cv=threading.Condition(),
-                              _events=0, check=lambda watch=None, what=None: None)
+                              _events=0, check=lambda watch=None, what=None: None,
+                              background=None)
     t._event = lambda: TorchTransport._event(t)  # type: ignore[arg-type]
+    t._in_background = lambda waiter: TorchTransport._in_background(t, waiter)  # type: ignore[arg-type]
     t.idle = lambda seen, waiter, peers=None: TorchTransport.idle(t, seen, waiter, peers)  # type: ignore[arg-type]
     for fire_after in (0.05, None):
         work = Work(fire_after)

@@ -91,6 +91,24 @@ class P2PEngine:
         self.active: list[tuple[Request, Callable[[], None]] | None] = [None] * n
         #: the posted header receive per source, and the buffer it fills
         self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
+        #: sends or receives may be in flight (set as they start; :meth:`background` clears
+        #: it once none are): the one test a wait with nothing in flight makes
+        self._busy = False
+        comm._t.set_background(self.background)   # in flight, moved by every wait
+
+    def background(self) -> bool:
+        """Advance what is in flight while this rank waits in something else (a collective:
+        the transport's waits call this, see ``Transport.background``); True if a byte
+        moved.  Nothing while the engine is busy in another thread."""
+        if not self._busy or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            moved = self._progress()
+            self._busy = bool(self.posted_any or any(self.sends) or any(self.posted)
+                              or any(a is not None for a in self.active))
+            return moved
+        finally:
+            self.lock.release()
 
     def isend(self, xb: Buffer, dst: int, tag: int) -> Work:
         return self._send(xb, dst, tag, False)
@@ -146,6 +164,7 @@ class P2PEngine:
             # an inline payload leaves nothing to send: an empty message is done at once
             p = t.isend(dst, [] if inline else [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
+            self._busy = True
             w._driver = self._drive
             self._progress()
         return w
@@ -222,6 +241,7 @@ class P2PEngine:
                 return w
             entry = (xb, tag, w, next(self._numbers))
             (self.posted_any if src == ANY_SOURCE else self.posted[src]).append(entry)
+            self._busy = True
             w._driver = self._drive
             self._progress()
         return w

@@ -223,6 +223,13 @@ class Transport(ABC):
     #: collectives) and how many calls it has finished (set by the communicator).  A
     #: closed notice carries ``done``: see :meth:`closed_error`
     calls: Callable[[], tuple[int, int]] = staticmethod(lambda: (0, 0))
+    #: set by the point-to-point engine (:meth:`set_background`): advances its sends and
+    #: receives in flight, True if a byte moved.  Every wait's :meth:`idle` calls it
+    #: first, so that an ``isend`` left in flight completes while its rank is in a
+    #: collective, as MPI's progress rule has it (a message larger than the channel
+    #: stopped once the channel was full: the receiver waited in ``recv``, the sender in
+    #: the next collective)
+    background: Callable[[], bool] | None = None
 
     def closed_error(self, name: int, done: int, what: str | None) -> PeerError | None:
         """The error for peer ``name``, which closed the communicator after finishing
@@ -280,6 +287,20 @@ class Transport(ABC):
         threads), for :meth:`idle`; 0 where nothing tells (the caller polls)."""
         return 0
 
+    def set_background(self, fn: Callable[[], bool] | None) -> None:
+        """Have every wait on this transport advance ``fn``'s work (see ``background``)."""
+        self.background = fn
+
+    def _in_background(self, waiter: Waiter) -> bool:
+        """Advance the background work, if any; True (and the waiter's checks made) if it
+        moved, so the caller polls again instead of pausing."""
+        bg = self.background
+        if bg is None or not bg():
+            return False
+        waiter.moved()
+        waiter.tick()
+        return True
+
     def idle(self, seen: int, waiter: Waiter,
              peers: Callable[[], Sequence[int] | None] | None = None) -> None:
         """A poll found nothing to do: pause until something may have moved.
@@ -293,7 +314,8 @@ class Transport(ABC):
         peers and the deadline), unless one came since ``seen``.
         Every wait loop of the communicator, the executor and p2p idles here,
         so the waits of such an engine never sleep past a completion."""
-        waiter.pause()
+        if not self._in_background(waiter):
+            waiter.pause()
 
     def push_message(self, peer: int, fmt: tuple[int, int, int, int], tag: int, code: int,
                      payload: np.ndarray) -> bool:

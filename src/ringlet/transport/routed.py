@@ -197,12 +197,22 @@ class RoutedTransport(Transport):
         """The engine's idle while the caller waits only for peers on other nodes and
         nothing is in flight in shared memory; otherwise the waiter's pause (shared
         memory is polled)."""
+        if self._in_background(waiter):
+            return
         if self.local is not None:
             who = None if peers is None else peers()
             if who is None or self.local.pending_peers() or any(q in self.lidx for q in who):
                 waiter.pause()
                 return
         self.engine.idle(seen, waiter, peers)
+
+    def set_background(self, fn: Callable[[], bool] | None) -> None:
+        """Its waits, and the engine's and shared memory's own (``wait`` may hand a wait
+        to the engine)."""
+        self.background = fn
+        self.engine.set_background(fn)
+        if self.local is not None:
+            self.local.set_background(fn)
 
     def discard_pending(self) -> None:
         self.engine.discard_pending()
