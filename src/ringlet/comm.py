@@ -458,10 +458,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
 
     def _out(self, out: Any, like: Buffer, count: int, what: str, same_is_in_place: bool = False
              ) -> Buffer | None:
-        """``out=`` checked against ``like`` (x); None where there is none.  For the calls
-        that work in place (all_reduce, reduce, scan, exscan), ``out`` that is ``x`` itself
-        (the same elements) is in place, as NCCL takes ``sendbuff == recvbuff``; any other
-        overlap is an ArgumentError."""
+        """``out=`` checked against ``like`` (x); None where there is none.  ``out`` that is
+        ``x`` itself is in place for all_reduce, reduce, scan and exscan (NCCL's
+        ``sendbuff == recvbuff``); any other overlap is an ArgumentError."""
         if out is None:
             return None
         ob = as_buffer(out, "out", writable=True)
@@ -518,11 +517,9 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         return name
 
     def _path(self, collective: str, name: str, nbytes: int) -> int:
-        """How this rank runs the call: generic executor, or a fused shared-memory path.
-
-        The answer (with a digest of the sizes it depends on) goes into the
-        descriptor, so ranks whose settings differ get a MismatchError, not garbage.
-        """
+        """How this rank runs the call: generic executor, or a fused shared-memory path (in
+        the descriptor with a digest of the sizes it depends on: ranks whose settings
+        differ get a MismatchError, not garbage)."""
         path = _PATH_CODE[fused_path(collective, name, nbytes, fused=self._fused is not None,
                                      post_bytes=self.settings.shm_post_bytes)]
         if path == GENERIC:
@@ -546,8 +543,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         nbytes = count * dtype.itemsize
         buf = self._scratch.get(key)
         if buf is None or buf.size < nbytes:
-            buf = np.empty(max(nbytes, 64), np.uint8)
-            self._scratch[key] = buf
+            buf = self._scratch[key] = np.empty(max(nbytes, 64), np.uint8)
         return buf[:nbytes].view(dtype)
 
     def _run(self, collective: str, name: str, root: int, m: int, bufs: dict[Buf, np.ndarray],
