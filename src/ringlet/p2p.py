@@ -103,7 +103,15 @@ class P2PEngine:
         if not self._busy or not self.lock.acquire(blocking=False):
             return False
         try:
-            moved = self._progress()
+            # the sends, and the receives from sources a receive is posted or a payload
+            # is arriving from: a message nobody asked for stays in the channel, where a
+            # blocking recv takes it on the compiled path
+            moved = self._progress_sends()
+            t = self.c._t
+            for src in (range(self.c.size) if self.posted_any else
+                        [q for q in range(self.c.size)
+                         if self.posted[q] or self.active[q] is not None]):
+                moved |= self._progress_in(src, t)
             self._busy = bool(self.posted_any or any(self.sends) or any(self.posted)
                               or any(a is not None for a in self.active))
             return moved
@@ -333,8 +341,14 @@ class P2PEngine:
         return self.c._t.irecv(src, [xb.flat], None, P2P)
 
     def _progress(self) -> bool:
-        moved = False
+        moved = self._progress_sends()
         t = self.c._t
+        for src in range(self.c.size):
+            moved |= self._progress_in(src, t)
+        return moved
+
+    def _progress_sends(self) -> bool:
+        moved = False
         for dq in self.sends:
             while dq:
                 h, p, w = dq[0]
@@ -346,8 +360,6 @@ class P2PEngine:
                     break
                 dq.popleft()
                 w._finish(None)
-        for src in range(self.c.size):
-            moved |= self._progress_in(src, t)
         return moved
 
     def _progress_in(self, src: int, t: Transport) -> bool:
