@@ -111,9 +111,13 @@ class _Child(abc.ABC):
     def close(self) -> None:
         """Release the handles (after the process has ended)."""
 
-    def kill_group(self) -> None:  # noqa: B027 - only a rank that leads a group has one
+    def kill_group(self) -> None:
         """SIGKILL what is left of the process group it leads (the processes it started,
-        which outlive it), once it has ended."""
+        which outlive it), once it has ended (a group outlives its leader while a member
+        runs, and its number stays the leader's)."""
+        if self.leads_group and self.exitcode() is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
 
 class _PopenChild(_Child):
@@ -135,11 +139,6 @@ class _PopenChild(_Child):
         if self.popen.returncode is None:   # not reaped: the group's number is the rank's
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
-
-    def kill_group(self) -> None:
-        if self.popen.poll() is not None:   # a group outlives its leader while a member runs
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
         if self.sentinel is not None:
@@ -171,11 +170,6 @@ class _ProcessChild(_Child):
                     os.kill(self.pid, sig)
             except PermissionError:  # pragma: no cover - a group of someone else's
                 pass
-
-    def kill_group(self) -> None:
-        if self.process.exitcode is not None:  # the group outlives its leader
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
         if self.process.exitcode is not None:

@@ -121,9 +121,8 @@ def _overlaps_itself(t: Any) -> bool:
 
 
 def _writable(outs: Sequence[Any]) -> None:
-    """An ArgumentError, before the call, if an output of a list (all_gather, all_to_all,
-    gather) has elements that share memory: the copy into it after the call would fail
-    on this rank alone."""
+    """An ArgumentError, before the call, if an output has elements that share memory: the
+    copy into it after the call would fail on this rank alone."""
     for t in outs:
         if _overlaps_itself(t):
             raise ArgumentError(
@@ -142,11 +141,7 @@ def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[An
     pairs = tuple((t, d) for t, d in pairs if t is not d)
     if not pairs:
         return finish
-    for t, _ in pairs:
-        if _overlaps_itself(t):
-            raise ArgumentError(
-                f"an output tensor whose elements share memory (an expand()ed view, strides "
-                f"{tuple(t.stride())}) cannot hold a result; pass .clone() or .contiguous()")
+    _writable([t for t, _ in pairs])
 
     def done(res: Any) -> Any:
         value = finish(res)   # which may fill the dense copies
@@ -382,9 +377,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         outs = [_dense(o) for o in outputs]
         one = len({x.dtype for x in inputs}) == 1
         flat_of = (lambda t: t.reshape(-1)) if one else _bytes   # noqa: E731
-        sizes = [flat_of(_dense(x)).numel() for x in inputs]
-        flat = torch.cat([flat_of(_dense(x)) for x in inputs]) if inputs else \
-            torch.empty(0, dtype=torch.uint8)
+        parts = [flat_of(_dense(x)) for x in inputs]
+        sizes = [q.numel() for q in parts]
+        flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
         gathered = torch.empty(n * flat.numel(), dtype=flat.dtype)
 
         def finish(_: Any) -> Any:
