@@ -192,8 +192,92 @@ def test_one_rank_wrong_fails_every_rank_and_the_next_call_pairs(n: int, case: s
             # numbers a second (its descriptor carries a digest of every part)
             assert len(middle) == 1 and middle[0].startswith("MismatchError") and \
                 "all_reduce_coalesced" in middle[0], (r, seen)
-            assert case == "parts" or "arrays (a digest of their element types" in \
+            assert case == "parts" or "arrays (a digest of their kinds, element types" in \
                 middle[0], (r, seen)
             continue
         want = "ArgumentError" if r == n - 1 and case != "bucketer" else "MismatchError"
         assert len(middle) == 1 and middle[0].startswith(want), (r, seen)
+
+
+def _gather_coalesced(c: ringlet.Communicator, how: str) -> list[Any]:
+    a = _arrays(c.rank)
+    if how == "torch":
+        import torch
+
+        a = [torch.from_numpy(x) for x in a[:5]] + a[5:8]   # torch and numpy apart
+    if how == "async":
+        w = c.all_gather_coalesced(a, async_op=True)
+        c.barrier()    # other calls while it runs, in order
+        out = w.wait()
+    else:
+        out = c.all_gather_coalesced(a)
+    assert len(out) == len(a)
+    for x, o in zip(a, out, strict=True):
+        assert type(o) is type(x) and o.dtype == x.dtype and \
+            tuple(o.shape) == (c.size, *x.shape), (o.shape, x.shape)
+    return [np.asarray(o).tolist() for o in out]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("how", ["sync", "async", "torch"])
+def test_all_gather_coalesced_gives_every_ranks_arrays(n: int, how: str) -> None:
+    if how == "torch":
+        pytest.importorskip("torch")
+    per = [_arrays(q) for q in range(n)]
+    k = 8 if how == "torch" else len(per[0])
+    want = [np.stack([p[i] for p in per]).tolist() for i in range(k)]
+    for r, got in enumerate(get_world(n).run(_gather_coalesced, how)):
+        assert got == want, f"rank {r} ({how})"
+
+
+def _split_differently(c: ringlet.Communicator, which: str) -> list[str]:
+    """A good call, then two float32 arrays of 8 elements in all, split 3 + 5 on the
+    last rank and 5 + 3 on the others, then a good call: what each gave."""
+    seen = []
+    last = c.rank == c.size - 1
+    for step in ("good", "split", "good"):
+        a = [np.ones(3 if last and step == "split" else 5, np.float32),
+             np.ones(5 if last and step == "split" else 3, np.float32)]
+        try:
+            if which == "all_gather":
+                out = c.all_gather_coalesced(a)
+                ok = [o.shape for o in out] == [(c.size, 5), (c.size, 3)]
+            else:
+                c.all_reduce_coalesced(a)
+                ok = a[0][0] == c.size
+            seen.append("ok" if ok else "wrong")
+        except ringlet.RingletError as exc:
+            seen.append(f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("which", ["all_gather", "all_reduce"])
+def test_ranks_that_split_a_type_differently_disagree(n: int, which: str) -> None:
+    """The same element type and total count, split between the arrays differently: a
+    MismatchError on every rank (the parts' descriptors carry a digest of every
+    array's shape), and the next call works."""
+    for r, seen in enumerate(get_world(n).run(_split_differently, which)):
+        assert seen[0] == "ok" and seen[2] == "ok", (r, seen)
+        assert seen[1].startswith("MismatchError") and f"{which}_coalesced" in seen[1] \
+            and "kinds, element types and shapes" in seen[1], (r, seen)
+
+
+def _gather_refused(c: ringlet.Communicator) -> list[str]:
+    seen = []
+    ro = np.arange(3.0)
+    ro.setflags(write=False)   # read-only inputs are fine: all_gather only reads them
+    seen.append(str([o.tolist() for o in c.all_gather_coalesced([ro])][0][-1]))
+    try:
+        c.all_gather_coalesced([np.ones(2), "x"] if c.rank == 0 else [np.ones(2), np.ones(2)])
+    except ringlet.RingletError as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+    seen.append(str(c.all_gather_coalesced([]) == []))
+    return seen
+
+
+def test_all_gather_coalesced_refuses_what_is_not_an_array_on_every_rank() -> None:
+    for r, seen in enumerate(get_world(3).run(_gather_refused)):
+        assert seen[0] == "[0.0, 1.0, 2.0]" and seen[-1] == "True", (r, seen)
+        want = "ArgumentError" if r == 0 else "MismatchError"
+        assert seen[1].startswith(want) and "item 1 is a str" in seen[1], (r, seen)

@@ -28,8 +28,10 @@ COLLECTIVES = ("none", "all_reduce", "broadcast", "reduce", "all_gather", "reduc
                "all_to_all", "scatter", "gather", "barrier", "split", "broadcast_object",
                "all_gather_object", "empty", "group", "all_to_all_v", "all_gather_v",
                "gather_v", "scatter_v", "gather_object", "scatter_object", "scan", "exscan",
-               "all_reduce_coalesced")
+               "all_reduce_coalesced", "all_gather_coalesced")
 COLL_CODE = {name: i for i, name in enumerate(COLLECTIVES)}
+#: the coalesced calls: their parts' root word carries a digest of all the arrays
+DIGESTS = frozenset({COLL_CODE["all_reduce_coalesced"], COLL_CODE["all_gather_coalesced"]})
 
 #: how the call runs (the ``path`` word's low two bits)
 GENERIC, POST, STAGE, SHARED = 0, 1, 2, 3
@@ -139,7 +141,7 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
         return alg_name(coll_name(d.collective), d.algorithm)
     if field == "shape":
         return _shape_text(d)
-    if field == "root" and d.collective == COLL_CODE["all_reduce_coalesced"]:
+    if field == "root" and d.collective in DIGESTS:
         return f"{d.root:#010x}"
     if field == "path":
         v = d.path
@@ -180,8 +182,8 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
         detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
                            f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
         label = LABEL.get(field, field)
-        if field == "root" and ref.collective == COLL_CODE["all_reduce_coalesced"]:
-            label = "arrays (a digest of their element types and counts)"
+        if field == "root" and ref.collective in DIGESTS:
+            label = "arrays (a digest of their kinds, element types and shapes)"
         what = f"collective #{seq}" if field == "collective" else f"{label} of {current}"
         hint = ""
         if field in ("collective", "elems", "shape", "dtype"):

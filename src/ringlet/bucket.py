@@ -1,4 +1,5 @@
-"""Many small arrays in few collectives: ``all_reduce_coalesced`` and :class:`Bucketer`.
+"""Many small arrays in few collectives: ``all_reduce_coalesced``, ``all_gather_coalesced``
+and :class:`Bucketer`.
 
 A collective costs a fixed time (agreement, a round trip or more) plus its
 bytes: a thousand 4 KiB all-reduces pay the fixed time a thousand times.
@@ -12,12 +13,14 @@ incrementally, like DDP: arrays are added as they become ready, and every
 time the pending ones reach ``cap_bytes`` (25 MiB by default, DDP's
 ``bucket_cap_mb``) they are all-reduced asynchronously while the caller
 goes on; ``wait()`` flushes the rest and waits for all.
+``comm.all_gather_coalesced(arrays)`` gathers many arrays the same way
+(tensor parallelism's and FSDP's many small all-gathers).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,13 +41,13 @@ def _is_torch(a: Any) -> bool:
     return type(a).__module__.startswith("torch")
 
 
-def _check_item(a: Any, what: str) -> None:
-    """An array the results can be written back into: a writable numpy array or a
-    torch CPU tensor."""
+def _check_item(a: Any, what: str, writable: bool = True) -> None:
+    """A numpy array or a torch CPU tensor (a writable one where the results are written
+    back into it)."""
     if not _is_torch(a) and not isinstance(a, np.ndarray):
         raise ArgumentError(f"{what} is a {type(a).__name__}; pass numpy arrays or torch "
                             f"CPU tensors")
-    if isinstance(a, np.ndarray) and not a.flags.writeable:
+    if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
         raise ArgumentError(f"{what} is read-only (the results are written back into the "
                             f"arrays)")
 
@@ -84,13 +87,17 @@ def _unpack(flat: Any, parts: list[Any]) -> None:
 
 
 class Buckets(Calls):
-    """all_reduce_coalesced (a mixin of :class:`~ringlet.comm.Communicator`)."""
+    """all_reduce_coalesced and all_gather_coalesced (a mixin of
+    :class:`~ringlet.comm.Communicator`)."""
 
     _coalesced: int
 
     if TYPE_CHECKING:
         def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,
                        algorithm: str | None = None, async_op: bool = False) -> Any: ...
+
+        def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
+                       async_op: bool = False) -> Any: ...
 
     @_collective
     def all_reduce_coalesced(self, arrays: Sequence[Any], op: ReduceOp | str = "sum",
@@ -111,51 +118,104 @@ class Buckets(Calls):
             comm.all_reduce_coalesced(grads)       # one all_reduce of 100,000 floats
         """
         arrays = list(arrays)
-        for i, a in enumerate(arrays):
-            _check_item(a, f"item {i}")
-        groups = [[arrays[i] for i in idx] for idx in _groups(arrays)]
-        packed = [_pack(g) for g in groups]
-        # every part's descriptor carries a digest of all the parts (kinds, element types,
-        # counts): ranks whose arrays differ disagree at the first part, on every rank
-        self._coalesced = zlib.crc32(repr(
-            [(_is_torch(f), str(f.dtype), _count(f)) for f in packed]).encode()) & 0x7FFFFFFF
-        if not async_op:
+        groups, packed = self._coalesce(arrays, writable=True)
+
+        def done(_: list[Any]) -> list[Any]:
             for flat, parts in zip(packed, groups, strict=True):
-                self.all_reduce(flat, op=op, algorithm=algorithm)
                 _unpack(flat, parts)
             return arrays
-        done = Work(f"all_reduce_coalesced of {len(arrays)} arrays")
+
+        return self._parts("all_reduce_coalesced", len(arrays), packed,
+                           lambda flat, a: self.all_reduce(flat, op=op, algorithm=algorithm,
+                                                           async_op=a), done, async_op)
+
+    @_collective
+    def all_gather_coalesced(self, arrays: Sequence[Any], algorithm: str | None = None,
+                             async_op: bool = False) -> Any:
+        """``all_gather`` of every array of ``arrays``, packed into one collective per
+        element type (numpy arrays and torch tensors apart; NCCL's grouped all-gathers,
+        torch's ``all_gather_into_tensor_coalesced``).  Returns a list with, for each
+        array ``a``, every rank's ``a`` as shape ``(size, *a.shape)``, or a
+        :class:`Work` whose ``wait()`` returns it.  Every rank passes arrays of the same
+        shapes and types in the same order: ranks that disagree, even only on how one
+        element type's elements are split between the arrays, get a MismatchError
+        (each part's descriptor carries a digest of every array's kind, type and
+        shape)::
+
+            w, b = np.ones((4, 3), np.float32), np.zeros(3, np.float32)
+            ws, bs = comm.all_gather_coalesced([w, b])   # shapes (n, 4, 3) and (n, 3)
+        """
+        arrays = list(arrays)
+        groups, packed = self._coalesce(arrays, writable=False)
+        n = self.size
+
+        def done(gathered: list[Any]) -> list[Any]:
+            outs: dict[int, Any] = {}
+            for rows, parts, idx in zip(gathered, groups, _groups(arrays), strict=True):
+                off = 0
+                for i, p in zip(idx, parts, strict=True):
+                    c = _count(p)
+                    outs[i] = rows.reshape(n, -1)[:, off:off + c].reshape(n, *p.shape)
+                    off += c
+            return [outs[i] for i in range(len(arrays))]
+
+        return self._parts("all_gather_coalesced", len(arrays), packed,
+                           lambda flat, a: self.all_gather(flat, algorithm=algorithm,
+                                                           async_op=a), done, async_op)
+
+    def _coalesce(self, arrays: list[Any], writable: bool) -> tuple[list[list[Any]],
+                                                                    list[Any]]:
+        """The arrays checked, grouped by (kind, element type) and packed, one flat
+        array per group; the call's digest (every array's kind, type and shape, in
+        order) set for the parts' descriptors, so ranks whose arrays differ disagree
+        at the first part, on every rank."""
+        for i, a in enumerate(arrays):
+            _check_item(a, f"item {i}", writable)
+        groups = [[arrays[i] for i in idx] for idx in _groups(arrays)]
+        self._coalesced = zlib.crc32(repr(
+            [(_is_torch(a), str(a.dtype), tuple(a.shape)) for a in arrays]).encode()) \
+            & 0x7FFFFFFF
+        return groups, [_pack(g) for g in groups]
+
+    def _parts(self, name: str, count: int, packed: list[Any],
+               one: Callable[[Any, bool], Any], done: Callable[[list[Any]], Any],
+               async_op: bool) -> Any:
+        """Run ``one(flat, async_op)`` for each packed part, then ``done(their
+        results)``: at once, or behind the returned Work."""
+        if not async_op:
+            return done([one(flat, False) for flat in packed])
+        finished = Work(f"{name} of {count} arrays")
         works = []
         for i, flat in enumerate(packed):
             if i == 0 and len(packed) > 1:
                 # the first of several parts runs to its end before the next is numbered:
                 # where the ranks disagree on how many parts there are, it fails on every
                 # rank before a rank with more parts numbers one its peers never make
-                w = Work(f"all_reduce_coalesced part 1 of {len(packed)}")
-                w._finish(self.all_reduce(flat, op=op, algorithm=algorithm))
+                w = Work(f"{name} part 1 of {len(packed)}")
+                w._finish(one(flat, False))
                 works.append(w)
             else:
-                works.append(self.all_reduce(flat, op=op, algorithm=algorithm, async_op=True))
+                works.append(one(flat, True))
         left = [len(works)]
 
-        def one(w: Work) -> None:
+        def each(_: Work) -> None:
             left[0] -= 1
             if left[0]:
                 return
             err = next((x._error for x in works if x._error is not None), None)
+            result = None
             if err is None:
                 try:
-                    for flat, parts in zip(packed, groups, strict=True):
-                        _unpack(flat, parts)
+                    result = done([x._result for x in works])
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiter
                     err = exc
-            done._finish(arrays if err is None else None, err)
+            finished._finish(result, err)
 
         if not works:
-            done._finish(arrays)
+            finished._finish(done([]))
         for w in works:
-            w._then(one)
-        return done
+            w._then(each)
+        return finished
 
 
 class Bucketer:

@@ -67,7 +67,8 @@ NATIVE = "native"
 #: calls made of other collectives: the descriptors of their parts carry this name
 _COMPOUND = frozenset({"split", "group", "broadcast_object", "all_gather_object", "empty",
                        "all_to_all_v", "all_gather_v", "gather_v", "scatter_v",
-                       "gather_object", "scatter_object", "all_reduce_coalesced"})
+                       "gather_object", "scatter_object", "all_reduce_coalesced",
+                       "all_gather_coalesced"})
 
 
 def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -106,7 +106,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._cur: Sequence[Any] | None = None
         #: the compound call (split, broadcast_object...) whose parts are being called
         self._api: str | None = None
-        #: during all_reduce_coalesced: the digest of its arrays' kinds, types and counts
+        #: during a coalesced call: the digest of its arrays' kinds, types and shapes
         self._coalesced = 0
         #: the sequence number of a call this rank rejected and whose peers may not have
         #: published it yet: the next publication waits for them (see _settle)
@@ -586,7 +586,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         api = self._api or coll
         if buf is None:
             return agreement.make(api)
-        if api == "all_reduce_coalesced":   # each part carries the digest of all the arrays
+        if api.endswith("_coalesced"):   # each part carries the digest of all the arrays
             root = self._coalesced
         key = (api, op, buf.dt.code, buf.shape, root, algorithm, path)
         d = self._descs.get(key)

@@ -130,11 +130,6 @@ def _writable(outs: Sequence[Any]) -> None:
                 f"{tuple(t.stride())}) cannot hold a result; pass .clone() or .contiguous()")
 
 
-def _bytes(t: Any) -> Any:
-    """A contiguous tensor's memory as a flat uint8 tensor (a view)."""
-    return t.reshape(-1).view(torch.uint8)
-
-
 def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[Any], Any]:
     """``finish``, then each dense copy copied back into its strided tensor.  An output
     whose elements share memory is refused here, before the call (an ArgumentError)."""
@@ -356,14 +351,13 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.all_gather(x, out=out, async_op=a),
                            _back(lambda _: [output], (output, out)), opts)
 
-    @_checked("all_gather")
+    @_checked("all_gather_coalesced")
     def allgather_into_tensor_coalesced(self, outputs: list[Any], inputs: list[Any],
                                         opts: Any = None) -> Any:
         """Several ``all_gather_into_tensor`` at once (torch's functional all_gather, which
-        DTensor and tensor parallelism call, comes here): one all_gather of the inputs in
-        their element type where they share one (so ranks that disagree on it fail with a
-        MismatchError), else of their bytes, each output then taking its rows.  Ranks that
-        split the same count differently between the tensors are not told apart."""
+        DTensor and tensor parallelism call, comes here): ringlet's
+        :meth:`~ringlet.Communicator.all_gather_coalesced` (one all_gather per element
+        type; ranks whose tensors differ in type or shape get a MismatchError)."""
         _cpu([*outputs, *inputs], "all_gather_into_tensor_coalesced")
         n = self.comm.size
         if len(outputs) != len(inputs):
@@ -375,20 +369,14 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                     f"all_gather_into_tensor_coalesced: output {i} ({o.numel()} x {o.dtype}) "
                     f"is not {n} times its input ({x.numel()} x {x.dtype})")
         outs = [_dense(o) for o in outputs]
-        one = len({x.dtype for x in inputs}) == 1
-        flat_of = (lambda t: t.reshape(-1)) if one else _bytes   # noqa: E731
-        parts = [flat_of(_dense(x)) for x in inputs]
-        sizes = [q.numel() for q in parts]
-        flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-        gathered = torch.empty(n * flat.numel(), dtype=flat.dtype)
+        xs = [_dense(x) for x in inputs]   # packed (copied) before the call
 
-        def finish(_: Any) -> Any:
-            rows = gathered.view(n, flat.numel())
-            for o, part in zip(outs, torch.split(rows, sizes, dim=1), strict=True):
-                flat_of(o).view(n, -1).copy_(part)
+        def finish(gathered: Any) -> Any:
+            for o, g in zip(outs, gathered, strict=True):
+                o.view(-1).copy_(g.reshape(-1))
             return outputs
 
-        return self._async(lambda a: self.comm.all_gather(flat, out=gathered, async_op=a),
+        return self._async(lambda a: self.comm.all_gather_coalesced(xs, async_op=a),
                            _back(finish, *zip(outputs, outs, strict=True)), opts)
 
     @_checked("reduce_scatter")

@@ -264,7 +264,7 @@ def functional(r: int, n: int, bad: list[str]) -> None:
         torch.arange(2.0 * n), "sum", 0, world)), torch.tensor([2.0 * r, 2.0 * r + 1]) * n)
     same("functional all_to_all_single", fc.wait_tensor(fc.all_to_all_single(
         torch.arange(n) + 10 * r, None, None, world)), torch.arange(n) * 10 + r)
-    # several tensors of several types gathered at once (one all_gather of their bytes)
+    # several tensors of several types gathered at once (one all_gather per type)
     got = [fc.wait_tensor(x) for x in fc.all_gather_into_tensor_coalesced(
         [torch.ones(1) * r, torch.tensor([r, r]), torch.tensor([r % 2 == 0])], world)]
     for g, want in zip(got, (torch.arange(n).float(), torch.arange(n).repeat_interleave(2),
