@@ -130,6 +130,30 @@ def test_any_source_wait_fails_when_a_peer_dies(how: str) -> None:
     assert m and m[1] == what and float(m[2]) < 3.0, fails[0]
 
 
+def _sender_dies_mid_message(comm: ringlet.Communicator, which: str) -> None:
+    """Rank 1 starts sending 64 MiB (more than a channel holds) and dies at once; rank 0
+    waits for that message (``this``) or for a later one behind it (``later``)."""
+    big = 64 << 20
+    if comm.rank == 1:
+        comm.isend(np.ones(big, np.uint8), 0, tag=3)
+        os._exit(1)
+    first = comm.irecv(np.empty(big, np.uint8), 1, tag=3)
+    w = first if which == "this" else comm.irecv(np.empty(4, np.uint8), 1, tag=4)
+    raise RuntimeError(outcome(w.wait))
+
+
+@pytest.mark.parametrize("which", ["this", "later"])
+def test_a_receive_whose_sender_died_part_way_says_so(which: str) -> None:
+    """The message was matched and part of it had come: the error says that, not that
+    rank 1 sent messages no receive matched (as it said before)."""
+    with pytest.raises(ringlet.SpawnError) as info:
+        ringlet.spawn(_sender_dies_mid_message, 2, which, settings=FAST)
+    text = info.value.failures[0]
+    whose = "this receive's" if which == "this" else "an earlier receive's"
+    assert "PeerError: rank 1" in text and f"({whose} message from rank 1 was still " \
+        "arriving: rank 1 stopped sending it part-way)" in text, text
+
+
 def _any_source_closed(comm: ringlet.Communicator) -> str:
     """Rank 2 ends its program while rank 0 waits for a message from any rank: rank 1 may
     still send (and does); once rank 1 has ended too, nobody can."""

@@ -508,11 +508,17 @@ class P2PEngine:
                     f"rank {q}, with the same tag?)")
         pending = [f"tag {tag} ({data.size} B)" for tag, _, data, _ in self.unexpected[q]]
         act = self.active[q]
-        if act is not None and act[1] is not _nothing:
+        into = getattr(act[1], "func", None) if act is not None else None
+        if into is not None and into == self._arrived:
             pending.append("a message still arriving")
         if pending:
             return (f"rank {q} sent this rank messages no receive matched: "
                     f"{', '.join(pending)}; check that send and recv use the same tag")
+        if into is not None:   # a receive's message, this one's or an earlier one's
+            whose = "this receive's" if getattr(into, "__self__", None) is w else \
+                "an earlier receive's"
+            return (f"{whose} message from rank {q} was still arriving: rank {q} stopped "
+                    f"sending it part-way")
         if not timed_out:
             return f"nothing from rank {q} is pending: it has not sent this rank a message"
         alive = ", though it is alive" if self.c._t.sees_death(q) else \
