@@ -286,6 +286,20 @@ def test_outcome_exit_codes_and_summary() -> None:
                                "rank 0 was stopped at the timeout")
 
 
+def test_summary_puts_a_rank_that_left_quietly_first() -> None:
+    """A rank that exited 0 without closing ringlet (os._exit) while its peers were in a
+    collective: the peers' PeerError says it died; the summary says what it did first,
+    and that the others failed after (it said rank 0 "failed first", rank 2 "finished")."""
+    why = "ringlet.errors.PeerError: rank 2 (pid 41) died; all_reduce #9 cannot complete"
+    out = _Outcome(4, {0: _Ending(1), 1: _Ending(1), 2: _Ending(0), 3: _Ending(0)},
+                   first_failed=0, reasons={0: why, 1: why})
+    assert out.exit_code == 1
+    assert out.summary() == (
+        "rank 2 exited with code 0 without closing ringlet (os._exit, or no exit handlers "
+        f"ran), so its peers took it for dead; rank 0 then failed (exit code 1: {why}); "
+        "rank 1 then exited on its own (exit code 1); rank 3 finished (exit code 0)")
+
+
 # -- spawn ---------------------------------------------------------------------------------------
 
 FORK = Settings(start_method="fork")

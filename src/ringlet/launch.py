@@ -49,6 +49,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import re
 import secrets
 import signal
 import stat
@@ -226,14 +227,26 @@ class _Outcome:
         if rank == self.first_failed:
             why = self.reasons.get(rank)
             if e.stopped_by:   # it raised first, then its exit outlasted the grace period
-                return f"failed first ({why or 'an uncaught exception'}), then {e.stopped_by}"
-            return f"failed first ({_code_text(e.code)}{': ' + why if why else ''})"
+                first = "then failed" if self._quiet() else "failed first"
+                return f"{first} ({why or 'an uncaught exception'}), then {e.stopped_by}"
+            first = "then failed" if self._quiet() else "failed first"
+            return f"{first} ({_code_text(e.code)}{': ' + why if why else ''})"
         if e.stopped_by:
             code = "" if e.code == -e.signal_sent else f" ({_code_text(e.code)})"
             return f"{e.stopped_by}{code}"
         if e.code == 0:
+            if rank in self._quiet():
+                return ("exited with code 0 without closing ringlet (os._exit, or no exit "
+                        "handlers ran), so {its} peers took {it} for dead")
             return "finished (exit code 0)"
         return f"then exited on {{its}} own ({_code_text(e.code)})"
+
+    def _quiet(self) -> list[int]:
+        """The ranks that exited 0 while the others' errors say they died (a PeerError:
+        "rank 2 (pid 41) died"): they left without closing their communicator."""
+        died = {int(q) for why in self.reasons.values()
+                for q in re.findall(r"\brank (\d+) \(pid \d+\) died", why)}
+        return sorted(q for q in died if q in self.endings and self.endings[q].code == 0)
 
     def summary(self) -> str:
         """One line: the events, then every other rank's ending, grouped."""
@@ -242,9 +255,15 @@ class _Outcome:
             one = len(self.frozen) == 1
             head.append(f"{_ranks(self.frozen)} {'was' if one else 'were'} stopped (SIGSTOP or "
                         f"a debugger) while the others waited for {'it' if one else 'them'}")
+        quiet = self._quiet()
+        if quiet:   # the first event: the others failed because these left
+            one = len(quiet) == 1
+            head.append(f"{_ranks(quiet)} " + self.how(quiet[0]).format(
+                was="was" if one else "were", its="its" if one else "their",
+                it="it" if one else "them"))
         if self.first_failed is not None:
             head.append(f"rank {self.first_failed} "
-                        f"{self.how(self.first_failed).format(was='was', its='its')}")
+                        f"{self.how(self.first_failed).format(was='was', its='its', it='it')}")
         if self.interrupted:
             head.append(f"interrupted by {_signame(self.interrupted)}, forwarded to the ranks")
         if self.timed_out:
@@ -252,12 +271,13 @@ class _Outcome:
                         f"not finished")
         groups: dict[str, list[int]] = {}
         for rank in sorted(self.endings):
-            if rank != self.first_failed:
+            if rank != self.first_failed and rank not in quiet:
                 groups.setdefault(self.how(rank), []).append(rank)
         rest = []
         for phrase, ranks in groups.items():
             one = len(ranks) == 1
-            text = phrase.format(was="was" if one else "were", its="its" if one else "their")
+            text = phrase.format(was="was" if one else "were", its="its" if one else "their",
+                                 it="it" if one else "them")
             rest.append(f"{_ranks(ranks)} {text}")
         return "; ".join(head + rest)
 
@@ -1246,7 +1266,7 @@ def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork
     for rank in range(outcome.nranks):
         report = reports.get(rank)
         ending = outcome.endings[rank]
-        how = (outcome.how(rank).format(was="was", its="its") if ending.stopped_by
+        how = (outcome.how(rank).format(was="was", its="its", it="it") if ending.stopped_by
                else _code_text(ending.code))
         if report is not None and report[0] == "error":
             failures[rank] = f"{report[1]}: {report[2]}"
