@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .calls import Calls, _collective
-from .errors import ArgumentError, MismatchError
+from .errors import ArgumentError, ConfigError, MismatchError, RingletError
 from .topology import Topology
 from .transport.shm import SHM_DIR, create_region, open_region
 
@@ -313,8 +313,22 @@ class Groups(Calls):
         path = os.path.join(SHM_DIR, f"ringlet-{self.job_id}-buf{token}-{{}}")
         maps: list[Any] = [None] * self.size
         try:
-            maps[self.rank] = create_region(path.format(self.rank), nbytes)
-            self.barrier()                        # every file exists
+            try:
+                maps[self.rank] = create_region(path.format(self.rank), nbytes)
+                why = ""
+            except (OSError, RingletError) as exc:
+                why = str(exc) if isinstance(exc, RingletError) else \
+                    f"{type(exc).__name__}: {exc}"
+            whys = self.all_gather_object(why)    # every file exists, or why not
+            bad = [q for q, w in enumerate(whys) if w]
+            if bad:
+                for mm in maps:
+                    if mm is not None:
+                        mm.close()
+                raise ConfigError(f"empty: {'ranks' if len(bad) > 1 else 'rank'} "
+                                  f"{', '.join(map(str, bad))} could not make "
+                                  f"{'their' if len(bad) > 1 else 'its'} shared buffer of "
+                                  f"{nbytes:,} bytes (rank {bad[0]}: {whys[bad[0]]})")
             for q in range(self.size):
                 if q != self.rank:
                     maps[q] = open_region(path.format(q), nbytes)

@@ -191,9 +191,14 @@ class Fused:
                     write: Callable[[int, int, int], None] | None,
                     middle: Callable[[int, int, int], None] | None,
                     read: Callable[[int, int, int], None] | None,
-                    writers: Sequence[int], readers: Sequence[int]) -> None:
-        """The piece protocol; ``writers`` fill their stage, ``readers`` read others'."""
+                    writers: Sequence[int], readers: Sequence[int], unit: int) -> None:
+        """The piece protocol; ``writers`` fill their stage, ``readers`` read others'
+        (``unit``: the bytes of a stage half one element of a piece takes)."""
         r = self.t.rank
+        if write is not None and r in writers and pieces:
+            # the most of each stage half a piece fills: its memory reserved before the
+            # first write (ShmTransport.reserve_stage)
+            self.t.reserve_stage(max(b - a for a, b in pieces) * unit)
         for a, b in pieces:
             g = self.piece
             h = g % 2
@@ -263,7 +268,7 @@ class Fused:
 
         cap, want = self._widths(isz, 1)
         self._run_pieces(self._pieces(x.size, cap, n * want), write, middle, read, everyone,
-                         everyone)
+                         everyone, isz)
 
     def direct_reduce_scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer) -> None:
         """out = block ``rank`` of x reduced over all ranks (x holds n blocks of out.size)."""
@@ -288,7 +293,7 @@ class Fused:
 
         everyone = range(n)
         self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,
-                         everyone)
+                         everyone, n * isz)
 
     # --- single copy (cross-memory attach) ----------------------------------------------------
 
@@ -353,7 +358,7 @@ class Fused:
 
         everyone = range(n)
         self._run_pieces(self._pieces(m, *self._widths(isz, 1)), write, None, read, everyone,
-                         everyone)
+                         everyone, isz)
 
     def direct_all_to_all(self, x: np.ndarray, out: np.ndarray) -> None:
         """Block q of x goes to rank q; block q of out comes from rank q."""
@@ -380,7 +385,7 @@ class Fused:
 
         everyone = range(n)
         self._run_pieces(self._pieces(m, *self._widths(isz, n)), write, None, read, everyone,
-                         everyone)
+                         everyone, n * isz)
 
     def direct_broadcast(self, x: np.ndarray, root: int) -> None:
         """Every rank's x = the root's x."""
@@ -396,7 +401,7 @@ class Fused:
 
         others = [q for q in range(n) if q != root]
         self._run_pieces(self._pieces(x.size, *self._widths(isz, 1)), write, None, read, [root],
-                         others)
+                         others, isz)
 
 
 def shared_all_reduce(f: Fused, mine: np.ndarray, peers: Sequence[np.ndarray],

@@ -20,6 +20,7 @@ SIGKILLed afterwards; the mappings live as long as the processes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -100,7 +101,7 @@ class _Layout:
 class _Channel:
     """One direction between two ranks; lives in the producer's segment."""
 
-    __slots__ = ("head", "tail", "lens", "slots", "count", "K", "F", "addrs")
+    __slots__ = ("head", "tail", "lens", "slots", "count", "K", "F", "addrs", "ready")
 
     def __init__(self, mm: mmap.mmap, lay: _Layout, kind: int, consumer: int) -> None:
         c = lay.ctrl_off(kind, consumer)
@@ -115,6 +116,8 @@ class _Channel:
         self.slots = [np.frombuffer(mm, np.uint8, lay.F, d + i * lay.F) for i in range(lay.K)]
         self.count = 0   # head (producer side) or tail (consumer side), mirrored locally
         self.K, self.F = lay.K, lay.F
+        #: the producer has reserved the slots' memory (ShmTransport._reserve_channel)
+        self.ready = False
 
     def release(self) -> None:
         for v in (self.head, self.tail, self.lens):
@@ -261,6 +264,10 @@ class ShmTransport(Transport):
         self._active_recv: set[int] = set()
         self.describe: Callable[[], str] = lambda: "a collective"
         self._state: list[memoryview] | None = None
+        #: this rank's segment file, open to reserve its pages (see _reserve)
+        self._fd: int | None = None
+        #: bytes of each stage half reserved so far (see reserve_stage)
+        self._staged = 0
         #: how ranks are named in messages: this communicator's rank of each local rank
         #: (a routed transport's shared memory holds only the ranks of one node)
         self.names: list[int] = list(range(size))
@@ -295,14 +302,20 @@ class ShmTransport(Transport):
                 os.ftruncate(fd, self.lay.total)
                 mm = mmap.mmap(fd, self.lay.total)
             except (OSError, OverflowError, MemoryError) as exc:
+                os.close(fd)
                 raise ConfigError(
                     f"rank {self.rank}: cannot make its shared-memory segment of "
                     f"{self.lay.total:,} bytes in {SHM_DIR} ({exc}); the RINGLET_SHM_* "
                     f"settings size it (`ringlet config` lists them), and {SHM_DIR}'s free "
                     f"space bounds it") from None
-            finally:
-                os.close(fd)
+            self._fd = fd
             self.maps[self.rank] = mm
+            # the parts every call may write, reserved now: a write to a page tmpfs has no
+            # room for is a SIGBUS (a channel's slots are reserved at its first message,
+            # the staged areas at the first staged call: see reserve_stage)
+            lay = self.lay
+            self._reserve(0, lay.data, "segment header")
+            self._reserve(lay.post, lay.stage - lay.post, "one-shot area")
             hdr = self._words(self.rank, 0, 8)
             hdr[1] = os.getpid()
             for i, v in enumerate(self._shape(), 2):
@@ -312,6 +325,7 @@ class ShmTransport(Transport):
             self._map_peers(deadline, check)
             self._await_attached(deadline, check)
         except BaseException as exc:
+            self._close_fd()
             # the peers mapped so far learn why (the first reason in a mailbox wins)
             kind = 3 if isinstance(exc, ConfigError) else 2 if isinstance(exc, CommTimeoutError) \
                 else 1
@@ -454,6 +468,35 @@ class ShmTransport(Transport):
         self._views.append(v)
         return v
 
+    def _reserve(self, off: int, nbytes: int, what: str) -> None:
+        """Give the pages of ``[off, off + nbytes)`` of this rank's segment their memory
+        now, as NCCL does: a segment is sparse, and a store to a page that a full
+        ``/dev/shm`` cannot back kills the process with SIGBUS."""
+        if self._fd is not None and nbytes > 0:
+            reserve(self._fd, off, nbytes, f"rank {self.names[self.rank]}'s {what}")
+
+    def reserve_stage(self, nbytes: int) -> None:
+        """Reserve the first ``nbytes`` of both of this rank's stage halves (before a
+        staged call writes them there)."""
+        lay, have = self.lay, self._staged
+        nbytes = min(nbytes, lay.stage_bytes)
+        if nbytes <= have:
+            return
+        for h in (0, 1):
+            self._reserve(lay.stage + h * lay.stage_bytes + have, nbytes - have,
+                          "staged area")
+        self._staged = nbytes
+
+    def _reserve_channel(self, ch: _Channel, peer: int, kind: int) -> None:
+        self._reserve(self.lay.data_off(kind, peer), self.lay.K * self.lay.F,
+                      f"channel to rank {self.names[peer]}")
+        ch.ready = True
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def _channels(self) -> None:
         self.out = [[_Channel(self.maps[self.rank], self.lay, k, q)  # type: ignore[arg-type]
                      for q in range(self.size)] for k in (COLL, P2P)]
@@ -590,7 +633,10 @@ class ShmTransport(Transport):
 
     def isend(self, peer: int, parts: Sequence[np.ndarray], channel: int = COLL) -> SendReq:
         """Queue a message of ``parts`` (uint8 views) to ``peer``; progress() moves it."""
-        req = SendReq(self.out[channel][peer], parts, peer)
+        ch = self.out[channel][peer]
+        if not ch.ready:
+            self._reserve_channel(ch, peer, channel)
+        req = SendReq(ch, parts, peer)
         if channel == COLL and req.remaining:
             self._sendq[peer].append(req)
             self._active_send.add(peer)
@@ -611,6 +657,8 @@ class ShmTransport(Transport):
         if self._lean_p2p is None:
             return False
         ch = self.out[P2P][peer]
+        if not ch.ready:
+            self._reserve_channel(ch, peer, P2P)
         n = self._lean_p2p.p2p_push(*ch.addrs, ch.K, ch.F, ch.count, *fmt, tag, code, payload)
         if n < 0:
             return False
@@ -685,6 +733,7 @@ class ShmTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        self._close_fd()
         for chans in self.out + self.inn:
             for c in chans:
                 c.release()
@@ -732,12 +781,37 @@ def _open_private(path: str, flags: int, what: str) -> int:
     return fd
 
 
+def reserve(fd: int, off: int, nbytes: int, what: str,
+            smaller: str = "lower the RINGLET_SHM_* sizes (`ringlet config` lists them)"
+            ) -> None:
+    """Back ``[off, off + nbytes)`` of the shared-memory file ``fd`` with memory now, or
+    raise a ConfigError saying how to make room (a file system that cannot reserve
+    leaves the file sparse, as before)."""
+    try:
+        os.posix_fallocate(fd, off, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            return   # EOPNOTSUPP, EINVAL: no reservation here
+        try:
+            st = os.statvfs(SHM_DIR)
+            room = f"{st.f_bavail * st.f_frsize:,} of its {st.f_blocks * st.f_frsize:,} " \
+                   f"bytes free"
+        except OSError:
+            room = "its free space unknown"
+        raise ConfigError(
+            f"{SHM_DIR} has no room for {what} ({nbytes:,} bytes; {room}): make it larger "
+            f"(in Docker `--shm-size=1g` or `--ipc=host`), run fewer ranks on this host, or "
+            f"{smaller}") from None
+
+
 def create_region(path: str, nbytes: int) -> mmap.mmap:
-    """Create and map a new private (0600) shared-memory file of ``nbytes`` (>= 1);
-    the file is removed again if it cannot be sized or mapped."""
+    """Create and map a new private (0600) shared-memory file of ``nbytes`` (>= 1), its
+    memory reserved (:func:`reserve`); the file is removed again if it cannot be sized,
+    reserved or mapped."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(fd, max(nbytes, 1))
+        reserve(fd, 0, max(nbytes, 1), "a shared buffer (comm.empty)", "ask for less")
         return mmap.mmap(fd, max(nbytes, 1))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
