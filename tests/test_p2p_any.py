@@ -288,3 +288,42 @@ def test_sends_and_receives_in_flight_move_while_their_rank_is_in_a_collective()
 
     for r, bad in enumerate(get_world(3).run(_in_flight_through_a_collective)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _in_flight_through_another_communicators_collective(comm: ringlet.Communicator
+                                                       ) -> list[str]:
+    """The same, with the collective on a split of the communicator: rank 0's 16 MiB isend
+    on the world must move while it waits in its split's barrier for rank 2, which first
+    waits for a message rank 1 sends once it has rank 0's (each engine moved only its own
+    communicator's messages: ranks 1 and 2 timed out)."""
+    r, bad = comm.rank, []
+    big = 1 << 21    # float64s
+    sub = comm.split(r % 2)
+    if r == 0:
+        w = comm.isend(np.full(big, 5.0), 1, tag=1)
+        sub.barrier()
+        w.wait()
+    elif r == 1:
+        y = np.empty(big)
+        comm.recv(y, 0, tag=1)
+        comm.send(np.ones(1), 2, tag=2)
+        sub.barrier()
+        if not (y == 5).all():
+            bad.append("wrong data")
+    elif r == 2:
+        comm.recv(np.empty(1), 1, tag=2)
+        sub.barrier()
+    else:
+        sub.barrier()
+    sub.close()
+    return bad
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_in_flight_messages_move_while_their_rank_is_in_another_communicators_call(
+        n: int) -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(n).run(
+            _in_flight_through_another_communicators_collective)):
+        assert not bad, f"rank {r}: {bad}"

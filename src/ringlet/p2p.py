@@ -18,7 +18,7 @@ from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
 from .ops import DTYPE_BY_CODE, DTYPES
 from .recorder import RECV, SEND, T_END, T_START, now_ns
-from .transport.base import EMPTY, P2P, TAKEN, Request, Transport
+from .transport.base import BACKGROUND, EMPTY, P2P, TAKEN, Request, Transport
 from .wait import Waiter
 from .work import Work
 
@@ -91,18 +91,29 @@ class P2PEngine:
         self.active: list[tuple[Request, Callable[[], None]] | None] = [None] * n
         #: the posted header receive per source, and the buffer it fills
         self.hdr: list[tuple[Request, np.ndarray] | None] = [None] * n
-        #: sends or receives may be in flight (set as they start; :meth:`background` clears
-        #: it once none are): the one test a wait with nothing in flight makes
+        #: sends or receives may be in flight (set as they start, see :meth:`_started`;
+        #: :meth:`background` clears it once none are)
         self._busy = False
-        comm._t.set_background(self.background)   # in flight, moved by every wait
+        #: what moving the messages in the background raised (see :meth:`background`)
+        self._failed: Exception | None = None
+
+    def _started(self) -> None:
+        """Something is in flight: every wait of this process moves it from now on."""
+        if not self._busy:
+            self._busy = True
+            BACKGROUND.add(self.background)
 
     def background(self) -> bool:
-        """Advance what is in flight while this rank waits in something else (a collective:
-        the transport's waits call this, see ``Transport.background``); True if a byte
-        moved.  Nothing while the engine is busy in another thread."""
+        """Advance what is in flight while this rank waits in something else (a collective,
+        of this communicator or another: every transport's waits call this, see
+        ``transport.base.BACKGROUND``); True if a byte moved.  Nothing while the engine
+        is busy in another thread."""
         if not self._busy or not self.lock.acquire(blocking=False):
             return False
         try:
+            if self.c._closed or self._failed is not None:
+                BACKGROUND.discard(self.background)
+                return False
             # the sends, and the receives from sources a receive is posted or a payload
             # is arriving from: a message nobody asked for stays in the channel, where a
             # blocking recv takes it on the compiled path
@@ -114,7 +125,15 @@ class P2PEngine:
                 moved |= self._progress_in(src, t)
             self._busy = bool(self.posted_any or any(self.sends) or any(self.posted)
                               or any(a is not None for a in self.active))
+            if not self._busy:
+                BACKGROUND.discard(self.background)
             return moved
+        except Exception as exc:  # noqa: BLE001 - for this engine's own waits, not the caller's
+            # the caller may be another communicator's wait: the error is this one's, and
+            # its own waits raise it (see _progress)
+            self._failed = exc
+            BACKGROUND.discard(self.background)
+            return False
         finally:
             self.lock.release()
 
@@ -172,7 +191,7 @@ class P2PEngine:
             # an inline payload leaves nothing to send: an empty message is done at once
             p = t.isend(dst, [] if inline else [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
-            self._busy = True
+            self._started()
             w._driver = self._drive
             self._progress()
         return w
@@ -249,7 +268,7 @@ class P2PEngine:
                 return w
             entry = (xb, tag, w, next(self._numbers))
             (self.posted_any if src == ANY_SOURCE else self.posted[src]).append(entry)
-            self._busy = True
+            self._started()
             w._driver = self._drive
             self._progress()
         return w
@@ -341,6 +360,8 @@ class P2PEngine:
         return self.c._t.irecv(src, [xb.flat], None, P2P)
 
     def _progress(self) -> bool:
+        if self._failed is not None:   # moving messages in another wait failed
+            raise self._failed
         moved = self._progress_sends()
         t = self.c._t
         for src in range(self.c.size):

@@ -177,6 +177,17 @@ class NativeCall:
             ABANDONED.append(self._keep)
 
 
+#: the point-to-point engines of this process with messages in flight: each one's
+#: ``background()`` advances its sends and receives, True if a byte moved (see
+#: :class:`ringlet.p2p.P2PEngine`, which adds and removes itself).  Every wait's
+#: :meth:`Transport.idle`, of every communicator, calls them first, so that an ``isend``
+#: left in flight completes while its rank waits in a collective, of this communicator
+#: or of another (a split's), as MPI's progress rule has it, per process (a message
+#: larger than the channel stopped once the channel was full: the receiver waited in
+#: ``recv``, the sender in the next collective)
+BACKGROUND: set[Callable[[], bool]] = set()
+
+
 class Request(Protocol):
     """One message being sent or received."""
 
@@ -223,13 +234,6 @@ class Transport(ABC):
     #: collectives) and how many calls it has finished (set by the communicator).  A
     #: closed notice carries ``done``: see :meth:`closed_error`
     calls: Callable[[], tuple[int, int]] = staticmethod(lambda: (0, 0))
-    #: set by the point-to-point engine (:meth:`set_background`): advances its sends and
-    #: receives in flight, True if a byte moved.  Every wait's :meth:`idle` calls it
-    #: first, so that an ``isend`` left in flight completes while its rank is in a
-    #: collective, as MPI's progress rule has it (a message larger than the channel
-    #: stopped once the channel was full: the receiver waited in ``recv``, the sender in
-    #: the next collective)
-    background: Callable[[], bool] | None = None
 
     def closed_error(self, name: int, done: int, what: str | None) -> PeerError | None:
         """The error for peer ``name``, which closed the communicator after finishing
@@ -287,15 +291,16 @@ class Transport(ABC):
         threads), for :meth:`idle`; 0 where nothing tells (the caller polls)."""
         return 0
 
-    def set_background(self, fn: Callable[[], bool] | None) -> None:
-        """Have every wait on this transport advance ``fn``'s work (see ``background``)."""
-        self.background = fn
-
     def _in_background(self, waiter: Waiter) -> bool:
-        """Advance the background work, if any; True (and the waiter's checks made) if it
-        moved, so the caller polls again instead of pausing."""
-        bg = self.background
-        if bg is None or not bg():
+        """Advance the point-to-point messages in flight (:data:`BACKGROUND`); True (and
+        the waiter's checks made) if a byte moved, so the caller polls again instead of
+        pausing."""
+        if not BACKGROUND:
+            return False
+        moved = False
+        for fn in list(BACKGROUND):
+            moved |= fn()
+        if not moved:
             return False
         waiter.moved()
         waiter.tick()

@@ -715,7 +715,7 @@ class MpiTransport(Transport):
             if all(r.done for r in reqs):
                 return
             if not moved:
-                waiter.pause()
+                self.idle(0, waiter)   # point-to-point in flight first, then a pause
 
     def discard_pending(self) -> None:
         """Forget pending collective requests: their receives are cancelled, and close()

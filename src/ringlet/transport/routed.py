@@ -206,13 +206,6 @@ class RoutedTransport(Transport):
                 return
         self.engine.idle(seen, waiter, peers)
 
-    def set_background(self, fn: Callable[[], bool] | None) -> None:
-        """Its waits, and the engine's and shared memory's own (``wait`` may hand a wait
-        to the engine)."""
-        self.background = fn
-        self.engine.set_background(fn)
-        if self.local is not None:
-            self.local.set_background(fn)
 
     def discard_pending(self) -> None:
         self.engine.discard_pending()
