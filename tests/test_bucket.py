@@ -281,3 +281,25 @@ def test_all_gather_coalesced_refuses_what_is_not_an_array_on_every_rank() -> No
         assert seen[0] == "[0.0, 1.0, 2.0]" and seen[-1] == "True", (r, seen)
         want = "ArgumentError" if r == 0 else "MismatchError"
         assert seen[1].startswith(want) and "item 1 is a str" in seen[1], (r, seen)
+
+
+def _one_bucket_fails(c: ringlet.Communicator) -> list[str]:
+    """Two buckets, the first of which the ranks disagree on: wait() raises its error
+    only once the second is done too (it raised at the first, leaving the second's
+    arrays to be written behind the caller's back)."""
+    b = ringlet.Bucketer(c, cap_bytes=8)
+    b.add(np.ones(3 + (c.rank == 0)))     # a bucket of its own: the counts differ
+    good = np.full(4, float(c.rank + 1))
+    b.add(good)
+    try:
+        b.wait()
+        return ["no error"]
+    except ringlet.MismatchError as exc:
+        return [str(exc), str(good.tolist())]
+
+
+def test_bucketer_waits_for_every_bucket_before_raising() -> None:
+    n = 3
+    for r, (err, good) in enumerate(get_world(n).run(_one_bucket_fails)):
+        assert "disagree" in err, (r, err)
+        assert good == str([float(sum(range(1, n + 1)))] * 4), (r, good)

@@ -264,8 +264,15 @@ class Bucketer:
         self.buckets += 1
 
     def wait(self) -> None:
-        """Flush, then wait for every bucket: every array added holds its result."""
+        """Flush, then wait for every bucket: every array added holds its result.  If
+        buckets failed, every bucket is still waited for, then the first error raised."""
         self.flush()
         works, self._works = self._works, []
+        first: BaseException | None = None
         for w in works:
-            w.wait()
+            try:
+                w.wait()
+            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+                first = exc if first is None else first
+        if first is not None:
+            raise first

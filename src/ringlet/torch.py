@@ -68,7 +68,8 @@ _OPS: dict[Any, ReduceOp] = {}
 
 
 def _op(opts: Any) -> ReduceOp:
-    red = opts.reduceOp
+    """The reduction of torch's options, or of a short form's bare op (None: SUM)."""
+    red: Any = dist.ReduceOp.SUM if opts is None else getattr(opts, "reduceOp", opts)
     kind = getattr(red, "op", red)
     op = _OPS.get(kind)
     if op is not None:
@@ -146,6 +147,16 @@ def _back(finish: Callable[[Any], Any], *pairs: tuple[Any, Any]) -> Callable[[An
     return done
 
 
+def _root(opts: Any) -> int:
+    """The root of torch's options, or a short form's bare root rank (None: 0)."""
+    return 0 if opts is None else int(opts) if isinstance(opts, int) else int(opts.rootRank)
+
+
+def _listed(t: Any) -> Any:
+    """A short form's bare tensor as the list the long form passes."""
+    return [t] if isinstance(t, torch.Tensor) else t
+
+
 def _one(tensors: Sequence[Any], what: str) -> Any:
     if len(tensors) != 1:
         raise ArgumentError(f"{what}: the ringlet backend takes one tensor per call, got "
@@ -154,47 +165,94 @@ def _one(tensors: Sequence[Any], what: str) -> Any:
     return tensors[0]
 
 
+#: torch's handles that its C++ side may hold without keeping their Python part alive
+#: (a handle Python code passes to C++, as ``Join`` gives DDP's reducer its all_reduce's):
+#: kept here until waited for or their future taken, and finished (see :func:`_keep`)
+_KEPT: dict[int, _Work | _Done] = {}
+#: handles kept at most: beyond, the oldest finished ones go (those nobody waits for)
+_KEEP_MAX = 4096
+
+
+def _keep(w: _Work | _Done) -> None:
+    """Keep ``w``'s Python part alive while torch may still call it (once C++ holds a
+    Python handle that Python code dropped, torch calls the base class's methods: a
+    ``wait`` that never returns, a ``get_future`` that is "not implemented").  The
+    handles done with (finished, then waited for or their future taken) go when the
+    next one is made."""
+    if len(_KEPT) >= 64:
+        for k, v in list(_KEPT.items()):
+            if v._let_go and v.is_completed():
+                del _KEPT[k]
+        while len(_KEPT) >= _KEEP_MAX:
+            oldest = next((k for k, v in _KEPT.items() if v.is_completed()), None)
+            del _KEPT[oldest if oldest is not None else next(iter(_KEPT))]
+    _KEPT[id(w)] = w
+
+
 class _Work(dist._Work):
     """torch's handle of a ringlet call.  ``wait`` waits for ringlet's :class:`Work`
     (driving it, for point-to-point) and raises its error as it is; the future
     completes with ``finish(result)`` in the thread that finishes the call
-    (ringlet's worker thread for a collective), or fails with the error."""
+    (ringlet's worker thread for a collective), or fails with the error as torch's
+    own futures do (so that DDP's C++ reducer, which reads it, raises it)."""
 
     def __init__(self, work: Work, finish: Callable[[Any], Any]) -> None:
         super().__init__()
         self._work = work
-        self._finish = finish
-        self._fut: Future[Any] = Future()
+        self._finish: Callable[[Any], Any] | None = finish
+        self._error: BaseException | None = None
+        self._done: Future[Any] = Future()   # its value, None if the call failed
+        self._fut: Future[Any] | None = None
+        self._let_go = False
+        _keep(self)
         work._then(self._settle)
 
     def _settle(self, w: Work) -> None:
-        if w._error is not None:
-            self._fut.set_exception(w._error)
-            return
-        try:
-            value = self._finish(w._result)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-            self._fut.set_exception(exc)
-            return
-        self._fut.set_result(value)
+        err, value = w._error, None
+        if err is None and self._finish is not None:
+            try:
+                value = self._finish(w._result)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                err = exc
+        self._error, self._finish = err, None
+        self._done.set_result(value)
+
+    def _value(self, f: Future[Any]) -> Any:
+        if self._error is not None:
+            raise self._error
+        return f.value()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        self._let_go = True
         secs = timeout.total_seconds() if timeout is not None and \
             timeout.total_seconds() > 0 else None
         self._work.wait(secs)
-        self._fut.wait()    # finish() ran: outputs are in place (or its error is raised)
+        self._done.wait()    # finish() ran: outputs are in place (or it failed)
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._work.is_completed()
+        return self._work.is_completed() and self._done.done()
 
     def is_success(self) -> bool:
-        return self._work.is_completed() and self._work._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self) -> BaseException | None:
-        return self._work._error
+        return self._error if self._done.done() else self._work._error
+
+    def result(self) -> list[Any]:
+        """The output tensors (torch's ``Work.result``), once the call is done."""
+        self.wait()
+        value = self._done.value()
+        return list(value) if isinstance(value, (list, tuple)) else []
 
     def get_future(self) -> Future[Any]:
+        # a future that fails in C++ (torch's Future.set_exception only sets a result
+        # that raises when Python unwraps it: DDP's reducer read it as a value, SIGSEGV)
+        self._let_go = True
+        if self._fut is None:
+            self._fut = self._done.then(self._value)
         return self._fut
 
     def _source_rank(self) -> int:
@@ -211,8 +269,11 @@ class _Done(dist._Work):
         super().__init__()
         self._fut: Future[Any] = Future()
         self._fut.set_result(value)
+        self._let_go = False
+        _keep(self)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        self._let_go = True
         return True
 
     def is_completed(self) -> bool:
@@ -224,7 +285,13 @@ class _Done(dist._Work):
     def exception(self) -> BaseException | None:
         return None
 
+    def result(self) -> list[Any]:
+        self._let_go = True
+        value = self._fut.value()
+        return list(value) if isinstance(value, (list, tuple)) else []
+
     def get_future(self) -> Future[Any]:
+        self._let_go = True
         return self._fut
 
 
@@ -291,7 +358,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
     # --- collectives -------------------------------------------------------------------
 
     @_checked("all_reduce")
-    def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+    def allreduce(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
+                  timeout: Any = None) -> Any:
+        tensors = _listed(tensors)
         t = _one(tensors, "all_reduce")
         op = _op(opts)
         d = _dense(t)
@@ -299,23 +368,32 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                            _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("broadcast")
-    def broadcast(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+    def broadcast(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
+                  timeout: Any = None) -> Any:
+        tensors = _listed(tensors)
         t = _one(tensors, "broadcast")
         d = _dense(t)
-        return self._async(lambda a: self.comm.broadcast(d, root=opts.rootRank, async_op=a),
+        root = _root(opts)
+        return self._async(lambda a: self.comm.broadcast(d, root=root, async_op=a),
                            _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("reduce")
-    def reduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+    def reduce(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
+               op: Any = None, timeout: Any = None) -> Any:
+        tensors = _listed(tensors)
         t = _one(tensors, "reduce")
-        op = _op(opts)
+        root = _root(opts)
+        rop = _op(op if isinstance(opts, int) or opts is None else opts)
         d = _dense(t)
         return self._async(
-            lambda a: self.comm.reduce(d, root=opts.rootRank, op=op, async_op=a),
+            lambda a: self.comm.reduce(d, root=root, op=rop, async_op=a),
             _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("all_gather")
-    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any],  # type: ignore[override]
+                  opts: Any = None, timeout: Any = None) -> Any:
+        if isinstance(inputs, torch.Tensor):   # the short form: a list of outputs, a tensor
+            outputs, inputs = [outputs], [inputs]
         x = _dense(_one(inputs, "all_gather"))
         outs = outputs[0]
         _cpu(outs, "all_gather")
@@ -427,7 +505,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     @_checked("reduce_scatter")
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
-                       inputs: list[list[Any]], opts: Any = None) -> Any:
+                       inputs: list[list[Any]], opts: Any = None, timeout: Any = None) -> Any:
+        if isinstance(outputs, torch.Tensor):   # the short form: a tensor, a list of inputs
+            outputs, inputs = [outputs], [inputs]
         out = _one(outputs, "reduce_scatter")
         ins = inputs[0]
         _cpu(ins, "reduce_scatter")
@@ -502,9 +582,12 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     @_checked("gather")
-    def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+    def gather(self, outputs: list[list[Any]], inputs: list[Any],  # type: ignore[override]
+               opts: Any = None, timeout: Any = None) -> Any:
+        if isinstance(inputs, torch.Tensor):   # the short form: a list of outputs, a tensor
+            outputs, inputs = [outputs], [inputs]
         x = _dense(_one(inputs, "gather"))
-        root = opts.rootRank
+        root = _root(opts)
         outs = outputs[0] if outputs else []
         if self.comm.rank == root:
             _cpu(outs, "gather")
@@ -520,9 +603,12 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         return self._async(lambda a: self.comm.gather(x, root=root, async_op=a), finish, opts)
 
     @_checked("scatter")
-    def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> Any:  # type: ignore[override]
+    def scatter(self, outputs: list[Any], inputs: list[list[Any]],  # type: ignore[override]
+                opts: Any = None, timeout: Any = None) -> Any:
+        if isinstance(outputs, torch.Tensor):   # the short form: a tensor, a list of inputs
+            outputs, inputs = [outputs], [inputs]
         out = _one(outputs, "scatter")
-        root = opts.rootRank
+        root = _root(opts)
         x = None
         if self.comm.rank == root:
             ins = inputs[0]
@@ -534,7 +620,7 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                            _back(lambda _: outputs, (out, d)), opts)
 
     @_checked("barrier")
-    def barrier(self, opts: Any = None) -> Any:
+    def barrier(self, opts: Any = None, timeout: Any = None) -> Any:  # type: ignore[override]
         return self._async(lambda a: self.comm.barrier(async_op=a), lambda _: [], opts)
 
     # --- point-to-point ----------------------------------------------------------------

@@ -138,6 +138,26 @@ def operations(r: int, n: int, bad: list[str]) -> None:
     chained = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(
         lambda f: f.value()[0] * 2)
     check(bad, chained.wait()[0].item() == 2 * n, "future.then")
+    # the process group's own methods in torch's short forms (DDP and Join call them so)
+    pg = dist.distributed_c10d._get_default_group()
+    short = [
+        ("allreduce(tensor)", lambda: pg.allreduce(torch.ones(3)), [n] * 3),
+        ("allreduce([t], MAX)", lambda: pg.allreduce([torch.ones(2) * (r + 1)],
+                                                     dist.ReduceOp.MAX), [n] * 2),
+        ("broadcast(tensor, root)", lambda: pg.broadcast(torch.ones(2) * (r + 1), n - 1),
+         [n] * 2),
+        ("broadcast([t])", lambda: pg.broadcast([torch.ones(2) * (r + 1)]), [1] * 2),
+        ("reduce(tensor, root, MIN)", lambda: pg.reduce(torch.ones(2) * (r + 1), 0,
+                                                         dist.ReduceOp.MIN), [1] * 2),
+    ]
+    for what, call, want in short:
+        res = call().result()
+        if what.startswith("reduce") and r != 0:
+            continue
+        check(bad, res[0].tolist() == [float(v) for v in want], f"pg.{what}: {res}")
+    outs = [torch.empty(2) for _ in range(n)]
+    pg.allgather(outs, torch.full((2,), float(r))).wait()
+    check(bad, [o[0].item() for o in outs] == list(range(n)), f"pg.allgather short: {outs}")
     # point-to-point with tags, messages that arrive before their receive
     if n > 1:
         right, left = (r + 1) % n, (r - 1) % n
@@ -407,6 +427,7 @@ def ddp(r: int, n: int, bad: list[str]) -> None:
     dist.all_gather(everyone, a)
     check(bad, all(torch.equal(e, everyone[0]) for e in everyone),
           "DDP replicas differ between ranks")
+    ddp_plain_and_join(r, n, gloo, bad)
     # fp16 compression hook
     m16 = nn.Linear(8, 8)
     m16.load_state_dict(nn.Linear(8, 8).state_dict())
@@ -417,6 +438,46 @@ def ddp(r: int, n: int, bad: list[str]) -> None:
     dist.all_gather(grads, m16.weight.grad)
     check(bad, all(torch.equal(e, grads[0]) for e in grads), "fp16 hook: grads differ")
     fsdp2(r, gloo, bad)
+
+
+class _Branchy(nn.Module):
+    """A model one of whose layers is used only on odd steps (find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x: Any, step: int) -> Any:
+        h = torch.relu(self.a(x))
+        return self.b(h) + (self.c(h) if step % 2 else 0)
+
+
+def ddp_plain_and_join(r: int, n: int, gloo: Any, bad: list[str]) -> None:
+    """DDP with its reducer's own (C++) all_reduce, no hook, and ``Join`` over uneven
+    inputs (rank r runs 2 + r steps) with unused parameters and without dividing by the
+    initial world size, on ringlet and on gloo: the same weights.  (Join handed DDP's
+    reducer a work whose Python part torch then freed: one rank failed with "getFuture
+    not implemented", the others hung; its unused-parameter map is all-reduced through
+    the group's short form, which the backend refused.)"""
+    from torch.distributed.algorithms.join import Join
+
+    weights = {}
+    for name, pg in (("ringlet", None), ("gloo", gloo)):
+        torch.manual_seed(1)
+        m = _Branchy()
+        d = DDP(m, process_group=pg, bucket_cap_mb=0.0001, find_unused_parameters=True)
+        opt = torch.optim.SGD(d.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(7 + r)
+        with Join([d], divide_by_initial_world_size=False):
+            for step in range(2 + r):
+                opt.zero_grad()
+                d(torch.randn(4, 8, generator=g), step).sum().backward()
+                opt.step()
+        weights[name] = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+    a, b = weights["ringlet"], weights["gloo"]
+    check(bad, torch.allclose(a, b, rtol=1e-5, atol=1e-6),
+          f"DDP with Join and unused parameters differs from gloo by "
+          f"{float((a - b).abs().max()):.3g}")
 
 
 def fsdp2(r: int, gloo: Any, bad: list[str]) -> None:
@@ -452,9 +513,16 @@ def dead_peer(r: int, n: int, bad: list[str]) -> None:
     ringlet's PeerError naming it, within seconds (not at the deadline)."""
     t = torch.ones(8)
     dist.all_reduce(t)
+    model = DDP(nn.Linear(10, 10))   # plain: its reducer's own all_reduce, read in C++
     if r == n - 1:
         os._exit(3)
     time.sleep(0.5)
+    try:   # it read a failed future as a value: SIGSEGV
+        model(torch.randn(3, 10)).sum().backward()
+        bad.append("DDP's backward with a dead peer returned")
+    except RuntimeError as exc:
+        check(bad, "PeerError" in str(exc) and f"rank {n - 1}" in str(exc),
+              f"DDP's backward with a dead peer: {exc}")
     t0 = time.monotonic()
     try:
         dist.all_reduce(t)
