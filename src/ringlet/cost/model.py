@@ -138,6 +138,8 @@ VECTOR_MESSAGES = 1 << 21
 #: A piece count is counted only if rounds x the ranks walked stays within this; beyond
 #: it the fitted closed form answers (or, without one, the search stops).
 COUNT_BUDGET = 10_000
+#: The most rounds a piece count may have to be counted from the rounds' closed form.
+VECTOR_ROUNDS = 1 << 15
 #: The largest piece count considered.
 PIECES_CAP = 1 << 16
 
@@ -455,13 +457,12 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     m = _m_ref(schedule)
     mine = schedule.steps(0)
     first = sum(len(rnd) for rnd in mine)
-    exact = first * n <= EXACT_STEP_BUDGET
+    # a walk visits every round of every rank walked, steps or not (a chain broadcast of
+    # 4,096 ranks has one step on rank 0 but 4,095 rounds: walking them took a minute)
+    exact = max(first, schedule.nrounds) * n <= EXACT_STEP_BUDGET
     g = gpus_per_node if two_level else 0
     rails = rails and g > 0
-    # a round's vectors hold about n times rank 0's steps in it: all-pairs rounds at
-    # 16,384 ranks would take gigabytes (their ranks are alike: the sample walks 3)
-    if not exact and schedule.round_fn is not None \
-            and n * max(map(len, mine), default=0) <= VECTOR_MESSAGES:
+    if not exact and _vectorable(schedule, mine):
         return _vector_count(schedule, m, g, rails)
     if exact or len(_sample(n, schedule.root, g)) * (g if rails else 1) >= n:
         exact, ranks = True, list(range(n))
@@ -471,6 +472,21 @@ def count(schedule: Schedule, gpus_per_node: int = 0, rails: bool = False) -> Ta
     else:
         ranks = _sample(n, schedule.root, g)
     return _walk(schedule, m, ranks, g, exact, rails)
+
+
+#: round patterns :func:`_vector_count` keeps at once
+_PATTERNS = 256
+
+
+def _vectorable(schedule: Schedule, mine: Sequence[Sequence[Any]] | None = None) -> bool:
+    """Whether :func:`_vector_count` can count ``schedule`` (``mine``: rank 0's steps):
+    it has the rounds' closed form, and a round's vectors, about n times rank 0's steps
+    in it, stay small (all-pairs rounds at 16,384 ranks would take gigabytes; their
+    ranks are alike: the sample walks 3)."""
+    if schedule.round_fn is None:
+        return False
+    mine = schedule.steps(0) if mine is None else mine
+    return schedule.nranks * max(map(len, mine), default=0) <= VECTOR_MESSAGES
 
 
 def _vector_count(schedule: Schedule, m: int, g: int, rails: bool) -> Tally:
@@ -491,10 +507,57 @@ def _vector_count(schedule: Schedule, m: int, g: int, rails: bool) -> Tally:
             return v
         return np.bincount(unit, v, len(size)) / size
 
-    # pattern -> (intra, inter, reduced, intra count, inter count, sent per unit); the
-    # arrays are kept with their figures so that the ids in the key stay theirs
-    figures: dict[tuple[int, ...], tuple[Any, tuple[float, ...], np.ndarray]] = {}
+    # pattern -> (its arrays, (intra, inter, reduced, intra count, inter count), the ranks
+    # (units) it sends from or None for all, what they send); the arrays are kept with
+    # their figures so that the ids in the key stay theirs.  At most _PATTERNS of them: a
+    # chain's rounds are all different (16,384 ranks: gigabytes), so the sends counted
+    # so far are folded into ``sent`` and the patterns forgotten.
+    Figures = tuple[Any, tuple[float, ...], "np.ndarray | None", np.ndarray]
+    figures: dict[tuple[int, ...], Figures] = {}
     times: dict[tuple[int, ...], int] = {}
+    sent = np.zeros(len(size) if size is not None else n)
+
+    def fold() -> None:
+        for k, c in times.items():
+            _, _, ids, vals = figures[k]
+            if ids is None:
+                sent[:] += vals * c
+            else:
+                sent[ids] += vals * c
+        times.clear()
+
+    def pattern(ra: dict[str, np.ndarray], arrays: tuple[np.ndarray, ...]) -> Figures:
+        src, dst, chunks, red = arrays[:4]
+        nb = chunks * e
+        local = ra.get("local")
+        ids: np.ndarray | None = None
+        s_i, d_i, N = src, dst, n
+        if unit is None and local is None and 8 * len(src) < n:
+            # the few ranks a round touches, numbered 0..N-1 (a pipeline's rounds touch a
+            # few of many ranks: vectors of all n ranks per round took minutes)
+            ids, inv = np.unique(np.concatenate((src, dst)), return_inverse=True)
+            s_i, d_i, N = inv[:len(src)], inv[len(src):], len(ids)
+
+        def side(mask: np.ndarray | None) -> tuple[float, float]:
+            s_, d_, w = (s_i, d_i, nb) if mask is None else (s_i[mask], d_i[mask], nb[mask])
+            if not len(s_):
+                return 0.0, 0.0
+            vol = np.maximum(per_unit(np.bincount(s_, w, N)), per_unit(np.bincount(d_, w, N)))
+            cs, cd = np.bincount(s_, minlength=N), np.bincount(d_, minlength=N)
+            if unit is None:
+                return float(vol.max()), float(max(cs.max(), cd.max()))
+            return float(vol.max()), float(np.maximum(per_unit(cs.astype(float)),
+                                                      per_unit(cd.astype(float))).max())
+
+        cross = (src // g != dst // g) if g else None
+        inner = side(None if cross is None else ~cross)
+        outer = (0.0, 0.0) if cross is None else side(cross)
+        reduced = np.bincount(d_i[red], nb[red], N) + (local * e if local is not None else 0.0)
+        row = (inner[0], outer[0], float(np.max(per_unit(reduced), initial=0.0)),
+               inner[1], outer[1])
+        vals = np.bincount(s_i, nb, N)
+        return arrays, row, ids, vals if ids is not None else per_unit(vals)
+
     rows = np.zeros((5, R))
     for i in range(R):
         ra = schedule.round_arrays(i)
@@ -502,24 +565,13 @@ def _vector_count(schedule: Schedule, m: int, g: int, rails: bool) -> Tally:
         key = tuple(id(a) for a in arrays) + (len(arrays),)
         got = figures.get(key)
         if got is None:
-            src, dst, chunks, red = arrays[:4]
-            nb = chunks * e
-            cross = (src // g != dst // g) if g else np.zeros(len(src), bool)
-            sides = []
-            for mask in (~cross, cross):
-                vol = [per_unit(np.bincount(x[mask], nb[mask], n)) for x in (src, dst)]
-                msgs = [per_unit(np.bincount(x[mask], minlength=n).astype(float))
-                        for x in (src, dst)]
-                sides.append((float(np.max(np.maximum(*vol), initial=0.0)),
-                              float(np.max(np.maximum(*msgs), initial=0.0))))
-            reduced = np.bincount(dst[red], nb[red], n) + (ra["local"] * e if "local" in ra
-                                                           else 0.0)
-            row = (sides[0][0], sides[1][0], float(np.max(per_unit(reduced), initial=0.0)),
-                   sides[0][1], sides[1][1])
-            got = figures[key] = (arrays, row, per_unit(np.bincount(src, nb, n)))
+            if len(figures) >= _PATTERNS:
+                fold()
+                figures.clear()
+            got = figures[key] = pattern(ra, arrays)
         rows[:, i] = got[1]
         times[key] = times.get(key, 0) + 1
-    sent = sum((figures[k][2] * c for k, c in times.items()), np.zeros(1))
+    fold()
     a_in, a_out, a_red, c_in, c_out = rows
     how = f"all {n} ranks (from the rounds' closed form)"
     if rails:
@@ -823,10 +875,15 @@ class Estimator:
         if pieces in self._tallies:
             return True
         n = self.nranks
+        s = self.schedule(pieces)
+        if n * s.nrounds > EXACT_STEP_BUDGET and _vectorable(s):
+            # counted from the rounds' closed form: a Python loop over the rounds, with
+            # vector work per distinct round pattern
+            return s.nrounds <= VECTOR_ROUNDS
         walked = n if n <= 64 else 40
         if self.rails:
             walked = min(n, walked * self.gpus_per_node)
-        return self.schedule(pieces).nrounds * walked <= COUNT_BUDGET
+        return s.nrounds * walked <= COUNT_BUDGET
 
     def max_pieces(self, m: int) -> int:
         """The most pieces that leave no chunk empty at unit count ``m``."""
