@@ -222,6 +222,9 @@ def test_exposed_seconds() -> None:
     assert exposed_seconds(10.0, 10, 2.0) == pytest.approx(10 - 2 * 9 / 10)
     assert exposed_seconds(0.0, 5, 1.0) == 0.0
     assert exposed_seconds(3.0, 1, 100.0) == 3.0      # one bucket never overlaps
+    # the last bucket is the remainder: that is what shows, not an equal share
+    assert exposed_seconds(1.0, 10, 100.0, last=0.01) == pytest.approx(0.01)
+    assert exposed_seconds(10.0, 10, 2.0, last=0.01) == pytest.approx(10 - 2 * 9 / 10)
 
 
 def test_group_profiles_on_two_levels() -> None:

@@ -352,3 +352,53 @@ def test_the_reference_never_wins_a_tie(capsys: pytest.CaptureFixture[str]) -> N
                  "nvlink4"]) == 0
     out = capsys.readouterr().out
     assert "fastest: oneshot" in out and "naive below" not in out and "oneshot below" in out
+
+
+# --- extremes (a review's findings) -----------------------------------------------------------
+
+LINK = ["--bandwidth", "25GB/s", "--latency", "5us"]
+
+
+@pytest.mark.parametrize("argv, want", [
+    # more pieces than elements: 100,000,000 rounds for 4 bytes, predicted at 8.33 min
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "4", *LINK, "--algorithm",
+      "double_binary_tree", "--param", "pieces=100000000"],
+     "100,000,000 pieces of 1 element leave pieces empty; at most 1 here"),
+    (["simulate", "all_reduce", "--ranks", "8", "--bytes", "4", *LINK, "--algorithm",
+      "double_binary_tree", "--param", "pieces=100000000"],
+     "100,000,000 pieces of 1 element leave pieces empty"),
+    # a float no longer holds every whole byte count
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "1e30", *LINK],
+     "is more than 2^53 bytes (9 PB)"),
+    # infinity: `inf h` and numpy's warnings, null in JSON
+    (["simulate", "all_reduce", "--bytes", "64MB", "--link", "dgx_h100", "--nodes", "4",
+      "--nodes-per-leaf", "2", "--oversubscription", "inf"], "got inf"),
+    # a bucket of a byte was costed as one whole fp16 element: twice the bytes
+    (["plan", "--params", "7e9", "--ranks", "8", "--link", "nvlink4", "--bucket", "1"],
+     "--bucket 1 B holds no whole fp16 element (2 B)"),
+    # 14 million buckets simulated one by one: no end
+    (["plan", "--params", "7e9", "--ranks", "32", "--link", "nvlink4", "--compute-ms", "200",
+      "--simulate", "--bucket", "1KB"], "make 14,000,000 of them a step"),
+])
+def test_extremes_are_clear_errors(argv: list[str], want: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(argv)
+    out = capsys.readouterr()
+    assert want in out.out + out.err, (out.out, out.err)
+    assert code != 0 or "not applicable" in out.out
+
+
+def test_absurd_values_print_no_page_of_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_reduce", "--ranks", "8", "--bytes", "1MB", *LINK,
+                 "--overhead", "1e300", "--algorithm", "ring"]) == 0
+    out = capsys.readouterr().out
+    assert "e+297 h" in out and max(map(len, out.splitlines())) < 200, out
+
+
+def test_simulate_takes_whole_elements_as_predict_does(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    for cmd, done in (("predict", "predicted"), ("simulate", "simulated")):
+        assert main([cmd, "all_reduce", "--ranks", "3", "--bytes", "7", *LINK]) == 0
+        out = capsys.readouterr().out
+        assert f"7 B is not a size all_reduce moves in whole float32 elements on 3 ranks: " \
+               f"{done} at 8 B" in out and "not simulated" not in out, out

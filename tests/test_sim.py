@@ -345,7 +345,7 @@ def test_cli_failed_run_leaves_no_trace_file(tmp_path: pathlib.Path,
     path.write_text("kept")
     assert cli_main(["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "8",
                      "--bandwidth", "10GB/s", "--algorithm", "ring", "--param",
-                     "pieces=100000000", "--trace", str(path)]) == 2
+                     "pieces=31250", "--trace", str(path)]) == 2
     assert "limit 2,000,000" in capsys.readouterr().err
     assert path.read_text() == "kept"
 

@@ -1032,6 +1032,12 @@ class Estimator:
                 raise ArgumentError(
                     f"{self.collective}/{self.algorithm}: pieces must be 1"
                     f"{' or more' if self.pipelined else ' (it is not pipelined)'}, got {pieces}")
+            kmax = self.max_pieces(m)
+            if pieces > kmax:
+                raise ArgumentError(
+                    f"{self.collective}/{self.algorithm}: {pieces:,} pieces of "
+                    f"{m:,} element{'s' if m != 1 else ''} leave pieces empty; at most "
+                    f"{kmax:,} here")
             k, rule = int(pieces), "given"
         size = float(m) * itemsize
         f = self.fit() if profile.levels_for(self.nranks) == 1 else None

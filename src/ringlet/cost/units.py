@@ -65,6 +65,11 @@ def _quantity_bytes(text: str) -> float | None:
     return value
 
 
+#: the largest size :func:`parse_size` takes (2^53 bytes: floats hold every whole number
+#: up to it; ``--bytes 1e30`` was taken as 250,000,000,000,000,004,971,156,209,664 floats)
+MAX_BYTES = 1 << 53
+
+
 def parse_size(text: str | int | float, what: str = "") -> int:
     """A byte count from ``"14GB"``, ``"1.5GiB"``, ``"400Gb"`` (bits) or ``"4096"``.
 
@@ -81,6 +86,9 @@ def parse_size(text: str | int | float, what: str = "") -> int:
             f"GB = 10^9 bytes, GiB = 2^30 bytes, a lower-case b is a bit")
     if value < 0:
         raise ArgumentError(f"{_label(what)}{text!r} is negative; a size is >= 0 bytes")
+    if value > MAX_BYTES:   # beyond, a float no longer holds every whole number of bytes
+        raise ArgumentError(f"{_label(what)}{text!r} is more than 2^53 bytes (9 PB), the most "
+                            f"ringlet counts")
     whole = round(value)
     if abs(value - whole) > 1e-6 * max(1.0, value):
         raise ArgumentError(f"{_label(what)}{text!r} is {value} bytes, not a whole number of bytes")
@@ -155,11 +163,14 @@ def _scaled(value: float, steps: list[tuple[float, str]], digits: int) -> str:
 
 
 def _round(x: float, digits: int) -> str:
-    """``x`` to ``digits`` significant digits, without trailing zeros or exponent."""
+    """``x`` to ``digits`` significant digits, without trailing zeros or exponent (but
+    for absurd magnitudes, which would print a page of digits: ``1e+297``)."""
     if x == 0:
         return "0"
     if not math.isfinite(x):
         return str(x)   # inf, -inf, nan
+    if not 1e-6 <= abs(x) < 1e15:
+        return f"{x:.{digits}g}"
     decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))
     text = f"{x:.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -187,6 +198,8 @@ def format_seconds(seconds: float, digits: int = 3) -> str:
     s = float(seconds)
     if s == 0:
         return "0 s"
+    if not math.isfinite(s) or abs(s) >= 3600e6:   # a million hours: no page of digits
+        return f"{s / 3600:.{digits}g} h"
     if abs(s) >= 3600:
         return f"{_round(s / 3600, digits)} h"
     if abs(s) >= 60:

@@ -21,6 +21,7 @@ import sys
 import textwrap
 
 from ..cost.cli import add_link_options, resolve_links, resolve_ranks
+from ..cost.model import dtype_of
 from ..cost.units import (
     format_bandwidth,
     format_bytes,
@@ -139,6 +140,11 @@ def main(args: argparse.Namespace) -> int:
         expert_params=parse_count(args.expert_params, "--expert-params"))
     if model.microbatches < 1:
         raise ArgumentError(f"--microbatches must be >= 1, got {model.microbatches}")
+    itemsize = dtype_of(model.dtype).itemsize
+    if bucket < itemsize:   # a bucket of a byte was costed as one element: twice the bytes
+        raise ArgumentError(f"--bucket {format_bytes(bucket)} holds no whole {model.dtype} "
+                            f"element ({itemsize} B)")
+    bucket = bucket // itemsize * itemsize   # whole elements, as DDP's buckets hold
     how = Costing(links.profile, args.textbook, links.textbook_bandwidth,
                   links.inter_textbook_bandwidth, bucket, args.algorithm, args.rails)
     step = plan(par, model, how,

@@ -16,6 +16,7 @@ settings give, as ``ringlet predict`` predicts them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import textwrap
@@ -34,7 +35,7 @@ from ..cost.cli import (
     size_and_root,
 )
 from ..cost.host import Paths
-from ..cost.model import Profile, bus_factor, predict
+from ..cost.model import Profile, bus_factor, dtype_of, path_bytes, predict, unit_count
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_time
 from ..errors import ArgumentError
 from ..jsonout import dumps
@@ -177,6 +178,14 @@ def main(args: argparse.Namespace) -> int:
     n = resolve_ranks(args, links)
     profile: Profile = links.profile
     nbytes = size_and_root(args, n)
+    dt = dtype_of(args.dtype)
+    whole = path_bytes(args.collective, unit_count(args.collective, nbytes, n, dt.itemsize), n,
+                       dt.itemsize)
+    if whole != nbytes:   # as ringlet predict: the size in whole elements, and a note
+        links = dataclasses.replace(links, description=[
+            *links.description, f"{nbytes:,} B is not a size {args.collective} moves in whole "
+            f"{dt.name} elements on {n} ranks: simulated at {whole:,} B"])
+        nbytes = whole
     if args.seed < 0:
         raise ArgumentError(f"--seed must be >= 0, got {args.seed}")
     if args.rails and profile.inter is None:

@@ -35,6 +35,7 @@ gamma, as ``ringlet predict`` predicts them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..cost.host import Host
@@ -72,7 +73,7 @@ class Topology:
         if self.nics_per_node > max(self.gpus_per_node, 1):
             raise ArgumentError(f"nics_per_node ({self.nics_per_node}) cannot exceed the GPUs "
                                 f"per node ({self.gpus_per_node})")
-        if not self.oversubscription >= 1:
+        if not (self.oversubscription >= 1 and math.isfinite(self.oversubscription)):
             raise ArgumentError(
                 f"oversubscription is a ratio >= 1 (1: full bisection), got "
                 f"{self.oversubscription!r}")
