@@ -107,7 +107,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fabric", "beyond ringlet predict's links (two levels only "
                                        "for the NICs and the fat-tree)")
     f.add_argument("--nics-per-node", type=int, default=0, metavar="K",
-                   help="NICs per node, shared by its GPUs (default: one per GPU)")
+                   help="NICs per node, shared by its GPUs (default, or 0: one per GPU)")
     f.add_argument("--nodes-per-leaf", type=int, default=0, metavar="L",
                    help="nodes per leaf switch of a two-level fat-tree (default 0: one "
                         "non-blocking switch); with --rails the leaves are rail-optimised "
