@@ -190,3 +190,18 @@ def test_pauses_sleep_every_time_once_past_the_spin_and_the_yield(
     # every pause slept, in steps growing from 20 us to sleep_us
     assert slept == pytest.approx([20e-6, 40e-6, 80e-6, 160e-6, 200e-6, 200e-6][:len(slept)])
     assert len(slept) == 5 + (polls_before_sleeping is None)
+
+
+def test_a_rounds_timeout_says_the_missing_ranks_had_agreed() -> None:
+    """The rounds of a collective run after every rank agreed to it: a rank they still
+    wait for at the deadline arrived, and said it "did not arrive" (a rank on another
+    node that had arrived and then given up, over MPI, which cannot tell the others)."""
+    from ringlet.config import Settings
+    from ringlet.transport.base import ROUND_ABSENT
+    from ringlet.wait import Waiter
+
+    w = Waiter(Settings(timeout=1.0), lambda: "all_reduce #2 (4 x float64), round 1",
+               lambda: [0], absent=ROUND_ABSENT)
+    text = str(w.timeout_error())
+    assert "round 1: rank 0 agreed to the call but did not send or take this round's data" \
+        in text and "did not arrive" not in text, text

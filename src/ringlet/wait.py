@@ -50,14 +50,17 @@ class Waiter:
 
     __slots__ = ("_what", "_missing", "_check", "_start", "_deadline", "_spin_end",
                  "_yield_end", "_sleeping", "_sleep", "_sleep_max", "_next_check", "_liveness",
-                 "_polls", "timeout", "_rechecked", "_advice")
+                 "_polls", "timeout", "_rechecked", "_advice", "_absent")
 
     def __init__(self, settings: Settings, what: Callable[[], str],
                  missing: Callable[[], Iterable[int]],
                  check: Callable[[], None] | None = None,
                  timeout: float | None = None,
-                 advice: Callable[[], str] | None = None) -> None:
+                 advice: Callable[[], str] | None = None,
+                 absent: str = "did not arrive") -> None:
         self._what = what
+        #: what the ranks still missing at the deadline did not do
+        self._absent = absent
         self._missing = missing
         self._check = check
         self.timeout = settings.timeout if timeout is None else timeout
@@ -149,7 +152,7 @@ class Waiter:
             err.waiting_on = missing  # type: ignore[attr-defined]
             return err
         who = (f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} "
-               f"did not arrive") if missing else "no rank is known to be missing"
+               f"{self._absent}") if missing else "no rank is known to be missing"
         err = CommTimeoutError(
             f"timed out after {self.timeout:g} s in {self._what()}: {who}. If the peers are "
             f"just slow, raise RINGLET_TIMEOUT (seconds); if they called a different "

@@ -177,6 +177,11 @@ class NativeCall:
             ABANDONED.append(self._keep)
 
 
+#: what the ranks a collective's round still waits for did not do (every rank agreed to
+#: the call first: "did not arrive" said the opposite, of a rank on another node that
+#: had arrived and then given up)
+ROUND_ABSENT = "agreed to the call but did not send or take this round's data"
+
 #: the point-to-point engines of this process with messages in flight: each one's
 #: ``background()`` advances its sends and receives, True if a byte moved (see
 #: :class:`ringlet.p2p.P2PEngine`, which adds and removes itself).  Every wait's
@@ -276,7 +281,7 @@ class Transport(ABC):
             return [r.peer for r in reqs if not r.done]
 
         waiter = Waiter(self.wait_settings(reqs), what, missing,
-                        lambda: self.check(missing()))
+                        lambda: self.check(missing()), absent=ROUND_ABSENT)
         while True:
             seen = self.events()
             if self.progress():

@@ -132,6 +132,7 @@ from .base import (
     COLL,
     CTRL,
     P2P,
+    ROUND_ABSENT,
     STATUS,
     STATUS_BYTES,
     Caps,
@@ -706,7 +707,8 @@ class MpiTransport(Transport):
         def missing() -> list[int]:
             return [r.peer for r in reqs if not r.done]
 
-        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing(), what()))
+        waiter = Waiter(self.settings, what, missing, lambda: self.check(missing(), what()),
+                        absent=ROUND_ABSENT)
         while True:
             moved = self.progress()
             for r in reqs:

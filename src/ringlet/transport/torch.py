@@ -116,6 +116,7 @@ from .base import (
     ABORT_TIMEOUT,
     CLOSED,
     COLL,
+    ROUND_ABSENT,
     STATUS,
     Caps,
     MessageAgreement,
@@ -967,7 +968,8 @@ class TorchTransport(Transport):
         if all(r.done for r in reqs):
             return
         waiter = Waiter(self.settings, what, lambda: [r.peer for r in reqs if not r.done],
-                        lambda: self.check([r.peer for r in reqs if not r.done]))
+                        lambda: self.check([r.peer for r in reqs if not r.done]),
+                        absent=ROUND_ABSENT)
         while True:
             seen = self._events
             moved = self._progress()
