@@ -108,6 +108,28 @@ def test_registered_on_import() -> None:
     assert rt.BACKEND == "ringlet"
 
 
+def test_handles_are_kept_until_done_with_and_no_longer() -> None:
+    """torch's C++ side may hold a work whose Python part Python code dropped (Join gives
+    DDP's reducer its all_reduce): the backend keeps each until it is finished and waited
+    for (or its future taken), then lets it go; ones nobody waits for are kept at most
+    _KEEP_MAX of them."""
+    import ringlet.torch as rt
+
+    rt._KEPT.clear()
+    held = [rt._Done([]) for _ in range(10)]
+    assert all(id(h) in rt._KEPT for h in held)
+    for h in held[:5]:
+        h.wait()
+    for _ in range(64):   # a sweep comes every 64 handles made
+        rt._Done([]).wait()
+    assert all(id(h) not in rt._KEPT for h in held[:5])
+    assert all(id(h) in rt._KEPT for h in held[5:])
+    for _ in range(rt._KEEP_MAX + 10):   # never waited for: bounded all the same
+        rt._Done([])
+    assert len(rt._KEPT) <= rt._KEEP_MAX
+    rt._KEPT.clear()
+
+
 @pytest.mark.parametrize(("env", "given", "expected"), [
     ({"RINGLET_TIMEOUT": "7"}, None, 7.0),       # no timeout=: the job's RINGLET_TIMEOUT
     ({"RINGLET_TIMEOUT": "7"}, 12.0, 12.0),      # timeout= wins

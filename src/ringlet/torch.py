@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -171,22 +172,30 @@ def _one(tensors: Sequence[Any], what: str) -> Any:
 _KEPT: dict[int, _Work | _Done] = {}
 #: handles kept at most: beyond, the oldest finished ones go (those nobody waits for)
 _KEEP_MAX = 4096
+_KEPT_LOCK = threading.Lock()
+_made = 0
 
 
 def _keep(w: _Work | _Done) -> None:
     """Keep ``w``'s Python part alive while torch may still call it (once C++ holds a
     Python handle that Python code dropped, torch calls the base class's methods: a
     ``wait`` that never returns, a ``get_future`` that is "not implemented").  The
-    handles done with (finished, then waited for or their future taken) go when the
-    next one is made."""
-    if len(_KEPT) >= 64:
-        for k, v in list(_KEPT.items()):
-            if v._let_go and v.is_completed():
+    handles done with (finished, then waited for or their future taken) go every 64
+    handles made; beyond :data:`_KEEP_MAX` the oldest finished ones go too.  Handles are
+    made on several threads (DDP's hooks run on autograd's)."""
+    global _made
+    with _KEPT_LOCK:
+        _made += 1
+        if _made % 64 == 0:
+            for k, v in list(_KEPT.items()):
+                if v._let_go and v._finished():
+                    del _KEPT[k]
+        if len(_KEPT) >= _KEEP_MAX:
+            old = [k for k, v in _KEPT.items() if v._finished()][:len(_KEPT) // 4] or \
+                [next(iter(_KEPT))]
+            for k in old:
                 del _KEPT[k]
-        while len(_KEPT) >= _KEEP_MAX:
-            oldest = next((k for k, v in _KEPT.items() if v.is_completed()), None)
-            del _KEPT[oldest if oldest is not None else next(iter(_KEPT))]
-    _KEPT[id(w)] = w
+        _KEPT[id(w)] = w
 
 
 class _Work(dist._Work):
@@ -216,6 +225,10 @@ class _Work(dist._Work):
                 err = exc
         self._error, self._finish = err, None
         self._done.set_result(value)
+
+    def _finished(self) -> bool:
+        """Done, as :meth:`is_completed` but without driving a point-to-point call."""
+        return self._work._done.is_set() and self._done.done()
 
     def _value(self, f: Future[Any]) -> Any:
         if self._error is not None:
@@ -274,6 +287,9 @@ class _Done(dist._Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         self._let_go = True
+        return True
+
+    def _finished(self) -> bool:
         return True
 
     def is_completed(self) -> bool:
