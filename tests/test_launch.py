@@ -291,13 +291,20 @@ def test_summary_puts_a_rank_that_left_quietly_first() -> None:
     collective: the peers' PeerError says it died; the summary says what it did first,
     and that the others failed after (it said rank 0 "failed first", rank 2 "finished")."""
     why = "ringlet.errors.PeerError: rank 2 (pid 41) died; all_reduce #9 cannot complete"
+    pids = {0: 40, 1: 43, 2: 41, 3: 42}
     out = _Outcome(4, {0: _Ending(1), 1: _Ending(1), 2: _Ending(0), 3: _Ending(0)},
-                   first_failed=0, reasons={0: why, 1: why})
+                   first_failed=0, reasons={0: why, 1: why}, pids=pids)
     assert out.exit_code == 1
     assert out.summary() == (
         "rank 2 exited with code 0 without closing ringlet (os._exit, or no exit handlers "
         f"ran), so its peers took it for dead; rank 0 then failed (exit code 1: {why}); "
         "rank 1 then exited on its own (exit code 1); rank 3 finished (exit code 0)")
+    # in a split the dead peer's rank is the split's: the pid says which rank it was
+    split = _Outcome(4, {0: _Ending(0), 1: _Ending(0), 2: _Ending(1), 3: _Ending(0)},
+                     first_failed=2, pids=pids, reasons={
+                         2: "PeerError: rank 1 (pid 42) died; all_reduce #5 cannot complete"})
+    assert split.summary().startswith("rank 3 exited with code 0 without closing"), \
+        split.summary()
 
 
 # -- spawn ---------------------------------------------------------------------------------------

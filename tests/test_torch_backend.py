@@ -110,23 +110,34 @@ def test_registered_on_import() -> None:
 
 def test_handles_are_kept_until_done_with_and_no_longer() -> None:
     """torch's C++ side may hold a work whose Python part Python code dropped (Join gives
-    DDP's reducer its all_reduce): the backend keeps each until it is finished and waited
-    for (or its future taken), then lets it go; ones nobody waits for are kept at most
-    _KEEP_MAX of them."""
+    DDP's reducer its all_reduce): the backend keeps each while its call runs and until
+    it is waited for (or its future taken), then lets it go; of the finished ones nobody
+    waits for, only the most recent (they hold their outputs: 200 fire-and-forget 1 MB
+    all_reduces kept 200 tensors alive)."""
     import ringlet.torch as rt
+    from ringlet.work import Work
+
+    def handle() -> tuple[Work, rt._Work]:
+        w = Work("test")
+        return w, rt._Work(w, lambda r: [])
 
     rt._KEPT.clear()
-    held = [rt._Done([]) for _ in range(10)]
-    assert all(id(h) in rt._KEPT for h in held)
-    for h in held[:5]:
+    running = [handle() for _ in range(5)]            # never finished: always kept
+    waited = [handle() for _ in range(5)]
+    for w, h in waited:
+        w._finish([])
         h.wait()
-    for _ in range(64):   # a sweep comes every 64 handles made
-        rt._Done([]).wait()
-    assert all(id(h) not in rt._KEPT for h in held[:5])
-    assert all(id(h) in rt._KEPT for h in held[5:])
-    for _ in range(rt._KEEP_MAX + 10):   # never waited for: bounded all the same
-        rt._Done([])
-    assert len(rt._KEPT) <= rt._KEEP_MAX
+    unwaited = [handle() for _ in range(rt._UNWAITED + 20)]
+    for w, _ in unwaited:
+        w._finish([])
+    for _ in range(16):   # a sweep comes every 16 handles made
+        handle()
+    kept = set(rt._KEPT)
+    assert all(id(h) in kept for _, h in running)
+    assert not any(id(h) in kept for _, h in waited)
+    assert sum(id(h) in kept for _, h in unwaited) == rt._UNWAITED
+    assert all(id(h) in kept for _, h in unwaited[-rt._UNWAITED:])   # the most recent
+    assert not any(id(rt._Done([])) in rt._KEPT for _ in range(3))   # inline: not kept
     rt._KEPT.clear()
 
 

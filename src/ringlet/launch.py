@@ -200,6 +200,9 @@ class _Outcome:
     #: the last exception each rank printed (``ringlet run`` reads the ranks' stderr)
     reasons: dict[int, str] = field(default_factory=dict)
     timeout: float | None = None
+    #: each rank's pid (a PeerError names a dead peer by its pid and its rank in the
+    #: communicator that saw it die, a split's rank perhaps)
+    pids: dict[int, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -243,10 +246,12 @@ class _Outcome:
 
     def _quiet(self) -> list[int]:
         """The ranks that exited 0 while the others' errors say they died (a PeerError:
-        "rank 2 (pid 41) died"): they left without closing their communicator."""
-        died = {int(q) for why in self.reasons.values()
-                for q in re.findall(r"\brank (\d+) \(pid \d+\) died", why)}
-        return sorted(q for q in died if q in self.endings and self.endings[q].code == 0)
+        "rank 2 (pid 41) died", known by the pid: the rank may be a split's): they left
+        without closing their communicator."""
+        died = {int(pid) for why in self.reasons.values()
+                for pid in re.findall(r"\brank \d+ \(pid (\d+)\) died", why)}
+        return sorted(q for q, pid in self.pids.items()
+                      if pid in died and q in self.endings and self.endings[q].code == 0)
 
     def summary(self) -> str:
         """One line: the events, then every other rank's ending, grouped."""
@@ -311,7 +316,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     not at the supervisor's hand, or reports another exception, takes its place, even
     after the echo's exit.  The grace period still starts at the first failed exit.
     """
-    out = _Outcome(nranks=len(children), timeout=timeout)
+    out = _Outcome(nranks=len(children), timeout=timeout,
+                   pids={c.rank: c.pid for c in children})
     raised: int | None = None       # the first rank that reported an uncaught exception
     settled = False                 # first_failed is not an echo (see above)
     start = time.monotonic()

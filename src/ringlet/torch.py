@@ -168,33 +168,34 @@ def _one(tensors: Sequence[Any], what: str) -> Any:
 
 #: torch's handles that its C++ side may hold without keeping their Python part alive
 #: (a handle Python code passes to C++, as ``Join`` gives DDP's reducer its all_reduce's):
-#: kept here until waited for or their future taken, and finished (see :func:`_keep`)
-_KEPT: dict[int, _Work | _Done] = {}
-#: handles kept at most: beyond, the oldest finished ones go (those nobody waits for)
-_KEEP_MAX = 4096
+#: kept while their call runs, and after it until waited for or their future taken (the
+#: :data:`_UNWAITED` most recent such ones at most; see :func:`_keep`)
+_KEPT: dict[int, _Work] = {}
+#: finished handles nobody waited for that are kept: the most recent ones
+_UNWAITED = 64
 _KEPT_LOCK = threading.Lock()
 _made = 0
 
 
-def _keep(w: _Work | _Done) -> None:
+def _keep(w: _Work) -> None:
     """Keep ``w``'s Python part alive while torch may still call it (once C++ holds a
     Python handle that Python code dropped, torch calls the base class's methods: a
-    ``wait`` that never returns, a ``get_future`` that is "not implemented").  The
-    handles done with (finished, then waited for or their future taken) go every 64
-    handles made; beyond :data:`_KEEP_MAX` the oldest finished ones go too.  Handles are
-    made on several threads (DDP's hooks run on autograd's)."""
+    ``wait`` that never returns, a ``get_future`` that is "not implemented").  Every 16
+    handles made, the finished ones go that were waited for (or their future taken), and
+    those nobody waited for but the :data:`_UNWAITED` most recent (they hold their
+    outputs).  Handles are made on several threads (DDP's hooks run on autograd's)."""
     global _made
     with _KEPT_LOCK:
         _made += 1
-        if _made % 64 == 0:
-            for k, v in list(_KEPT.items()):
-                if v._let_go and v._finished():
+        if _made % 16 == 0:
+            unwaited = 0
+            for k, v in reversed(list(_KEPT.items())):
+                if not v._finished():
+                    continue
+                if v._let_go or unwaited >= _UNWAITED:
                     del _KEPT[k]
-        if len(_KEPT) >= _KEEP_MAX:
-            old = [k for k, v in _KEPT.items() if v._finished()][:len(_KEPT) // 4] or \
-                [next(iter(_KEPT))]
-            for k in old:
-                del _KEPT[k]
+                else:
+                    unwaited += 1
         _KEPT[id(w)] = w
 
 
@@ -276,20 +277,16 @@ class _Work(dist._Work):
 
 
 class _Done(dist._Work):
-    """torch's handle of a call that ran inline and finished: nothing to wait for."""
+    """torch's handle of a call that ran inline and finished: nothing to wait for (not
+    kept: torch's synchronous calls wait at once, and C++ callers keep their handles'
+    Python part themselves)."""
 
     def __init__(self, value: Any) -> None:
         super().__init__()
         self._fut: Future[Any] = Future()
         self._fut.set_result(value)
-        self._let_go = False
-        _keep(self)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._let_go = True
-        return True
-
-    def _finished(self) -> bool:
         return True
 
     def is_completed(self) -> bool:
@@ -302,12 +299,10 @@ class _Done(dist._Work):
         return None
 
     def result(self) -> list[Any]:
-        self._let_go = True
         value = self._fut.value()
         return list(value) if isinstance(value, (list, tuple)) else []
 
     def get_future(self) -> Future[Any]:
-        self._let_go = True
         return self._fut
 
 
@@ -375,30 +370,30 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     @_checked("all_reduce")
     def allreduce(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
-                  timeout: Any = None) -> Any:
+                  timeout: Any = None, op: Any = None) -> Any:
         tensors = _listed(tensors)
         t = _one(tensors, "all_reduce")
-        op = _op(opts)
+        op = _op(opts if op is None else op)
         d = _dense(t)
         return self._async(lambda a: self.comm.all_reduce(d, op=op, async_op=a),
                            _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("broadcast")
     def broadcast(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
-                  timeout: Any = None) -> Any:
+                  timeout: Any = None, root: int | None = None) -> Any:
         tensors = _listed(tensors)
         t = _one(tensors, "broadcast")
         d = _dense(t)
-        root = _root(opts)
+        root = _root(opts if root is None else root)
         return self._async(lambda a: self.comm.broadcast(d, root=root, async_op=a),
                            _back(lambda _: tensors, (t, d)), opts)
 
     @_checked("reduce")
     def reduce(self, tensors: list[Any], opts: Any = None,  # type: ignore[override]
-               op: Any = None, timeout: Any = None) -> Any:
+               op: Any = None, timeout: Any = None, root: int | None = None) -> Any:
         tensors = _listed(tensors)
         t = _one(tensors, "reduce")
-        root = _root(opts)
+        root = _root(opts if root is None else root)
         rop = _op(op if isinstance(opts, int) or opts is None else opts)
         d = _dense(t)
         return self._async(
@@ -521,7 +516,8 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     @_checked("reduce_scatter")
     def reduce_scatter(self, outputs: list[Any],  # type: ignore[override]
-                       inputs: list[list[Any]], opts: Any = None, timeout: Any = None) -> Any:
+                       inputs: list[list[Any]], opts: Any = None, timeout: Any = None,
+                       op: Any = None) -> Any:
         if isinstance(outputs, torch.Tensor):   # the short form: a tensor, a list of inputs
             outputs, inputs = [outputs], [inputs]
         out = _one(outputs, "reduce_scatter")
@@ -529,9 +525,9 @@ class ProcessGroupRinglet(dist.ProcessGroup):
         _cpu(ins, "reduce_scatter")
         self._count(ins, out, "reduce_scatter")
         x = torch.cat([t.reshape(-1) for t in ins])
-        op = _op(opts)
+        rop = _op(opts if op is None else op)
         d = _dense(out)
-        return self._async(lambda a: self.comm.reduce_scatter(x, op=op, out=d, async_op=a),
+        return self._async(lambda a: self.comm.reduce_scatter(x, op=rop, out=d, async_op=a),
                            _back(lambda _: outputs, (out, d)), opts)
 
     @_checked("reduce_scatter")
@@ -599,11 +595,11 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     @_checked("gather")
     def gather(self, outputs: list[list[Any]], inputs: list[Any],  # type: ignore[override]
-               opts: Any = None, timeout: Any = None) -> Any:
+               opts: Any = None, timeout: Any = None, root: int | None = None) -> Any:
         if isinstance(inputs, torch.Tensor):   # the short form: a list of outputs, a tensor
             outputs, inputs = [outputs], [inputs]
         x = _dense(_one(inputs, "gather"))
-        root = _root(opts)
+        root = _root(opts if root is None else root)
         outs = outputs[0] if outputs else []
         if self.comm.rank == root:
             _cpu(outs, "gather")
@@ -620,11 +616,11 @@ class ProcessGroupRinglet(dist.ProcessGroup):
 
     @_checked("scatter")
     def scatter(self, outputs: list[Any], inputs: list[list[Any]],  # type: ignore[override]
-                opts: Any = None, timeout: Any = None) -> Any:
+                opts: Any = None, timeout: Any = None, root: int | None = None) -> Any:
         if isinstance(outputs, torch.Tensor):   # the short form: a tensor, a list of inputs
             outputs, inputs = [outputs], [inputs]
         out = _one(outputs, "scatter")
-        root = _root(opts)
+        root = _root(opts if root is None else root)
         x = None
         if self.comm.rank == root:
             ins = inputs[0]

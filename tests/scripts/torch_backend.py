@@ -149,6 +149,13 @@ def operations(r: int, n: int, bad: list[str]) -> None:
         ("broadcast([t])", lambda: pg.broadcast([torch.ones(2) * (r + 1)]), [1] * 2),
         ("reduce(tensor, root, MIN)", lambda: pg.reduce(torch.ones(2) * (r + 1), 0,
                                                          dist.ReduceOp.MIN), [1] * 2),
+        # torch's keyword names for them
+        ("allreduce(tensor, op=MAX)", lambda: pg.allreduce(torch.ones(2) * (r + 1),
+                                                           op=dist.ReduceOp.MAX), [n] * 2),
+        ("broadcast(tensor, root=)", lambda: pg.broadcast(torch.ones(2) * (r + 1),
+                                                          root=n - 1), [n] * 2),
+        ("reduce(tensor, root=, op=)", lambda: pg.reduce(torch.ones(2) * (r + 1), root=0,
+                                                         op=dist.ReduceOp.MAX), [n] * 2),
     ]
     for what, call, want in short:
         res = call().result()

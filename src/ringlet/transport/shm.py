@@ -264,8 +264,6 @@ class ShmTransport(Transport):
         self._active_recv: set[int] = set()
         self.describe: Callable[[], str] = lambda: "a collective"
         self._state: list[memoryview] | None = None
-        #: this rank's segment file, open to reserve its pages (see _reserve)
-        self._fd: int | None = None
         #: bytes of each stage half reserved so far (see reserve_stage)
         self._staged = 0
         #: how ranks are named in messages: this communicator's rank of each local rank
@@ -298,24 +296,25 @@ class ShmTransport(Transport):
                 f"shared-memory segment {mine} already exists: two jobs share a job id "
                 f"(RINGLET_JOB_ID={self.prefix!r}?)") from None
         try:
+            lay = self.lay
             try:
-                os.ftruncate(fd, self.lay.total)
-                mm = mmap.mmap(fd, self.lay.total)
+                os.ftruncate(fd, lay.total)
+                mm = mmap.mmap(fd, lay.total)
+                # the parts every call may write, reserved now: a write to a page tmpfs
+                # has no room for is a SIGBUS (a channel's slots are reserved at its
+                # first message, the staged areas at the first staged call: _reserve)
+                me = f"rank {self.names[self.rank]}'s"
+                reserve(fd, 0, lay.data, f"{me} segment header")
+                reserve(fd, lay.post, lay.stage - lay.post, f"{me} one-shot area")
             except (OSError, OverflowError, MemoryError) as exc:
-                os.close(fd)
                 raise ConfigError(
                     f"rank {self.rank}: cannot make its shared-memory segment of "
-                    f"{self.lay.total:,} bytes in {SHM_DIR} ({exc}); the RINGLET_SHM_* "
+                    f"{lay.total:,} bytes in {SHM_DIR} ({exc}); the RINGLET_SHM_* "
                     f"settings size it (`ringlet config` lists them), and {SHM_DIR}'s free "
                     f"space bounds it") from None
-            self._fd = fd
+            finally:
+                os.close(fd)   # the mapping keeps the file (mmap holds a descriptor)
             self.maps[self.rank] = mm
-            # the parts every call may write, reserved now: a write to a page tmpfs has no
-            # room for is a SIGBUS (a channel's slots are reserved at its first message,
-            # the staged areas at the first staged call: see reserve_stage)
-            lay = self.lay
-            self._reserve(0, lay.data, "segment header")
-            self._reserve(lay.post, lay.stage - lay.post, "one-shot area")
             hdr = self._words(self.rank, 0, 8)
             hdr[1] = os.getpid()
             for i, v in enumerate(self._shape(), 2):
@@ -325,7 +324,6 @@ class ShmTransport(Transport):
             self._map_peers(deadline, check)
             self._await_attached(deadline, check)
         except BaseException as exc:
-            self._close_fd()
             # the peers mapped so far learn why (the first reason in a mailbox wins)
             kind = 3 if isinstance(exc, ConfigError) else 2 if isinstance(exc, CommTimeoutError) \
                 else 1
@@ -471,9 +469,19 @@ class ShmTransport(Transport):
     def _reserve(self, off: int, nbytes: int, what: str) -> None:
         """Give the pages of ``[off, off + nbytes)`` of this rank's segment their memory
         now, as NCCL does: a segment is sparse, and a store to a page that a full
-        ``/dev/shm`` cannot back kills the process with SIGBUS."""
-        if self._fd is not None and nbytes > 0:
-            reserve(self._fd, off, nbytes, f"rank {self.names[self.rank]}'s {what}")
+        ``/dev/shm`` cannot back kills the process with SIGBUS.  Through the mapping
+        (``MADV_POPULATE_WRITE``, Linux 5.14: an error where a store would be a SIGBUS;
+        older kernels leave the segment sparse, as before)."""
+        mm = self.maps[self.rank]
+        if mm is None or nbytes <= 0 or not _POPULATE[0]:
+            return
+        start = off // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            mm.madvise(MADV_POPULATE_WRITE, start, off + nbytes - start)
+        except OSError as exc:
+            if exc.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):
+                raise no_room(f"rank {self.names[self.rank]}'s {what}", nbytes) from None
+            _POPULATE[0] = False   # EINVAL: not this kernel
 
     def reserve_stage(self, nbytes: int) -> None:
         """Reserve the first ``nbytes`` of both of this rank's stage halves (before a
@@ -491,11 +499,6 @@ class ShmTransport(Transport):
         self._reserve(self.lay.data_off(kind, peer), self.lay.K * self.lay.F,
                       f"channel to rank {self.names[peer]}")
         ch.ready = True
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def _channels(self) -> None:
         self.out = [[_Channel(self.maps[self.rank], self.lay, k, q)  # type: ignore[arg-type]
@@ -733,7 +736,6 @@ class ShmTransport(Transport):
         if self._closed:
             return
         self._closed = True
-        self._close_fd()
         for chans in self.out + self.inn:
             for c in chans:
                 c.release()
@@ -781,6 +783,12 @@ def _open_private(path: str, flags: int, what: str) -> int:
     return fd
 
 
+#: madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14; Python 3.11's mmap has no name for it)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+#: whether this kernel populates (cleared at its first EINVAL)
+_POPULATE = [hasattr(mmap.mmap, "madvise")]
+
+
 def reserve(fd: int, off: int, nbytes: int, what: str,
             smaller: str = "lower the RINGLET_SHM_* sizes (`ringlet config` lists them)"
             ) -> None:
@@ -792,16 +800,22 @@ def reserve(fd: int, off: int, nbytes: int, what: str,
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             return   # EOPNOTSUPP, EINVAL: no reservation here
-        try:
-            st = os.statvfs(SHM_DIR)
-            room = f"{st.f_bavail * st.f_frsize:,} of its {st.f_blocks * st.f_frsize:,} " \
-                   f"bytes free"
-        except OSError:
-            room = "its free space unknown"
-        raise ConfigError(
-            f"{SHM_DIR} has no room for {what} ({nbytes:,} bytes; {room}): make it larger "
-            f"(in Docker `--shm-size=1g` or `--ipc=host`), run fewer ranks on this host, or "
-            f"{smaller}") from None
+        raise no_room(what, nbytes, smaller) from None
+
+
+def no_room(what: str, nbytes: int,
+            smaller: str = "lower the RINGLET_SHM_* sizes (`ringlet config` lists them)"
+            ) -> ConfigError:
+    """The error of a ``/dev/shm`` with no room for ``nbytes`` of ``what``."""
+    try:
+        st = os.statvfs(SHM_DIR)
+        room = f"{st.f_bavail * st.f_frsize:,} of its {st.f_blocks * st.f_frsize:,} bytes free"
+    except OSError:
+        room = "its free space unknown"
+    return ConfigError(
+        f"{SHM_DIR} has no room for {what} ({nbytes:,} bytes; {room}): make it larger "
+        f"(in Docker `--shm-size=1g` or `--ipc=host`), run fewer ranks on this host, or "
+        f"{smaller}")
 
 
 def create_region(path: str, nbytes: int) -> mmap.mmap:
