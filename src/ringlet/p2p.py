@@ -351,6 +351,11 @@ class P2PEngine:
         w.source, w.tag = src, tag
         err = _mismatch(xb, src, tag, code, nbytes)
         if err is not None:
+            if data is None:   # its payload is still to come: drained aside, and known to
+                # be before the work's callbacks run (one may wait, and that wait move this
+                # engine: it must not take the payload for the next header)
+                drain = self.c._t.irecv(src, [np.empty(nbytes, np.uint8)], None, P2P)
+                self.active[src] = (drain, _nothing)
             w._finish(error=err)
             return None
         if data is not None:
@@ -416,10 +421,7 @@ class P2PEngine:
             if match is not None:
                 xb, _, w = match
                 into = self._deliver(xb, src, tag, code, nbytes, w, None)
-                if into is None:  # size mismatch: drain the payload aside
-                    drain = t.irecv(src, [np.empty(nbytes, np.uint8)], None, P2P)
-                    self.active[src] = (drain, _nothing)
-                else:
+                if into is not None:   # else a size mismatch: drained aside (_deliver)
                     self.active[src] = (into, functools.partial(w._finish, xb.obj))
             else:
                 data = np.empty(nbytes, np.uint8)

@@ -115,10 +115,12 @@ def timeout(rep: Report) -> None:
         rep.check(TIMEOUT * 0.9 < took < TIMEOUT + 8, f"timed out after {took:.1f} s")
     else:
         time.sleep(TIMEOUT + 1.5)
-        # the peers gave up and left without a word: this rank's call times out too
+        # the peers gave up and left without a word: this rank's call times out too, in
+        # the call's first round (their descriptors had come: they agreed to the call)
         others = ", ".join(map(str, range(late)))
         rep.expect_raise(CommTimeoutError, lambda: comm.all_reduce(np.ones(4)),
-                         f"{'ranks' if late > 1 else 'rank'} {others} did not arrive")
+                         f"{'ranks' if late > 1 else 'rank'} {others} agreed to the call but "
+                         f"did not send or take this round's data")
     rep.expect_raise(RingletError, lambda: comm.barrier(), "")
     comm.close()
 

@@ -149,7 +149,7 @@ class Fused:
         while pending:
             pending = [q for q in pending if c[q][w] < target]
             if pending:
-                waiter.pause()
+                self.t.idle(0, waiter)   # messages in flight move (BACKGROUND), or a pause
 
     def _raise(self, k: int, value: int) -> None:
         self.t.counters[self.t.rank][8 * k] = value

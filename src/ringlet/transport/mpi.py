@@ -1150,7 +1150,7 @@ class MpiTransport(Transport):
                             f"peer may have died)") from None
                 if ok:
                     return
-                waiter.pause()
+                self.idle(0, waiter)   # messages in flight move (BACKGROUND), or a pause
 
         # a collective cannot be cancelled nor its request freed: after an error the
         # NativeCall keeps it (and so its buffers) for the life of the process
@@ -1320,7 +1320,7 @@ class MpiTransport(Transport):
                     poll()
                 if min(state) >= k:
                     return
-                waiter.pause()
+                self.idle(0, waiter)
 
         try:
             with self._lock:
