@@ -95,8 +95,9 @@ def parse_size(text: str | int | float, what: str = "") -> int:
     return int(whole)
 
 
-def parse_count(text: str | int | float, what: str = "") -> float:
-    """A plain count such as ``"7e9"``, ``"500k"``, ``"1.3B"`` (billion) or ``"70M"``."""
+def parse_count(text: str | int | float, what: str = "", positive: bool = False) -> float:
+    """A plain count such as ``"7e9"``, ``"500k"``, ``"1.3B"`` (billion) or ``"70M"``
+    (``positive``: more than 0)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -106,8 +107,9 @@ def parse_count(text: str | int | float, what: str = "") -> float:
                 f"{_label(what)}{text!r} is not a number; write e.g. 7e9, 7B, 500k, 70M")
         scale = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
         value = float(m["num"]) * scale[m["suffix"].lower()]
-    if not math.isfinite(value) or value < 0:
-        raise ArgumentError(f"{_label(what)}{text!r} must be a finite number >= 0")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ArgumentError(f"{_label(what)}{text!r} must be a finite number "
+                            f"{'> 0' if positive else '>= 0'}")
     return value
 
 

@@ -133,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     if bucket < 1:
         raise ArgumentError("--bucket must be at least 1 byte")
     model = ModelShape(
-        params=parse_count(args.params, "--params"), dtype=args.dtype, layers=args.layers,
+        params=parse_count(args.params, "--params", positive=True), dtype=args.dtype,
+        layers=args.layers,
         hidden=args.hidden, seq_len=args.seq_len, micro_batch=args.micro_batch,
         microbatches=args.microbatches, top_k=args.top_k,
         capacity_factor=args.capacity_factor, moe_layers=args.moe_layers,
