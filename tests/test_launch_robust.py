@@ -644,3 +644,33 @@ def test_version() -> None:
     p = subprocess.run([sys.executable, "-m", "ringlet.cli", "--version"], capture_output=True,
                        text=True, timeout=30)
     assert p.stdout.strip() == f"ringlet {__version__}"
+
+
+_SMALL = "import numpy as np, ringlet\nc = ringlet.init()\nx = np.ones(2)\nc.all_reduce(x)\n" \
+         "print('sum', x[0])\n"
+
+
+@pytest.mark.parametrize("soft, hard", [(20, None), (20, 30)])
+def test_open_files_limit_is_raised_or_named(tmp_path: Path, soft: int, hard: int | None
+                                             ) -> None:
+    """A soft limit of open files too low for the job (each rank maps every peer's
+    segment, and ringlet run keeps pipes per rank) is raised towards the hard limit, as
+    `ulimit -n` would; a hard limit too low is a ConfigError saying so (it was "could not
+    start rank 4: Too many open files", or the same error in a rank's start-up)."""
+    import resource
+
+    script = tmp_path / "small.py"
+    script.write_text(_SMALL)
+    _, cur_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard if hard else cur_hard))
+
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "8", str(script)],
+                       capture_output=True, text=True, timeout=120, env=_ENV,
+                       preexec_fn=limit)
+    if hard is None:
+        assert p.returncode == 0 and p.stdout.count("sum 8.0") == 8, p.stderr[-2000:]
+    else:
+        assert p.returncode != 0 and "ringlet run -n 8 needs about 48 open files, and this " \
+            "process may open 30 (its hard limit, `ulimit -Hn`)" in p.stderr, p.stderr[-2000:]

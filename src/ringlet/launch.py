@@ -69,7 +69,7 @@ from typing import IO, Any
 
 from .config import Settings
 from .errors import ArgumentError, ConfigError, RingletError, SpawnError
-from .procs import stopped
+from .procs import more_files, stopped
 
 #: Seconds between SIGTERM and SIGKILL when the supervisor stops a rank.
 KILL_AFTER = 1.0
@@ -682,6 +682,10 @@ def main_run(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--nodes {nodes} does not divide -n {nranks}: every emulated "
                             f"node runs the same number of ranks")
     per_node = nranks // nodes
+    # about four descriptors a rank here (its output, errors and report pipes, measured:
+    # 4 n + 12 as ranks start), and each rank maps every peer's shared-memory segment
+    # (a descriptor each): the soft limit raised as far as the hard limit allows
+    more_files(4 * nranks + 16, f"ringlet run -n {nranks}")
     extra: dict[str, str] = {}
     if settings.engine == "mpi" or (nodes > 1 and settings.engine == "none"):
         how = (f"--nodes {nodes} emulates nodes over torch.distributed (gloo on loopback)"

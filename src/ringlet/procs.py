@@ -33,3 +33,27 @@ def alive(pid: int) -> bool:
 def stopped(pid: int) -> bool:
     """True if the process is stopped (SIGSTOP, or traced by a debugger)."""
     return proc_state(pid) in (b"T", b"t")
+
+
+def more_files(needed: int, what: str) -> None:
+    """Raise this process's soft limit of open files (RLIMIT_NOFILE) towards its hard
+    limit so that ``needed`` fit (children inherit it), as ``ulimit -n`` would; a
+    ConfigError saying what needs them if the hard limit is lower."""
+    try:
+        import resource
+    except ImportError:   # pragma: no cover - not on Linux
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < needed:
+        from .errors import ConfigError
+
+        raise ConfigError(f"{what} needs about {needed:,} open files, and this process may "
+                          f"open {target:,} (its hard limit, `ulimit -Hn`): raise it, or run "
+                          f"fewer ranks")

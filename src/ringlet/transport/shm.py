@@ -33,7 +33,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
-from ..procs import alive
+from ..procs import alive, more_files
 from .base import COLL, EMPTY, OTHER, P2P, TAKEN, Caps, Transport
 
 try:
@@ -288,6 +288,8 @@ class ShmTransport(Transport):
         name; a peer that dies without cleaning up leaves nothing).
         """
         os.makedirs(SHM_DIR, mode=0o700, exist_ok=True)
+        # every segment mapped keeps a descriptor (Python's mmap holds a duplicate)
+        more_files(self.size + 64, f"a communicator of {self.size} ranks")
         mine = self.path(self.rank)
         try:
             fd = os.open(mine, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
