@@ -923,6 +923,14 @@ class Estimator:
         k = min(scale * m // blocks for scale, blocks in self._blocks)
         return int(max(1, min(k, PIECES_CAP)))
 
+    def check_pieces(self, pieces: int, m: int) -> None:
+        """ArgumentError if ``pieces`` leave pieces empty at unit count ``m``."""
+        kmax = self.max_pieces(m)
+        if pieces > kmax:
+            raise ArgumentError(
+                f"{self.collective}/{self.algorithm}: {pieces:,} pieces of {m:,} "
+                f"element{'s' if m != 1 else ''} leave pieces empty; at most {kmax:,} here")
+
     def fit(self) -> _Fit | None:
         """The closed form in the piece count, or None (one level only).
 
@@ -1063,12 +1071,7 @@ class Estimator:
                 raise ArgumentError(
                     f"{self.collective}/{self.algorithm}: pieces must be 1"
                     f"{' or more' if self.pipelined else ' (it is not pipelined)'}, got {pieces}")
-            kmax = self.max_pieces(m)
-            if pieces > kmax:
-                raise ArgumentError(
-                    f"{self.collective}/{self.algorithm}: {pieces:,} pieces of "
-                    f"{m:,} element{'s' if m != 1 else ''} leave pieces empty; at most "
-                    f"{kmax:,} here")
+            self.check_pieces(pieces, m)
             k, rule = int(pieces), "given"
         size = float(m) * itemsize
         f = self.fit() if profile.levels_for(self.nranks) == 1 else None

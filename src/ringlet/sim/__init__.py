@@ -29,7 +29,7 @@ import numpy as np
 
 from ..algorithms import build, entry
 from ..cost.host import Paths, host_rounds
-from ..cost.model import dtype_of, path_bytes, unit_count
+from ..cost.model import dtype_of, estimator, path_bytes, unit_count
 from ..errors import ArgumentError
 from ..ops import DType
 from ..schedule import ROOTED
@@ -88,13 +88,9 @@ def simulator(collective: str, algorithm: str, nranks: int, nbytes: int, topolog
     root = root if collective in ROOTED else 0
     s = build(collective, e.name, nranks, root, **fixed)
     m = unit_count(collective, nbytes, nranks, d.itemsize)
-    if fixed.get("pieces", 1) > 1:   # at most as many pieces as predict takes (max_pieces)
-        one = build(collective, e.name, nranks, root, **{**fixed, "pieces": 1})
-        kmax = max(1, min(lay.scale * m // lay.blocks for lay in one.layouts.values()))
-        if fixed["pieces"] > kmax:
-            raise ArgumentError(f"{collective}/{e.name}: {fixed['pieces']:,} pieces of {m:,} "
-                                f"element{'s' if m != 1 else ''} leave pieces empty; at most "
-                                f"{kmax:,} here")
+    if fixed.get("pieces", 1) > 1:   # at most as many pieces as predict takes
+        estimator(collective, e.name, nranks, root, 0, tuple(sorted(
+            (k, v) for k, v in fixed.items() if k != "pieces"))).check_pieces(fixed["pieces"], m)
     if topology.host is not None and topology.uses_host(nranks):
         if rails:
             raise ArgumentError("rails need two levels of links; this host is one node")
