@@ -262,13 +262,10 @@ class _Outcome:
                         f"a debugger) while the others waited for {'it' if one else 'them'}")
         quiet = self._quiet()
         if quiet:   # the first event: the others failed because these left
-            one = len(quiet) == 1
-            head.append(f"{_ranks(quiet)} " + self.how(quiet[0]).format(
-                was="was" if one else "were", its="its" if one else "their",
-                it="it" if one else "them"))
+            head.append(f"{_ranks(quiet)} " + self.how(quiet[0]).format(**_number(quiet)))
         if self.first_failed is not None:
             head.append(f"rank {self.first_failed} "
-                        f"{self.how(self.first_failed).format(was='was', its='its', it='it')}")
+                        f"{self.how(self.first_failed).format(**_number([0]))}")
         if self.interrupted:
             head.append(f"interrupted by {_signame(self.interrupted)}, forwarded to the ranks")
         if self.timed_out:
@@ -280,10 +277,7 @@ class _Outcome:
                 groups.setdefault(self.how(rank), []).append(rank)
         rest = []
         for phrase, ranks in groups.items():
-            one = len(ranks) == 1
-            text = phrase.format(was="was" if one else "were", its="its" if one else "their",
-                                 it="it" if one else "them")
-            rest.append(f"{_ranks(ranks)} {text}")
+            rest.append(f"{_ranks(ranks)} {phrase.format(**_number(ranks))}")
         return "; ".join(head + rest)
 
 
@@ -1276,7 +1270,7 @@ def _results(outcome: _Outcome, reports: dict[int, _Report], method: str = "fork
     for rank in range(outcome.nranks):
         report = reports.get(rank)
         ending = outcome.endings[rank]
-        how = (outcome.how(rank).format(was="was", its="its", it="it") if ending.stopped_by
+        how = (outcome.how(rank).format(**_number([rank])) if ending.stopped_by
                else _code_text(ending.code))
         if report is not None and report[0] == "error":
             failures[rank] = f"{report[1]}: {report[2]}"
@@ -1385,6 +1379,13 @@ def _check_nranks(n: object, name: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ArgumentError(f"{name} must be a whole number of ranks >= 1, got {n!r}")
     return n
+
+
+def _number(ranks: Sequence[int]) -> dict[str, str]:
+    """The words of :meth:`_Outcome.how`'s phrases for one rank or several."""
+    one = len(ranks) == 1
+    return {"was": "was" if one else "were", "its": "its" if one else "their",
+            "it": "it" if one else "them"}
 
 
 def _signame(sig: int) -> str:
