@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ringlet.cli import main
 from ringlet.cost.model import Link, Profile
 from ringlet.cost.topology import preset_profile
 from ringlet.errors import ArgumentError
+from ringlet.plan.step import simulate_step
 from ringlet.plan.strategies import (
     Costing,
     ModelShape,
@@ -19,6 +21,7 @@ from ringlet.plan.strategies import (
     group_profile,
     parse_strategy,
     plan,
+    stream_end,
 )
 
 GB = 10**9
@@ -225,6 +228,78 @@ def test_exposed_seconds() -> None:
     # the last bucket is the remainder: that is what shows, not an equal share
     assert exposed_seconds(1.0, 10, 100.0, last=0.01) == pytest.approx(0.01)
     assert exposed_seconds(10.0, 10, 2.0, last=0.01) == pytest.approx(10 - 2 * 9 / 10)
+
+
+def _kind(*runs: tuple[float, float, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    size, secs, count = zip(*runs, strict=True)
+    return np.array(size, float), np.array(secs, float), np.array(count, np.int64)
+
+
+def _walk(ready: list[float], secs: list[float]) -> float:
+    """The stream's end by hand: buckets in ready order, each after the previous one."""
+    t = 0.0
+    for r, c in sorted(zip(ready, secs, strict=True)):
+        t = max(t, r) + c
+    return t
+
+
+def test_stream_end_weighs_buckets_by_their_bytes() -> None:
+    # a 199 MB bucket and a 1 MB remainder: ready at 0.995 and 1, not at 1/2 and 1
+    end, total = stream_end([_kind((199.0, 0.3, 1), (1.0, 0.01, 1))])
+    assert total == pytest.approx(0.31)
+    assert end == pytest.approx(0.995 + 0.31)
+    assert end == pytest.approx(_walk([0.995, 1.0], [0.3, 0.01]))
+    # equal buckets: the closed form exposed_seconds gives
+    end, total = stream_end([_kind((1.0, 0.25, 10))])
+    assert end - 1 == pytest.approx(exposed_seconds(2.5, 10, 1.0))
+    # parameters (reversed): the first bucket is needed at the start and never hides
+    end, _ = stream_end([_kind((199.0, 0.3, 1), (1.0, 0.01, 1))], [True])
+    assert end == pytest.approx(_walk([1 - 199 / 200, 1.0], [0.01, 0.3]))
+
+
+def test_stream_end_in_groups_is_within_a_group_of_the_exact_walk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kinds = [_kind((3.0, 2e-4, 5000), (1.0, 5e-5, 1)), _kind((7.0, 3e-4, 2999))]
+    exact = stream_end(kinds)
+    ready = [3 * (k + 1) / 15001 for k in range(5000)] + [1.0]
+    ready += [(k + 1) / 2999 for k in range(2999)]
+    secs = [2e-4] * 5000 + [5e-5] + [3e-4] * 2999
+    assert exact[0] == pytest.approx(_walk(ready, secs), rel=1e-12)
+    monkeypatch.setattr("ringlet.plan.strategies._WALK", 64)
+    grouped = stream_end(kinds)
+    assert grouped[1] == pytest.approx(exact[1], rel=1e-12)       # every bucket's seconds
+    # a group is ready with its last bucket: later, never earlier, by its span of the pass
+    span = max((-(-5000 // 32) - 1) * 3 / 15001, (-(-2999 // 32) - 1) / 2999)
+    assert exact[0] <= grouped[0] <= exact[0] + span
+    assert grouped[0] > exact[0]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
+@pytest.mark.parametrize("params,bucket", [(4e8, 25 * 2**20), (1e8, 199e6), (1.5e7, 25 * 2**20)])
+@pytest.mark.parametrize("compute", [0.001, 0.02, 0.3])
+def test_the_plans_exposed_time_is_the_simulated_steps(strategy: str, params: float,
+                                                      bucket: float, compute: float) -> None:
+    """The formula walks the buckets as the simulation runs them (no noise, no
+    straggler): the same exposed time; ZeRO-3's backward pass mixes parameters and
+    gradients on one stream, which the formula only approximates."""
+    how = Costing(preset_profile("dgx_h100"), bucket_bytes=bucket)
+    par, model = parse_strategy(strategy, 32), ModelShape(params, "fp16")
+    formula = plan(par, model, how, compute_seconds=compute).exposed_seconds
+    simulated = simulate_step(par, model, how, compute_seconds=compute).exposed_seconds
+    assert formula == pytest.approx(simulated, rel=1e-2 if strategy == "zero3" else 1e-9)
+
+
+def test_a_big_bucket_ready_late_is_exposed() -> None:
+    """--bucket 199MB of a 200 MB gradient: the big bucket is ready at 99.5 % of the
+    backward pass, so nearly all of it shows (the formula took it as ready half-way and
+    said only the 1 MB remainder showed)."""
+    how = Costing(preset_profile("dgx_h100"), bucket_bytes=199e6)
+    p = plan(parse_strategy("ddp", 32), ModelShape(1e8, "fp16"), how, compute_seconds=0.3)
+    (c,) = p.costs
+    (big, first, _), (rest, last, _) = c.parts
+    assert (big, rest) == (199e6, pytest.approx(1e6))
+    assert p.exposed_seconds == pytest.approx(first + last - 0.005 * 0.2)
+    assert p.exposed_seconds > 5 * last
 
 
 def test_group_profiles_on_two_levels() -> None:

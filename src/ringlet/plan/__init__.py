@@ -21,10 +21,11 @@ from .strategies import (
     exposed_seconds,
     parse_strategy,
     plan,
+    window_exposed,
 )
 
 __all__ = [
     "Comm", "CommCost", "Costing", "ModelShape", "Parallelism", "StepPlan", "communications",
     "exposed_seconds", "parse_strategy", "plan", "SimulatedComm", "StepSimulation",
-    "simulate_step",
+    "simulate_step", "window_exposed",
 ]

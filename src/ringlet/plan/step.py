@@ -1,7 +1,8 @@
 """A training step simulated: ``ringlet plan --simulate``.
 
 :func:`~ringlet.plan.strategies.plan` overlaps communication with compute by a
-formula (``exposed = max(C / nb, C - W (nb - 1) / nb)``).  Here the step is run
+formula (:func:`~ringlet.plan.strategies.window_exposed`: one stream walks the
+buckets as the passes make them ready).  Here the step is run
 through the simulator (:mod:`ringlet.sim`), bucket by bucket, on the ranks of
 one data-parallel group, each rank with its own clock:
 
@@ -15,11 +16,13 @@ one data-parallel group, each rank with its own clock:
 * **Buckets.**  Data-parallel traffic is cut into buckets (``bucket_bytes``, 25
   MiB by default, like PyTorch DDP).  A gradient bucket (DDP's all-reduce,
   ZeRO's reduce-scatter) is *released* when the backward pass has produced it:
-  bucket ``k`` of ``nb`` once a rank's backward has run ``(k + 1) / nb`` of its
-  way.  A parameter bucket (ZeRO's all-gathers) is *needed*: the pass cannot run
-  past ``k / nb`` of its way before bucket ``k`` has arrived, and it is
-  prefetched one bucket ahead (issued when the pass reaches ``(k - 1) / nb``;
-  the first at the pass's start).  ZeRO-1/2's all-gather of the updated
+  the pass makes a kind's bytes at an even rate, so bucket ``k`` once a rank's
+  backward has made the bytes up to its end (a 25 MiB bucket of a 30 MB
+  gradient at 87 % of the way; the last, at the end).  A parameter bucket
+  (ZeRO's all-gathers) is *needed*: the pass cannot run past the fraction of
+  the bytes before bucket ``k`` before it has arrived, and it is prefetched one
+  bucket ahead (issued when the pass reaches bucket ``k - 1``'s start; the
+  first at the pass's start).  ZeRO-1/2's all-gather of the updated
   parameters is prefetched in the forward pass, ZeRO-3's in both passes.
 * **One communication stream.**  The buckets run one after the other, in the
   order they are issued (NCCL's stream order); on each rank a bucket starts
@@ -244,13 +247,16 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
     ops: list[_Op] = []
     for ci, c in enumerate(dps):
         sizes = _buckets(c, how.bucket_bytes)
-        nb = len(sizes)
+        # the pass makes (or uses) the kind's bytes evenly: bucket k is released when the
+        # bytes up to its end are made, needed when the bytes before it are used
+        made = np.cumsum(sizes) / sum(sizes)
+        before = [0.0, *made[:-1]]
         pass_ = 0 if c.window == "forward" else 1
         for k, size in enumerate(sizes):
             if c.collective == "all_gather":
-                ops.append(_Op(ci, k, size, pass_, _NEED, max(0.0, (k - 1) / nb), k / nb))
+                ops.append(_Op(ci, k, size, pass_, _NEED, before[max(0, k - 1)], before[k]))
             else:
-                ops.append(_Op(ci, k, size, pass_, _RELEASE, (k + 1) / nb, 1.0))
+                ops.append(_Op(ci, k, size, pass_, _RELEASE, float(made[k]), 1.0))
     ops.sort(key=lambda o: (o.pass_, o.issue, o.kind, o.comm, o.bucket))
     members = [_members(c, par, late) for c in dps]
     fwd = _Pass(late, compute * (1 - backward_fraction) + critical / 2)

@@ -38,13 +38,20 @@ Overlap
 Gradient communication is bucketed (``bucket_bytes``, default 25 MiB like
 PyTorch DDP) and launched as each bucket's gradients are ready during the
 backward pass; parameter all-gathers (ZeRO) are prefetched bucket by bucket
-during the forward pass.  With ``nb`` buckets arriving evenly over a window of
-``W`` seconds and ``C`` seconds of communication for them, one bucket can never
-overlap (the last gradient bucket is ready only when the backward pass ends;
-the first parameter bucket is needed before the forward pass can start) and the
-communication stream cannot finish before it has done all its work, so::
+during the forward pass.  A pass of ``W`` seconds produces (or consumes) a
+kind's bytes at an even rate, so a gradient bucket is ready at the fraction of
+``W`` its bytes and the ones before it make of the kind's total (a 25 MiB
+bucket of a 30 MB gradient is ready at 0.87 W, not at W / 2).  One stream runs
+the buckets in the order they are ready, so it ends at::
 
-    exposed = max(C / nb, C - W * (nb - 1) / nb)
+    end = max over buckets i of (ready_i + the seconds of bucket i and every later one)
+
+and ``exposed = max(0, end - W)``: the last bucket never overlaps, and the
+stream cannot finish before it has done all its work.  With ``nb`` equal
+buckets this is ``max(C / nb, C - W * (nb - 1) / nb)`` for ``C`` seconds of
+communication.  Parameter buckets are the same walk with time reversed (the
+first is needed when the pass starts, so it never overlaps), as the
+simulation (``plan --simulate``, :mod:`ringlet.plan.step`) finds.
 
 Tensor-parallel all-reduces, expert all-to-alls and pipeline sends sit on the
 critical path and are fully exposed.  The backward pass is ``backward_fraction``
@@ -60,8 +67,11 @@ it) and ``usd_per_day_comm = usd_per_step_comm * steps_per_second * 86400``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..cost.model import (
     Prediction,
@@ -348,15 +358,24 @@ class CommCost:
     textbook_bytes: float
     textbook_seconds: float
     overhead_seconds: float = 0.0   # the per-message part of alpha_seconds
-    #: the last bucket's (or call's) seconds; < 0: seconds / buckets (equal buckets)
-    last_bucket_seconds: float = -1.0
+    #: the buckets (or calls) in order, as runs of (bytes, seconds, how many) each; empty:
+    #: ``buckets`` equal ones
+    parts: tuple[tuple[float, float, int], ...] = ()
 
     @property
     def last_seconds(self) -> float:
         """The last bucket's seconds: the remainder, smaller than the full ones."""
-        if self.last_bucket_seconds >= 0:
-            return self.last_bucket_seconds
+        if self.parts:
+            return self.parts[-1][1]
         return self.seconds / self.buckets if self.buckets else 0.0
+
+    def timeline(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The buckets in order as runs: each run's bytes per bucket, seconds per bucket
+        and number of buckets (arrays)."""
+        parts = self.parts or ((self.comm.nbytes, self.seconds / max(1, self.buckets),
+                                max(1, self.buckets)),)
+        size, secs, count = zip(*parts, strict=True)
+        return np.array(size, float), np.array(secs, float), np.array(count, np.int64)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comm
@@ -389,11 +408,6 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
     text_bw = textbook_bandwidth(gp, how)
     tb_bytes = textbook_bytes(coll, comm.nbytes) * comm.calls
     tb_seconds = tb_bytes / text_bw if text_bw > 0 else math.nan
-    if how.textbook:
-        buckets = (max(1, math.ceil(comm.nbytes / how.bucket_bytes)) if overlappable
-                   else comm.calls)
-        return CommCost(comm, tb_bytes, tb_seconds, buckets, "textbook", tb_bytes, 0.0,
-                        tb_seconds, 0.0, 0, tb_bytes, tb_seconds)
     sizes: list[tuple[float, int]]
     if overlappable:
         full, rest = divmod(comm.nbytes, how.bucket_bytes)
@@ -403,12 +417,19 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
         sizes = [(s, k * comm.calls) for s, k in sizes]
     else:
         sizes = [(comm.nbytes, comm.calls)]
-    sent = secs = crit = a = bt = g = o = last = 0.0
+    if how.textbook:
+        # the textbook's time is its bytes over a bandwidth: each bucket its share
+        share = tb_seconds / (comm.nbytes * comm.calls) if comm.nbytes > 0 else 0.0
+        return CommCost(comm, tb_bytes, tb_seconds, sum(k for _, k in sizes), "textbook",
+                        tb_bytes, 0.0, tb_seconds, 0.0, 0, tb_bytes, tb_seconds,
+                        parts=tuple((s, s * share, k) for s, k in sizes))
+    sent = secs = crit = a = bt = g = o = 0.0
     rounds = buckets = 0
     algo = ""
+    parts = []
     for size, k in sizes:
         p = _predict_one(coll, n, int(round(size)), gp, model.dtype, how)
-        last = p.seconds
+        parts.append((size, p.seconds, k))
         sent += p.bytes_per_rank * k
         secs += p.seconds * k
         crit += p.critical_bytes * k
@@ -420,7 +441,7 @@ def _cost(comm: Comm, model: ModelShape, how: Costing) -> CommCost:
         buckets += k
         algo = algo or ("send" if comm.collective == "send" else p.algorithm)
     return CommCost(comm, sent, secs, buckets, algo, crit, a, bt, g, rounds, tb_bytes, tb_seconds,
-                    o, last)
+                    o, tuple(parts))
 
 
 def textbook_bandwidth(gp: Profile, how: Costing) -> float:
@@ -441,20 +462,79 @@ def _predict_one(collective: str, n: int, nbytes: int, profile: Profile, dtype: 
     return fastest(collective, n, nbytes, profile, dtype, rails=how.rails)
 
 
+#: the most buckets a window's walk takes one by one; beyond, runs of equal buckets are
+#: walked in groups, each ready with its last bucket: the stream's end can come out later,
+#: never earlier, by at most a group's span of the pass (2 / _WALK of it with two kinds)
+_WALK = 1 << 18
+
+
+def stream_end(kinds: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+               reverse: Sequence[bool] = ()) -> tuple[float, float]:
+    """When one stream is done with every bucket of a window of length 1, and its
+    communication in all: ``(end, total seconds)``.
+
+    ``kinds``: each kind's buckets in order as runs (bytes per bucket, seconds per bucket,
+    how many; :meth:`CommCost.timeline`).  A kind's bucket is ready when the pass has made
+    the bytes up to its end (fraction of the kind's total); a ``reverse`` kind's buckets
+    (parameters) are needed in order from the pass's start, which is the same walk with
+    time reversed: ready at 1 - the fraction made before them, last bucket first.  The
+    stream takes the buckets in the order they are ready and ends at the latest of
+    (ready + the seconds of that bucket and all later ones)."""
+    ready: list[np.ndarray] = []
+    secs: list[np.ndarray] = []
+    for i, (size, sec, count) in enumerate(kinds):
+        total = float(np.dot(size, count))
+        step = np.maximum(1, -(-count // max(1, _WALK // max(1, len(kinds)))))
+        groups = -(-count // step)
+        rsize = np.repeat(size, groups)
+        rsec = np.repeat(sec, groups)
+        rn = np.repeat(count, groups)
+        k = np.arange(len(rn)) - np.repeat(np.cumsum(groups) - groups, groups)
+        n = np.minimum(np.repeat(step, groups), rn - k * np.repeat(step, groups))
+        made = np.cumsum(rsize * n)
+        if i < len(reverse) and reverse[i]:
+            r = 1 - (made - rsize * n) / total if total > 0 else np.zeros(len(n))
+            ready.append(r[::-1])
+            secs.append((rsec * n)[::-1])
+        else:
+            ready.append(made / total if total > 0 else np.ones(len(n)))
+            secs.append(rsec * n)
+    if not ready:
+        return 0.0, 0.0
+    t = np.concatenate(ready)
+    c = np.concatenate(secs)
+    order = np.argsort(t, kind="stable")
+    t, c = t[order], c[order]
+    after = np.cumsum(c[::-1])[::-1]
+    return float(np.max(t + after)), float(after[0])
+
+
 def exposed_seconds(comm_seconds: float, buckets: int, window: float,
                     last: float | None = None) -> float:
-    """Communication left exposed by overlapping ``buckets`` evenly over ``window`` seconds.
-
-    ``max(L, C - W (nb - 1) / nb)``: the last bucket (``last``, L; default C / nb, equal
-    buckets) never overlaps, and the stream cannot finish before it has done all its
-    work (module docs).  The last bucket is the remainder, smaller than the others:
-    taking C / nb for it said 919 us where ``plan --simulate`` said 136 us.
-    """
+    """Communication left exposed by ``buckets`` equal buckets ready evenly over ``window``
+    seconds, ``comm_seconds`` for all of them: ``max(L, C - W (nb - 1) / nb)``, the last
+    bucket's ``L`` (default ``C / nb``) never overlapping (module docs).  A plan's windows
+    weigh each bucket by its bytes (:func:`window_exposed`)."""
     if comm_seconds <= 0:
         return 0.0
     nb = max(1, buckets)
     tail = comm_seconds / nb if last is None else last
     return max(tail, comm_seconds - window * (nb - 1) / nb)
+
+
+def window_exposed(costs: Sequence[CommCost], window: float) -> float:
+    """Communication of ``costs`` (one pass's overlapped kinds) left exposed by a pass of
+    ``window`` seconds (module docs: buckets ready by their bytes, parameters reversed)."""
+    kinds = [c.timeline() for c in costs]
+    total = sum(c.seconds for c in costs)
+    if total <= 0:
+        return 0.0
+    if window <= 0:
+        return total
+    # walk in units of the window; the seconds scale with it
+    scaled = [(size, sec / window, count) for size, sec, count in kinds]
+    end, _ = stream_end(scaled, [c.comm.collective == "all_gather" for c in costs])
+    return max(0.0, (end - 1.0) * window)
 
 
 @dataclass(frozen=True)
@@ -513,10 +593,7 @@ class StepPlan:
                    "backward": self.compute_seconds * self.backward_fraction}
         total = 0.0
         for name, width in windows.items():
-            cs = [c for c in self.costs if c.comm.window == name]
-            # every kind's last bucket is ready at the window's end
-            total += exposed_seconds(sum(c.seconds for c in cs), sum(c.buckets for c in cs),
-                                     width, sum(c.last_seconds for c in cs))
+            total += window_exposed([c for c in self.costs if c.comm.window == name], width)
         total += sum(c.seconds for c in self.costs if c.comm.window == "exposed")
         return total
 
