@@ -327,3 +327,39 @@ def test_in_flight_messages_move_while_their_rank_is_in_another_communicators_ca
     for r, bad in enumerate(get_world(n).run(
             _in_flight_through_another_communicators_collective)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _stashed_failure_everywhere(comm: ringlet.Communicator) -> list[str]:
+    """What moving this engine's messages in another communicator's wait raised (stashed
+    in ``_failed``) is raised by every later point-to-point call, the compiled blocking
+    send and recv included (they skipped the check and succeeded)."""
+    from ringlet.errors import PeerError
+
+    bad = []
+    if comm.rank == 0:
+        comm.send(np.ones(4), 1, tag=1)            # the compiled path works before
+    else:
+        comm.recv(np.empty(4), 0, tag=1)
+    comm.barrier()
+    comm._p2p._failed = PeerError("moving a message in the background failed")
+    peer = 1 - comm.rank
+    calls = {"send": lambda: comm.send(np.ones(4), peer, tag=2),
+             "recv": lambda: comm.recv(np.empty(4), peer, tag=2),
+             "isend": lambda: comm.isend(np.ones(4), peer, tag=3),
+             "irecv": lambda: comm.irecv(np.empty(4), peer, tag=3).wait()}
+    for name, call in calls.items():
+        try:
+            call()
+            bad.append(f"{name} did not raise")
+        except PeerError as exc:
+            if "in the background" not in str(exc):
+                bad.append(f"{name}: {exc}")
+    comm._p2p._failed = None
+    return bad
+
+
+def test_a_failure_stashed_by_a_background_pass_fails_every_point_to_point_call() -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(2).run(_stashed_failure_everywhere)):
+        assert not bad, f"rank {r}: {bad}"

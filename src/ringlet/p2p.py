@@ -97,6 +97,13 @@ class P2PEngine:
         #: what moving the messages in the background raised (see :meth:`background`)
         self._failed: Exception | None = None
 
+    def _usable(self) -> None:
+        """Raise if the communicator is closed or broken, or moving this engine's messages
+        in another wait failed (every path checks it, the compiled ones too)."""
+        self.c._usable()
+        if self._failed is not None:
+            raise self._failed
+
     def _started(self) -> None:
         """Something is in flight: every wait of this process moves it from now on."""
         if not self._busy:
@@ -163,7 +170,7 @@ class P2PEngine:
         t = self.c._t
         if blocking:
             with self.lock:
-                self.c._usable()
+                self._usable()
                 if not self.sends[dst] and xb.flat.flags.c_contiguous and \
                         t.push_message(dst, _FMT, tag, xb.dt.code, xb.flat):
                     if rec is not None:
@@ -175,7 +182,7 @@ class P2PEngine:
         if inline:
             frame[_HEAD_BYTES:_HEAD_BYTES + xb.nbytes] = xb.flat.view(np.uint8)
         with self.lock:
-            self.c._usable()
+            self._usable()
             try:
                 h = t.isend(dst, [frame], P2P)
             except (PeerError, CommTimeoutError) as exc:   # a failure heard of before
@@ -204,7 +211,7 @@ class P2PEngine:
             t = self.c._t
             spin_end = 0.0
             with self.lock:
-                self.c._usable()
+                self._usable()
                 if not self.posted[src] and not self.posted_any and \
                         self.active[src] is None and \
                         xb.flat.flags.c_contiguous and self._unexpected(src, tag) is None:
@@ -260,7 +267,7 @@ class P2PEngine:
         if fr is not None:
             w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes, self.c._seq)
         with self.lock:
-            self.c._usable()
+            self._usable()
             kept = self._take_kept(src, tag)
             if kept is not None:
                 q, utag, code, data = kept
@@ -313,7 +320,7 @@ class P2PEngine:
     def iprobe(self, src: int, tag: int) -> Status | None:
         """The message a receive of (src, tag) would take now, without taking it."""
         with self.lock:
-            self.c._usable()
+            self._usable()
             self._progress()
             hit = self._unexpected(src, tag)
             if hit is None:
