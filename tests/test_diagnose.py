@@ -327,7 +327,8 @@ def test_a_dump_asked_for_during_a_dump_does_not_write_over_it(
 
     from ringlet import recorder
 
-    fake = SimpleNamespace(settings=SimpleNamespace(dump_dir=str(tmp_path)), _world_ranks=[0],
+    fake = SimpleNamespace(settings=SimpleNamespace(dump_dir=str(tmp_path), flight_records=0),
+                           _world_ranks=[0],
                            rank=0, size=1, job_id="j", _fr=None, _seq=3,
                            _broken="rank 0 failed")
     inner: list[str | None] = []
@@ -356,12 +357,159 @@ def test_a_trace_names_a_groups_peer_by_its_world_rank_too() -> None:
 
     from ringlet.recorder import RECV, SEND, trace_event
 
-    fr = SimpleNamespace(offset_ns=0, world_ranks=[1, 3], world_rank=1)
+    fr = SimpleNamespace(offset_ns=0, world_ranks=[1, 3], world_rank=1, ident="ab12")
     send = trace_event([1, (SEND, 1, 0, 0, 8), 0, 1000, 2000], fr)
     assert send["name"] == "send to rank 1 (world rank 3) (tag 0)" and \
         send["args"]["peers"] == [3]
     anyone = trace_event([2, (RECV, -1, -1, 0, 8), 0, 1000, 2000], fr)
     assert anyone["name"] == "recv from any rank (any tag)" and anyone["args"]["peers"] == []
-    world = SimpleNamespace(offset_ns=0, world_ranks=[0, 1], world_rank=0)
+    world = SimpleNamespace(offset_ns=0, world_ranks=[0, 1], world_rank=0, ident="world")
     assert trace_event([1, (SEND, 1, 0, 0, 8), 0, 1000, 2000], world)["name"] == \
         "send to rank 1 (tag 0)"
+
+
+# --- overlapping operations, communicators of the same ranks, other ends ------------------
+
+
+def test_overlapping_operations_get_rows_of_their_own_and_each_communicator_its_skew(
+        tmp_path: Path) -> None:
+    """Receives posted together, queued async calls and a split of every rank on a thread
+    of its own (tests/scripts/overlap.py): no two operations on one row of the trace
+    partly overlap (Perfetto drops such slices), queued calls are traced done with their
+    time, and the skew tells the world's collectives from the split's (same ranks, same
+    numbers: they overwrote each other, 'rank 1' was slowest where rank 2 was)."""
+    from ringlet.tracing import LANE, rank_of, skew
+
+    env = clean_env(OMP_NUM_THREADS="1")
+    p = subprocess.run([*CLI, "run", "--trace", str(tmp_path), "-n", "3", "overlap.py"],
+                       capture_output=True, text=True, cwd=SCRIPTS, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for e in spans:
+        assert e["tid"] % LANE == rank_of(e), e
+        rows.setdefault(e["tid"], []).append(e)
+    for es in rows.values():
+        es.sort(key=lambda e: e["ts"])
+        for a, b in zip(es, es[1:], strict=False):
+            assert b["ts"] >= a["ts"] + a["dur"] - 1e-3, (a, b)
+    assert any(tid >= LANE for tid in rows), "nothing overlapped: the test tests nothing"
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"rank 0", "rank 0 (overlapping 1)"} <= names, names
+    assert {e["args"]["state"] for e in spans} == {"done"}
+    assert all(e["dur"] > 0 for e in spans if e["name"].startswith("all_reduce"))
+    # the last three calls of each communicator: rank 2 late to the world's, 1 to the split's
+    calls: dict[tuple[str, int], dict[int, float]] = {}
+    for e in spans:
+        if e["cat"] == "collective":
+            calls.setdefault((e["args"]["comm_id"], e["args"]["seq"]), {})[rank_of(e)] = e["ts"]
+    assert len({c for c, _ in calls}) == 2
+    late = {(c == "world", max(t, key=lambda q: t[q])) for (c, _), t in calls.items()
+            if max(t.values()) - min(t.values()) > 50e3}
+    assert late == {(True, 2), (False, 1)}, late
+    assert skew(spans)["collectives"] == len(calls)
+
+
+def test_a_queued_call_is_written_to_the_trace_once_it_is_done(tmp_path: Path) -> None:
+    """A queued call's record is as long as a failed one's ([seq, desc, algorithm, 0, 0,
+    t_queued]): a flush took it as finished and wrote it 'queued', with no time."""
+    from ringlet.agreement import Desc
+    from ringlet.recorder import T_END, T_START, FlightRecorder, now_ns
+
+    fr = FlightRecorder(8, [0, 1], 0, str(tmp_path))
+    desc = Desc(1, 0, 11, 4, 0, 0, 0)
+    rec = [1, desc, "ring", 0, 0, now_ns()]
+    fr.put(1, rec)
+    fr.flush_trace()
+    path = tmp_path / "rank-0.trace.jsonl"
+    assert not path.exists() or not path.read_text()
+    rec[T_START] = now_ns()
+    rec[T_END] = rec[T_START] + 5000
+    fr.flush_trace()
+    (event,) = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert event["args"]["state"] == "done" and event["dur"] > 0, event
+    fr.close()
+
+
+def test_a_forked_rank_of_spawn_writes_its_trace_and_removes_its_marker(tmp_path: Path) -> None:
+    """ringlet.spawn's forked ranks end with os._exit (no exit handlers): their traces were
+    never written and their rank-R.signal markers stayed."""
+    code = ("import numpy as np, ringlet\n"
+            "def f(comm):\n"
+            "    comm.all_reduce(np.ones(4))\n"
+            "    comm.barrier()\n"
+            "ringlet.spawn(f, 3)\n")
+    env = clean_env(RINGLET_TRACE=str(tmp_path / "t"), RINGLET_DUMP_DIR=str(tmp_path / "d"),
+                    RINGLET_START_METHOD="fork")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    for q in range(3):
+        events = [json.loads(ln) for ln in
+                  (tmp_path / "t" / f"rank-{q}.trace.jsonl").read_text().splitlines()]
+        assert [e["name"].split(" #")[0] for e in events if e.get("ph") == "X"][-2:] == \
+            ["all_reduce", "barrier"], events
+    assert not list((tmp_path / "d").glob("rank-*.signal"))
+
+
+def test_an_interrupted_hang_has_every_ranks_records(tmp_path: Path) -> None:
+    """Ctrl-C (or a SIGTERM from outside) on a hung ringlet run: the ranks are asked for
+    their records before the signal reaches them (the straggler left none)."""
+    import signal
+    import time
+
+    env = clean_env(RINGLET_TIMEOUT="60", RINGLET_DUMP_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([*CLI, "run", "--grace", "1", "-n", "3", "hang.py", "straggler"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=SCRIPTS, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank-*.signal"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)   # ranks 0 and 1 in all_reduce #4, rank 2 asleep
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    d = _diagnosis(subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
+    assert d[0].endswith("ranks 0, 1, 2:"), err
+    assert d[1] == "rank 2 last completed all_reduce #3; ranks 0, 1 are in all_reduce #4", err
+
+
+def test_a_hang_in_a_split_of_every_rank_is_found() -> None:
+    """A communicator of the same ranks as the world (comm.split(0), a thread's own): its
+    hang was not looked for (only groups smaller than the world were)."""
+    def doc(q: int, sub: list[dict[str, Any]]) -> dict[str, Any]:
+        world = {"id": "world", "ranks": [0, 1, 2], "rank": q, "size": 3,
+                 "ops": [_op("all_reduce", 1, "done")]}
+        return {"rank": q, "reason": "", "job": "j",
+                "comms": [world, {"id": "9f3a", "ranks": [0, 1, 2], "rank": q, "size": 3,
+                                  "ops": sub}]}
+
+    docs = {q: doc(q, [_op("all_reduce", 1, "done"), _op("all_reduce", 2, "failed")])
+            for q in (0, 1)}
+    docs[2] = doc(2, [_op("all_reduce", 1, "done")])
+    assert diagnose(docs) == [
+        "in the group of world ranks 0, 1, 2 (ranks here are the group's, 0-2): rank 2 last "
+        "completed all_reduce #1; ranks 0, 1 are in all_reduce #2"]
+
+
+def test_a_send_with_another_tag_is_named_not_nobody_sends() -> None:
+    docs = {0: _doc(0, [_op("recv", 1, "failed", peer=1, tag=1)], size=2),
+            1: _doc(1, [_op("send", 1, "done", peer=0, tag=2),
+                        _op("recv", 2, "failed", peer=0, tag=0)], size=2)}
+    assert diagnose(docs)[0] == ("deadlock: rank 0 waits to receive from 1, 1 from 0; rank 1 "
+                                 "sent 0 tag 2, which its receive (tag 1) does not match")
+
+
+def test_without_flight_records_the_diagnosis_says_what_the_waits_say() -> None:
+    def doc(q: int, waits: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"rank": q, "reason": "", "job": "j", "flight_records": 0, "waits": waits,
+                "comms": [{"id": None, "ranks": [0, 1, 2], "rank": q, "size": 3, "ops": []}]}
+
+    wait = {"thread": 1, "what": "all_reduce #4 (4 x float64)", "waiting_on": [2]}
+    lines = diagnose({0: doc(0, [wait]), 1: doc(1, [wait]), 2: doc(2, [])})
+    assert lines[0].startswith("the flight recorders were off (RINGLET_FLIGHT_RECORDS=0)")
+    assert lines[1:] == ["rank 0 was waiting in all_reduce #4 (4 x float64) for rank 2",
+                         "rank 1 was waiting in all_reduce #4 (4 x float64) for rank 2"]

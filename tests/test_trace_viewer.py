@@ -71,3 +71,19 @@ def test_the_perfetto_check_sees_a_broken_trace(traced: Path, tmp_path: Path) ->
     got = open_in_perfetto(ends)
     assert sorted((tid, name, seq) for _, tid, name, seq, _ in got["rows"]) != \
         _spans(json.loads(text)["traceEvents"])
+
+
+def test_operations_that_overlap_are_all_kept_by_perfetto(tmp_path: Path) -> None:
+    """Receives posted together, queued async calls and two communicators on two threads
+    (tests/scripts/overlap.py): on one row per rank their slices partly overlapped, and
+    Perfetto dropped them; each now has a row of its own, and every one is imported."""
+    p = subprocess.run([sys.executable, "-m", "ringlet", "run", "--trace", str(tmp_path),
+                        "-n", "3", str(ROOT / "tests" / "scripts" / "overlap.py")],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    want = _spans(doc["traceEvents"])
+    assert len({tid for tid, _, _ in want}) > 3      # rows beyond one per rank
+    got = open_in_perfetto(tmp_path / "trace.json")
+    assert got["failed"] is None and got["errors"] == [], got
+    assert sorted((tid, name, seq) for _, tid, name, seq, _ in got["rows"]) == want

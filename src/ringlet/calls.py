@@ -270,6 +270,15 @@ class Calls:
                     if desc is not None:
                         self._inflight -= 1
 
+    def _root(self, root: Any) -> int:
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+            raise ArgumentError(f"root must be an int, got {root!r}")
+        if not 0 <= root < self.size:
+            raise ArgumentError(
+                f"root {root} is out of range for a communicator of size {self.size} "
+                f"(valid: 0..{self.size - 1})")
+        return int(root)
+
     def _usable(self) -> None:
         if self._closed:
             raise RingletError("the communicator is closed")

@@ -420,6 +420,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._closed = True
         self._lean = None   # before the shared memory it points into goes
         _LIVE.discard(self)
+        if self._fr is not None:
+            self._fr.close()   # its trace written: a forked rank ends without exit handlers
         self._t.mark_closed()
         self._regions.clear()
         for mm in self._region_maps:
@@ -439,15 +441,6 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._scratch.clear()
 
     # --- internals ----------------------------------------------------------------------
-
-    def _root(self, root: Any) -> int:
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-            raise ArgumentError(f"root must be an int, got {root!r}")
-        if not 0 <= root < self.size:
-            raise ArgumentError(
-                f"root {root} is out of range for a communicator of size {self.size} "
-                f"(valid: 0..{self.size - 1})")
-        return int(root)
 
     def _blocks(self, xb: Buffer, what: str) -> tuple[int, ...]:
         if not xb.shape or xb.shape[0] % self.size:

@@ -4,8 +4,9 @@
 ``ringlet diagnose DIR`` prints it for the dumps of any job (mpiexec,
 torchrun: set ``RINGLET_DUMP_DIR=DIR`` on every rank).  Each rank's dump
 (``DIR/rank-R.json``, :mod:`ringlet.recorder`) lists its last operations
-with their state; from the world communicator's records of every rank this
-module builds:
+with their state; from the world communicator's records of every rank (and
+then each other communicator's, told apart by the ``id`` its members agreed
+on, so a split of every rank is not taken for the world) this module builds:
 
 - the wait-for graph: a rank in a receive waits for its source, in a
   send for its destination, in collective #s for every rank that has not
@@ -16,6 +17,9 @@ module builds:
   are in all_reduce #42``;
 - calls that disagree (a mismatch), and ranks that ended or died while
   others waited for them.
+
+Without records (``RINGLET_FLIGHT_RECORDS=0``) it lists what each dump says its
+rank was waiting for.
 """
 
 from __future__ import annotations
@@ -102,15 +106,15 @@ class _Rank:
     entered: int = 0                             # the highest collective seq it entered
 
     @classmethod
-    def of(cls, rank: int, doc: dict[str, Any], size: int,
-           members: tuple[int, ...] | None = None) -> _Rank | None:
-        """The records of ``doc``'s communicator of ``size`` ranks (the world's), or of
-        the group whose world ranks are ``members`` (its latest with a call pending)."""
-        comms = [c for c in doc.get("comms", []) if c.get("size") == size and
-                 (members is None or tuple(c.get("ranks", ())) == members)]
+    def of(cls, rank: int, doc: dict[str, Any], size: int, key: str,
+           group: bool = False) -> _Rank | None:
+        """The records of ``doc``'s communicator ``key`` (:func:`_key`) of ``size`` ranks:
+        the world's, or with ``group`` a group's (of dumps that do not name communicators,
+        the latest of those ranks with a call pending)."""
+        comms = [c for c in doc.get("comms", []) if c.get("size") == size and _key(c) == key]
         if not comms:
             return None
-        if members is not None:
+        if group:
             comms.sort(key=lambda c: any(op.get("state") != "done" for op in c.get("ops", [])))
             comms = comms[-1:]
         ops = comms[0].get("ops", [])
@@ -127,6 +131,12 @@ class _Rank:
             if coll and op["state"] != "queued":
                 r.entered = max(r.entered, int(op["seq"]))
         return r
+
+
+def _key(c: dict[str, Any]) -> str:
+    """Which communicator a dump's entry is: its id ("world", or the token its members
+    agreed on when it was split off); dumps that have none, its world ranks."""
+    return str(c.get("id") or ",".join(map(str, c.get("ranks", ()))))
 
 
 def _world_size(docs: dict[int, dict[str, Any]]) -> int:
@@ -150,22 +160,29 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
     size = nranks or _world_size(docs)
     if not size:
         return []
+    comms = [c for d in docs.values() for c in d.get("comms", [])]
+    if not any(c.get("ops") for c in comms) and \
+            any(d.get("flight_records") == 0 for d in docs.values()):
+        return _waits_only(docs, size, ended)
+    world = "world" if any(c.get("id") == "world" for c in comms) else \
+        ",".join(map(str, range(size)))
     ranks: dict[int, _Rank] = {}
     for q, doc in docs.items():
-        r = _Rank.of(q, doc, size)
+        r = _Rank.of(q, doc, size, world)
         if r is not None:
             ranks[q] = r
     lines, cycle = _diagnosis(ranks, size, ended, group=False)
     if cycle:
         return lines
-    # groups (comm.split, comm.group): each one's wait-for graph, in the group's numbering
-    groups = sorted({tuple(int(w) for w in c.get("ranks", ())) for d in docs.values()
-                     for c in d.get("comms", []) if 1 < int(c.get("size", 0)) < size})
-    for members in groups:
+    # groups (comm.split, comm.group; one of every rank too): each one's wait-for graph,
+    # in the group's numbering
+    groups = sorted({(tuple(int(w) for w in c.get("ranks", ())), _key(c)) for c in comms
+                     if int(c.get("size", 0)) > 1 and _key(c) != world})
+    for members, key in groups:
         sub: dict[int, _Rank] = {}
         for i, w in enumerate(members):
             gdoc = docs.get(w)
-            r = None if gdoc is None else _Rank.of(i, gdoc, len(members), members)
+            r = None if gdoc is None else _Rank.of(i, gdoc, len(members), key, group=True)
             if r is not None:
                 sub[i] = r
         found, _ = _diagnosis(sub, len(members), {i: ended[w] for i, w in enumerate(members)
@@ -173,6 +190,27 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
         if found:
             lines.append(f"in the group of world ranks {', '.join(map(str, members))} (ranks "
                          f"here are the group's, 0-{len(members) - 1}): " + "; ".join(found))
+    return lines
+
+
+def _waits_only(docs: dict[int, dict[str, Any]], size: int, ended: dict[int, str]
+                ) -> list[str]:
+    """The diagnosis when the flight recorders were off: what each rank's dump says it
+    was waiting for (its ``waits``), and the ranks that left none."""
+    several = any(len(d.get("comms", [])) > 1 for d in docs.values())
+    lines = ["the flight recorders were off (RINGLET_FLIGHT_RECORDS=0): only what each rank "
+             "was waiting for when it dumped is known" +
+             (" (ranks numbered in that call's communicator)" if several else "")]
+    for q, d in sorted(docs.items()):
+        for w in d.get("waits", []):
+            on = [int(p) for p in w.get("waiting_on") or []]
+            if on:
+                lines.append(f"rank {q} was waiting in {w.get('what') or 'a call'} for "
+                             f"{_ranks(on)}")
+    for q in range(size):
+        if q not in docs:
+            lines.append(f"rank {q} ended ({ended[q]}) and left no dump" if q in ended else
+                         f"rank {q} left no dump")
     return lines
 
 
@@ -330,7 +368,8 @@ def _cycle_text(cycle: list[int], edges: dict[int, list[tuple[int, str]]],
         steps += [f"{u} from {cycle[(i + 1) % len(cycle)]}"
                   for i, u in enumerate(cycle) if i > 0]
         sending = any(op["kind"] == "send" for q in cycle for op in ranks[q].pending)
-        return "deadlock: " + ", ".join(steps) + ("" if sending else "; nobody sends")
+        return "deadlock: " + ", ".join(steps) + \
+            ("" if sending else _unmatched(cycle, ranks) or "; nobody sends")
     parts = []
     for i, u in enumerate(cycle):
         v, k = cycle[(i + 1) % len(cycle)], kinds[i]
@@ -338,6 +377,27 @@ def _cycle_text(cycle: list[int], edges: dict[int, list[tuple[int, str]]],
             k, f"for {v} in {k.removeprefix('coll ')}")
         parts.append(f"rank {u} waits {what}")
     return "deadlock: " + ", ".join(parts)
+
+
+def _unmatched(cycle: list[int], ranks: dict[int, _Rank]) -> str:
+    """Of a cycle of receives: the messages its ranks sent each other that the receives
+    do not take (another tag), as "; rank 1 sent 0 tag 2, which its receive (tag 1) does
+    not match" ('' if none)."""
+    out = []
+    for i, u in enumerate(cycle):
+        v = cycle[(i + 1) % len(cycle)]
+        want = next((op for op in ranks[u].pending if op["kind"] == "recv" and
+                     op["peer"] == v), None)
+        if want is None or int(want.get("tag", -1)) < 0:
+            continue
+        sent = sorted({int(op["tag"]) for op in ranks[v].ops if op["kind"] == "send" and
+                       op["peer"] == u and op["state"] == "done" and
+                       int(op.get("tag", -1)) != int(want["tag"])})
+        if sent:
+            tags = ", ".join(map(str, sent))
+            out.append(f"rank {v} sent {u} tag{'s' if len(sent) > 1 else ''} {tags}, which "
+                       f"its receive (tag {want['tag']}) does not match")
+    return "; " + "; ".join(out) if out else ""
 
 
 def report(directory: str, nranks: int | None = None,

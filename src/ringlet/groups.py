@@ -241,8 +241,10 @@ class Groups(Calls):
         sub = Communicator(me, len(ranks), t, self.settings, self.job_id,
                            self.topology.sub(ranks, me))
         sub._world_ranks[:] = [self._world_ranks[q] for q in ranks]   # its flight recorder's
-        if sub._fr is not None and self._fr is not None:   # and its clock, rank 0's of the job
-            sub._fr.offset_ns = self._fr.offset_ns
+        if sub._fr is not None:   # name (the token all its members have), and its clock
+            sub._fr.ident = token  # (rank 0's of the job)
+            if self._fr is not None:
+                sub._fr.offset_ns = self._fr.offset_ns
         return sub
 
     # --- shared buffers -------------------------------------------------------------------

@@ -67,6 +67,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from . import recorder
 from .config import Settings
 from .errors import ArgumentError, ConfigError, RingletError, SpawnError
 from .procs import more_files, stopped
@@ -82,6 +83,10 @@ _POLL = 0.05
 SAME_SIGNAL_S = 0.5
 #: Seconds the launcher waits for output still buffered in a finished rank's pipes.
 _DRAIN = 2.0
+#: Seconds ``ringlet run`` gives the ranks to write their flight recorders before it
+#: forwards an interrupt or stops them at the timeout (a rank that ends on the signal
+#: first would leave none).
+DUMP_WAIT_S = 2.0
 
 _Report = tuple[Any, ...]  # ("ok", result) or ("error", type name, message, traceback)
 
@@ -286,6 +291,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
                on_ready: Callable[[connection.Connection], bool] | None = None,
                interrupts: _Interrupts | None = None,
                on_failure: Callable[[Sequence[_Child]], None] | None = None,
+               on_stop: Callable[[Sequence[_Child]], None] | None = None,
                errors: _ErrorPipes | None = None) -> _Outcome:
     """Wait for every child to end, applying the failure policy; return what happened.
 
@@ -297,7 +303,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     them.  Waits block on the children's sentinels, the readers and the
     interrupt pipe, with a deadline: nothing spins.  ``on_failure(live)`` is
     called once, with the children still running, when the first rank fails or the
-    timeout passes (``ringlet run`` asks them for their flight recorders).
+    timeout passes (``ringlet run`` asks them for their flight recorders); ``on_stop``,
+    if given, instead of it when the first interrupt comes or the timeout passes before
+    any failure, before the signal (``ringlet run`` also waits for the records).
 
     ``errors``: the pipes ``ringlet run``'s ranks report their uncaught exception on,
     read as they come.  The rank that failed first is the first to report one, if it
@@ -355,6 +363,8 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
                     on_failure(list(live.values()))
         for sig in interrupts.take() if interrupts is not None else ():
             if not out.interrupted:
+                if on_stop is not None and not event:
+                    on_stop(list(live.values()))
                 out.interrupted, event = sig, True
                 first_signal = (sig, now)
                 signal_all(sig, f"ended on the forwarded {_signame(sig)}")
@@ -367,8 +377,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         if not live:
             break
         if deadline is not None and now >= deadline and not out.timed_out:
-            if on_failure is not None and not event:
-                on_failure(list(live.values()))
+            stop = on_stop or on_failure
+            if stop is not None and not event:
+                stop(list(live.values()))
             out.timed_out, event = tuple(sorted(live)), True
             signal_all(signal.SIGTERM, f"{{was}} stopped with SIGTERM at the {timeout:g} s "
                                        f"timeout")
@@ -751,8 +762,12 @@ def _mark_failed(path: str, children: Sequence[_Child], live: Sequence[_Child]) 
         os.replace(f"{path}.tmp", path)
 
 
-def _ask_for_dumps(directory: str, live: Sequence[_Child]) -> None:
-    """SIGUSR1 to the ranks that said they dump on it (``rank-R.signal`` holds their pid)."""
+def _ask_for_dumps(directory: str, live: Sequence[_Child], wait: float = 0.0) -> None:
+    """SIGUSR1 to the ranks that said they dump on it (``rank-R.signal`` holds their pid);
+    with ``wait``, give them up to that many seconds to write it (their ``rank-R.json``
+    written since, or the rank ended)."""
+    since = time.time() - 0.02   # a file's time is the kernel's coarse clock: a tick behind
+    asked = []
     for c in live:
         try:
             with open(os.path.join(directory, f"rank-{c.rank}.signal")) as f:
@@ -762,6 +777,20 @@ def _ask_for_dumps(directory: str, live: Sequence[_Child]) -> None:
         if pid == c.pid:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGUSR1)
+                asked.append(c)
+    end = time.monotonic() + wait
+    while asked and time.monotonic() < end:
+        asked = [c for c in asked if c.exitcode() is None and
+                 _mtime(os.path.join(directory, f"rank-{c.rank}.json")) < since]
+        if asked:
+            time.sleep(0.02)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node: int,
@@ -802,13 +831,14 @@ def _run_job(args: argparse.Namespace, command: list[str], nranks: int, per_node
                 pumps[-1].start()
         failed = failed_marker(dumps, job_id)
 
-        def on_failure(live: Sequence[_Child]) -> None:
+        def on_failure(live: Sequence[_Child], wait: float = 0.0) -> None:
             _mark_failed(failed, children, live)
-            _ask_for_dumps(dumps, live)
+            _ask_for_dumps(dumps, live, wait)
 
         try:
             outcome = _supervise(children, grace=grace, interrupts=interrupts,
-                                 on_failure=on_failure, errors=errors)
+                                 on_failure=on_failure, errors=errors,
+                                 on_stop=lambda live: on_failure(live, DUMP_WAIT_S))
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(failed)
@@ -1346,6 +1376,8 @@ def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size
         except BaseException as exc:
             _send(conn, _failure(exc, "comm.close() failed: "))
             failed = True
+        finally:   # a forked rank ends with os._exit: no exit handler does this
+            recorder.finish()
     conn.close()
     if failed:
         raise SystemExit(1)

@@ -26,15 +26,17 @@ slots by sequence number) and as many sends and receives; a dump has the
 last ``RINGLET_FLIGHT_RECORDS`` of them all.
 
 A dump (:func:`dump`) writes ``DIR/rank-R.json`` (``RINGLET_DUMP_DIR``) with
-every live communicator of the process: on a timeout, an abort, a mismatch
+every live communicator of the process (each with its ``id``: ``"world"``, or
+the token its members agreed on when it was split off): on a timeout, an abort, a mismatch
 (the communicator calls it), and on ``SIGUSR1`` (the handler is installed by
 the first communicator when a dump directory is set and the program has no
 SIGUSR1 handler of its own; ``rank-R.signal`` says so to ``ringlet run``).
 :mod:`ringlet.diagnose` reads the dumps of every rank.
 
 With ``RINGLET_TRACE=DIR`` every record also becomes a Chrome trace event in
-``DIR/rank-R.trace.jsonl`` (one JSON event a line, written in batches and at
-exit); ``ringlet run --trace`` merges them (:func:`ringlet.diagnose.merge_traces`).
+``DIR/rank-R.trace.jsonl`` (one JSON event a line, written in batches, as the
+communicator closes and at exit); ``ringlet run --trace`` merges them
+(:func:`ringlet.tracing.merge`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class FlightRecorder:
         self.lean: Any = None
         self.world_ranks = world_ranks
         self.rank = rank
+        #: which communicator: "world", or the token its members agreed on when it was split
+        #: off (two communicators of the same ranks are told apart by it)
+        self.ident = "world"
         self.p2p_seq = 0
         #: nanoseconds to add to this process's clock to get the job's clock (rank 0's);
         #: 0 on rank 0's node (measured at init on the other nodes when tracing: align)
@@ -169,14 +174,21 @@ class FlightRecorder:
         if not self._lock.acquire(blocking=wait):
             return
         try:
-            done = [r for r in self._trace if final or r[T_END] or len(r) > 5]
+            done = [r for r in self._trace if final or _finished(r)]
             if not done:
                 return
-            keep = [] if final else [r for r in self._trace if not (r[T_END] or len(r) > 5)]
-            self._trace = keep
+            self._trace = [] if final else [r for r in self._trace if not _finished(r)]
         finally:
             self._lock.release()
         self._append_trace([trace_event(r, self) for r in done])
+
+    def close(self) -> None:
+        """The communicator closed: write the rest of its trace now (a forked rank of
+        ``ringlet.spawn`` ends with ``os._exit``, which runs no exit handler)."""
+        if self.trace_dir:
+            self.flush_trace(final=True)
+            with contextlib.suppress(ValueError):
+                _TRACING.remove(self)
 
     def _append_trace(self, events: list[dict[str, Any]]) -> None:
         """Write events to this rank's trace file (created afresh by the first write of
@@ -196,11 +208,27 @@ _TRACING: list[FlightRecorder] = []
 _OPENED: set[str] = set()
 
 
+#: the ``rank-R.signal`` marker this process wrote, and its pid (see install_signal)
+_marker: tuple[str, int] | None = None
+
+
 @atexit.register
-def _flush_traces() -> None:
-    for fr in _TRACING:
+def finish() -> None:
+    """This process's recorders at its end: the traces' last records written, SIGUSR1
+    ignored from here on and the ``rank-R.signal`` marker removed.  An exit handler, and
+    called by a rank of ``ringlet.spawn`` before it ends (a forked one runs none)."""
+    for fr in list(_TRACING):
         with contextlib.suppress(Exception):
             fr.flush_trace(final=True)
+    global _marker
+    if _marker is not None and _marker[1] == os.getpid():
+        # ignored: when Python finalizes it restores SIGUSR1's default action, which would
+        # kill a rank that ringlet run asks for a dump as it exits
+        with contextlib.suppress(ValueError, OSError):   # ValueError: not the main thread
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            os.remove(_marker[0])
+        _marker = None
 
 
 def _dtype_name(code: int) -> str:
@@ -218,6 +246,12 @@ def _order(r: list[Any]) -> tuple[int, int, int]:
 
 def _failure(r: list[Any]) -> dict[str, Any] | None:
     return r[-1] if len(r) > 5 and isinstance(r[-1], dict) else None
+
+
+def _finished(r: list[Any]) -> bool:
+    """Done or failed (a queued call's record is as long as a failed one's: it has its
+    queueing time where a failure has its dict)."""
+    return bool(r[T_END]) or _failure(r) is not None
 
 
 def _queued(r: list[Any]) -> int:
@@ -285,12 +319,14 @@ def failed(rec: list[Any] | None, exc: BaseException) -> None:
 
 
 def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
-    """One record as a Chrome trace event (``ph: X``, one row per rank)."""
+    """One record as a Chrome trace event (``ph: X``, on its rank's row: the merged trace
+    gives operations that overlap rows of their own, :func:`ringlet.tracing.merge`)."""
     j = record_json(r, fr.offset_ns)
     start = j["t_start_us"] or j["t_queued_us"] or 0.0
     end = j["t_end_us"] or j.get("t_failed_us") or start
     args: dict[str, Any] = {"seq": j["seq"], "bytes": j["bytes"], "state": j["state"],
-                            "comm": ",".join(map(str, fr.world_ranks))}
+                            "comm": ",".join(map(str, fr.world_ranks)), "comm_id": fr.ident,
+                            "rank": fr.world_rank}
     if type(r[INFO]) is Desc:
         args.update(algorithm=j["algorithm"], path=j["path"], count=j["count"],
                     dtype=j["dtype"], peers=fr.world_ranks)
@@ -322,7 +358,8 @@ def _live() -> list[Communicator]:
 def comm_json(c: Communicator) -> dict[str, Any]:
     """One communicator's part of a dump."""
     fr = c._fr
-    out: dict[str, Any] = {"ranks": c._world_ranks, "rank": c.rank, "size": c.size,
+    out: dict[str, Any] = {"id": fr.ident if fr is not None else None,
+                           "ranks": c._world_ranks, "rank": c.rank, "size": c.size,
                            "seq": c._seq, "broken": c._broken,
                            "ops": fr.records() if fr is not None else []}
     return out
@@ -375,6 +412,7 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
     doc = {"format": FORMAT, "rank": world, "pid": os.getpid(), "host": socket.gethostname(),
            "job": cs[0].job_id, "reason": reason, "time_unix": time.time(),
            "now_us": _us(now_ns(), cs[0]._fr.offset_ns if cs[0]._fr else 0),
+           "flight_records": cs[0].settings.flight_records,
            "waits": waits, "comms": [comm_json(c) for c in cs]}
     for c in cs:   # the trace so far: a rank asked for its dump may be stopped next (SIGTERM
         fr = c._fr  # ends it without its exit handlers, which write the rest)
@@ -404,7 +442,7 @@ _tmp_ids = itertools.count()     # their temporary files' numbers
 def install_signal(comm: Communicator) -> None:
     """Dump on SIGUSR1 (once per process, in the main thread, if the program has no SIGUSR1
     handler of its own); ``DIR/rank-R.signal`` (the pid) tells ``ringlet run`` it may ask."""
-    global _installed
+    global _installed, _marker
     directory = comm.settings.dump_dir
     sig = getattr(signal, "SIGUSR1", None)
     if _installed or not directory or sig is None or \
@@ -420,13 +458,4 @@ def install_signal(comm: Communicator) -> None:
         os.makedirs(directory, exist_ok=True)
         with open(marker, "w") as f:
             f.write(str(pid))
-
-    def at_exit() -> None:
-        # ignored from here on: when Python finalizes it restores SIGUSR1's default action,
-        # which would kill a rank that ringlet run asks for a dump as it exits
-        if os.getpid() == pid:
-            signal.signal(sig, signal.SIG_IGN)
-            with contextlib.suppress(OSError):
-                os.remove(marker)
-
-    atexit.register(at_exit)
+    _marker = (marker, pid)   # removed by finish()

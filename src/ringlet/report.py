@@ -376,7 +376,9 @@ def timeline_svg(events: Sequence[dict[str, Any]], width: int = 1000) -> str:
     if not spans:
         return '<p class="note">no operations in the trace</p>'
     spans = spans[:MAX_TIMELINE_EVENTS]
-    ranks = sorted({int(e.get("tid", 0)) for e in spans})
+    from .tracing import rank_of
+
+    ranks = sorted({rank_of(e) for e in spans})
     t0 = min(float(e["ts"]) for e in spans)
     t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in spans)
     span = max(t1 - t0, 1e-3)
@@ -403,11 +405,11 @@ def timeline_svg(events: Sequence[dict[str, Any]], width: int = 1000) -> str:
         w = max(1.0, X(ts + dur) - x)
         a = e.get("args", {})
         bad = bool(a.get("error"))
-        tip = (f"rank {e.get('tid')}: {e['name']}, at +{human_us(ts - t0)} for {human_us(dur)}"
+        tip = (f"rank {rank_of(e)}: {e['name']}, at +{human_us(ts - t0)} for {human_us(dur)}"
                + "".join(f"; {k} {a[k]}" for k in ("bytes", "algorithm", "path", "state",
                                                   "error") if a.get(k) not in (None, "")))
         stroke = ' stroke="#d00" stroke-width="2"' if bad else ""
-        out.append(f'<rect x="{x:.2f}" y="{ypos[int(e.get("tid", 0))] + 2}" width="{w:.2f}" '
+        out.append(f'<rect x="{x:.2f}" y="{ypos[rank_of(e)] + 2}" width="{w:.2f}" '
                    f'height="{row - 8}" fill="{colour[_kind(e["name"])]}"{stroke}>'
                    f'<title>{escape(tip)}</title></rect>')
     base = mt + row * len(ranks)
@@ -429,11 +431,11 @@ def timeline_svg(events: Sequence[dict[str, Any]], width: int = 1000) -> str:
 
 def trace_section(trace: dict[str, Any], source: str) -> str:
     """The timeline, the skew summary and the most skewed collectives; the embedded trace."""
-    from .tracing import arrivals, skew, skew_text
+    from .tracing import arrivals, rank_of, skew, skew_text
 
     events = [e for e in trace["traceEvents"] if isinstance(e, dict)]
     spans = [e for e in events if e.get("ph") == "X"]
-    ranks = sorted({int(e.get("tid", 0)) for e in spans})
+    ranks = sorted({rank_of(e) for e in spans})
     s = skew(spans)
     out = [f'<p class="note">from {escape(source)}: {len(spans)} operations of '
            f'{len(ranks)} rank{"s" if len(ranks) != 1 else ""}; hover a box for its details. '
@@ -571,7 +573,9 @@ CHECK = """
     var trace = JSON.parse(el.textContent);
     var spans = trace.traceEvents.filter(function (e) { return e.ph === "X"; });
     var ranks = {};
-    spans.forEach(function (e) { ranks[e.tid] = true; });
+    spans.forEach(function (e) {
+      ranks[e.args && e.args.rank !== undefined ? e.args.rank : e.tid] = true;
+    });
     var text = JSON.stringify(trace);
     document.getElementById("trace-check").textContent =
       "trace.json: " + spans.length + " operations of " + Object.keys(ranks).length +

@@ -3,8 +3,9 @@
 With ``RINGLET_TRACE=DIR`` (``ringlet run --trace DIR`` sets it) every rank
 writes its operations to ``DIR/rank-R.trace.jsonl`` (:mod:`ringlet.recorder`).
 :func:`merge` joins them into ``DIR/trace.json`` in the Chrome trace event
-format (``{"traceEvents": [...]}``: one ``ph: "X"`` event per operation, one
-row (``tid``) per rank, named by metadata events), which Perfetto and
+format (``{"traceEvents": [...]}``: one ``ph: "X"`` event per operation, a
+row (``tid``) per rank and one more for each operation that overlaps others
+(:func:`lanes`), named by metadata events), which Perfetto and
 ``chrome://tracing`` open.  Times are microseconds of ``CLOCK_MONOTONIC``,
 which the processes of one host share; a rank on another node than rank 0's
 adds the offset to rank 0's clock that :func:`clock_offset` measured when the
@@ -83,6 +84,42 @@ def clock_offset(comm: Communicator, rounds: int = CLOCK_ROUNDS) -> tuple[int, i
         comm._fr = fr
 
 
+#: the row (``tid``) of a rank's ``k``-th overlapping lane: rank + k * LANE
+LANE = 1 << 24
+
+
+def rank_of(e: dict[str, Any]) -> int:
+    """The world rank of a trace event (its ``args.rank``; else, in traces written before
+    ranks had more than one row, its ``tid``)."""
+    a = e.get("args")
+    return int(a["rank"]) if isinstance(a, dict) and "rank" in a else int(e.get("tid", 0))
+
+
+def lanes(events: list[dict[str, Any]]) -> dict[int, int]:
+    """Give each rank's operations that overlap in time rows of their own; returns the
+    rows each rank has.
+
+    A trace's slices on one row must nest (Perfetto drops a slice that partly overlaps
+    another on its row), but a rank's operations overlap: receives posted together, async
+    calls, two communicators on two threads.  Each operation takes the rank's first row
+    that is free when it starts (row k is ``tid`` rank + k * :data:`LANE`), so row 0 holds
+    the calls one after the other and the rows below what overlapped them."""
+    ends: dict[int, list[float]] = {}
+    for e in sorted(events, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0)))):
+        q = rank_of(e)
+        rows = ends.setdefault(q, [])
+        ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        # ends and starts are rounded to the nanosecond: one that starts where another
+        # ends follows it
+        k = next((i for i, t in enumerate(rows) if ts >= t - 5e-4), len(rows))
+        if k == len(rows):
+            rows.append(end)
+        else:
+            rows[k] = end
+        e["tid"] = q + k * LANE
+    return {q: len(rows) for q, rows in ends.items()}
+
+
 def _fmt_us(us: float) -> str:
     if us >= 1e6:
         return f"{us / 1e6:.2f} s"
@@ -109,14 +146,15 @@ def read(directory: str) -> list[dict[str, Any]]:
 def arrivals(events: list[dict[str, Any]]) -> list[tuple[str, dict[int, float]]]:
     """Each collective that every rank of its communicator traced, as (its name, when
     each rank arrived, in trace microseconds), in the order of its first arrival."""
-    groups: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
     for e in events:
         if e.get("cat") != "collective":
             continue
-        a = e["args"]
-        groups.setdefault((a["comm"], int(a["seq"])), {})[int(e["tid"])] = e
+        a = e["args"]   # communicators of the same ranks differ by comm_id
+        key = (a["comm"], str(a.get("comm_id", "")), int(a["seq"]))
+        groups.setdefault(key, {})[rank_of(e)] = e
     out: list[tuple[str, dict[int, float]]] = []
-    for (comm, _), by_rank in groups.items():
+    for (comm, _, _), by_rank in groups.items():
         members = [int(q) for q in comm.split(",")]
         if len(members) < 2 or len(by_rank) < len(members):
             continue
@@ -170,14 +208,15 @@ def merge(directory: str) -> tuple[str, dict[str, Any], int]:
     events = read(directory)
     clocks = {str(e["tid"]): e["args"] for e in events if e.get("name") == CLOCK_EVENT}
     events = [e for e in events if e.get("name") != CLOCK_EVENT]
-    ranks = sorted({int(e["tid"]) for e in events})
+    rows = lanes(events)
     meta: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
                                    "args": {"name": "ringlet job"}}]
-    for q in ranks:
-        meta.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": q,
-                     "args": {"name": f"rank {q}"}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": q,
-                     "args": {"sort_index": q}})
+    for q, n in sorted(rows.items()):
+        for k in range(n):
+            meta.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": q + k * LANE,
+                         "args": {"name": f"rank {q}" + (f" (overlapping {k})" if k else "")}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": 0,
+                         "tid": q + k * LANE, "args": {"sort_index": q * 1000 + k}})
     s = skew(events)
     from .outputs import writing
 
