@@ -29,6 +29,10 @@ def _scan(comm: ringlet.Communicator) -> list[str]:
     want = (1.0, 1) if r >= 1 else (0.0, 0)
     if (float(p["value"][0]), int(p["index"][0])) != want:
         bad.append(f"scan maxloc {p}")
+    lor = np.array([5, 0, -3], np.int32) if r == 0 else np.array([2, 0, 7], np.int32)
+    comm.exscan(lor, op="lor")   # rank 1's result is rank 0's x alone: still 0 or 1
+    if r > 0 and lor.tolist() != [1, 0, 1]:
+        bad.append(f"exscan lor {lor}")
     e = np.full(3, 10.0 * (r + 1))
     comm.exscan(e, algorithm="linear")
     want_e = 10.0 if r == 0 else 10.0 * r * (r + 1) / 2

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from .errors import MismatchError, RingletError
-from .ops import DTYPE_BY_CODE, ReduceOp
+from .ops import ReduceOp, dtype_of_code
 
 #: collective codes in the descriptor; the object forms and split have their own, so that
 #: messages name the call the user made (``split``, not the all_gather inside it)
@@ -78,6 +78,30 @@ def packed(d: Desc) -> array:
     return array("q", d)
 
 
+#: a zero-copy path's buffer offset must be below this (its word holds 35 bits of it)
+SHARED_OFFSETS = 1 << 35
+
+
+def shared_path(stage: int, region: int, offset: int) -> int:
+    """The zero-copy all_reduce's path word: SHARED, the staged path's settings digest
+    (``stage``'s, what the call runs on if the ranks' buffers differ: :func:`staged`), the
+    buffer (of ``comm.empty``) and the byte offset in it."""
+    return SHARED | (stage >> 2 & 0xFFFF) << 2 | region << 18 | offset << 28
+
+
+def staged(got: Mapping[int, Desc]) -> bool:
+    """True if the descriptors differ only in their paths, and those are zero-copy ones of
+    different buffers or offsets, or staged ones, of one settings digest: the ranks' buffers
+    are not all at one place of a ``comm.empty`` buffer, and the call runs staged on every
+    rank (each copying through the stage areas, as NCCL falls back when a buffer is not
+    registered on every rank)."""
+    ref = next(iter(got.values()))
+    paths = {d.path for d in got.values()}
+    return len(paths) > 1 and all(p & 3 in (STAGE, SHARED) for p in paths) and \
+        len({p >> 2 & 0xFFFF for p in paths}) == 1 and \
+        all(d._replace(path=0) == ref._replace(path=0) for d in got.values())
+
+
 def algo_code(name: str) -> int:
     """A stable number for an algorithm's name (compared across ranks)."""
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
@@ -113,7 +137,7 @@ def describe(seq: int, d: Desc) -> str:
     if coll in ("barrier", "split", "empty", "broadcast_object", "all_gather_object") or \
             d.rejected:
         return f"{coll} #{seq}"
-    dt = DTYPE_BY_CODE.get(d.dtype)
+    dt = dtype_of_code(d.dtype)
     text = f"{coll} #{seq} ({d.elems} x {dt.name if dt else d.dtype}"
     if coll in ("broadcast", "reduce", "scatter", "gather"):
         text += f", root {d.root}"
@@ -135,7 +159,7 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
     if field == "op":
         return ReduceOp(d.op).name if d.op in ReduceOp._value2member_map_ else str(d.op)
     if field == "dtype":
-        dt = DTYPE_BY_CODE.get(d.dtype)
+        dt = dtype_of_code(d.dtype)
         return dt.name if dt else str(d.dtype)
     if field == "algorithm":
         return alg_name(coll_name(d.collective), d.algorithm)
@@ -148,7 +172,8 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
         kind = ("generic executor", "fused one-shot", "fused staged",
                 "zero-copy (buffer from comm.empty)")[v & 3]
         if v & 3 == SHARED:
-            return f"{kind}, buffer #{v >> 2 & 0x3FF} at byte {v >> 12}"
+            return f"{kind}, buffer #{v >> 18 & 0x3FF} at byte {v >> 28} (shm sizes " \
+                   f"#{v >> 2 & 0xFFFF})"
         if v == RAILS:
             return "generic executor, the engine's all_reduce across nodes (RINGLET_RAILS)"
         return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
@@ -160,11 +185,14 @@ def _value(field: str, d: Desc) -> object:
 
 
 def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], str],
-          alg_name: Callable[[str, int], str]) -> None:
-    """Raise MismatchError unless every rank's descriptor equals rank ``mine``'s."""
+          alg_name: Callable[[str, int], str]) -> bool:
+    """Raise MismatchError unless every rank's descriptor equals rank ``mine``'s, or they
+    differ only where the call falls back to the staged path (:func:`staged`: then True)."""
     ref = got[mine]
     if all(d == ref for d in got.values()):
-        return
+        return False
+    if staged(got):
+        return True
     current = describe(seq, ref)
     rejecters = [q for q in sorted(got) if got[q].rejected]
     if rejecters:

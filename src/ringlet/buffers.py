@@ -57,8 +57,8 @@ def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
                 f"pass np.ascontiguousarray({name})")
         if writable and not x.flags.writeable:
             raise ArgumentError(
-                f"{name} is read-only but this call writes into it; pass a writable array "
-                f"or give out=")
+                f"{name} is read-only but this call writes into it; pass a writable array"
+                + ("" if name == "out" else " or give out="))
         dt = dtype_of_numpy(x.dtype)
         return Buffer(x, x.reshape(-1), dt, tuple(x.shape), False)
     if _is_tensor(x):
@@ -68,6 +68,9 @@ def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
             raise ArgumentError(f"{name}: unsupported torch object {type(x).__name__}")
         if x.device.type != "cpu":
             raise ArgumentError(f"{name} is on {x.device}; ringlet moves CPU tensors only")
+        if x.layout != torch.strided:
+            raise ArgumentError(f"{name} is a {str(x.layout).removeprefix('torch.')} tensor; "
+                                f"ringlet moves dense ones only: pass {name}.to_dense()")
         if not x.is_contiguous():
             raise ArgumentError(f"{name} must be contiguous; pass {name}.contiguous()")
         if x.is_conj() or x.is_neg():

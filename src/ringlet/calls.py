@@ -130,6 +130,8 @@ class Calls:
     _now: int = 0
     #: the part of the running call's agreement left for later (see _agree)
     _rest: tuple[int, dict[int, Desc], list[int]] | None = None
+    #: the call being run falls back to the staged path (agreement.staged)
+    _staged = False
     _api: str | None
     _pending_reject: int | None
     _node_peers: tuple[int, ...]
@@ -469,6 +471,7 @@ class Calls:
         inside the node waits for every rank, so its message quotes them all."""
         t = self._t
         t.publish(seq, agreement.packed(desc))
+        self._staged = False
         if self.size == 1:
             return
         got: dict[int, Desc] = {self.rank: desc}
@@ -481,7 +484,7 @@ class Calls:
                 return
             missing = [q for q in missing if q not in got]
         self._gather(seq, got, missing)
-        agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
+        self._staged = agreement.check(seq, got, self.rank, lambda q: t.note(q, seq), _alg_name)
 
     def _agreed(self) -> None:
         """Finish the agreement :meth:`_agree` left open, if any: raises as the whole

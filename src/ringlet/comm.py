@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import agreement, lean, rails
-from .agreement import GENERIC, POST, RAILS, SHARED, STAGE, Desc
+from .agreement import GENERIC, POST, RAILS, STAGE, Desc, shared_path
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .algorithms import entry as _entry
@@ -165,7 +165,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         fused = self._fused
         shared = self._shared_view(xb.flat) if ob is None and path & 3 == STAGE else None
         if shared is not None:
-            path = SHARED | shared[0] << 2 | shared[1] << 12
+            path = shared_path(path, *shared)
 
         def before(seq: int) -> None:
             if path & 3 == POST:
@@ -173,7 +173,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
 
         def run(seq: int) -> Any:
             dst = ob or xb
-            if shared is not None:
+            if shared is not None and not self._staged:   # else a rank's buffer is elsewhere
                 peers = [region[shared[1]:shared[1] + xb.nbytes].view(xb.flat.dtype)
                          for region in self._regions[shared[0]][2]]
                 shared_all_reduce(fused, xb.flat, peers,  # type: ignore[arg-type]
@@ -182,7 +182,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                 fused.oneshot_all_reduce(seq, xb.flat, dst.flat,  # type: ignore[union-attr]
                                          lean.oneshot_reducer(rop, xb.dt.name)
                                          or reducer(rop, xb.dt))
-            elif xb.count and path & 3 == STAGE:
+            elif xb.count and (path & 3 == STAGE or shared is not None):
                 fused.direct_all_reduce(xb.flat, reducer(rop, xb.dt),  # type: ignore[union-attr]
                                         None if ob is None else ob.flat)
             else:

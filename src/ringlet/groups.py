@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .agreement import SHARED_OFFSETS
 from .calls import Calls, _collective
 from .errors import ArgumentError, ConfigError, MismatchError, RingletError
 from .topology import Topology
@@ -258,7 +259,9 @@ class Groups(Calls):
         of a contiguous slice at the same place on every rank) with the
         ``direct`` algorithm (the automatic choice for large vectors) reads the
         peers' data where it lies instead of copying it through the staging
-        area.  ``torch.from_numpy(a)`` shares the memory, so tensors work too.
+        area (where the ranks' buffers are not all at one place of one, every rank
+        copies through it instead).  ``torch.from_numpy(a)`` shares the memory, so
+        tensors work too.
         The array lives as long as the communicator (mode 0600; its file is
         unlinked as soon as every rank has mapped it)::
 
@@ -346,12 +349,14 @@ class Groups(Calls):
         return mine[:nbytes].view(dt).reshape(shp)
 
     def _shared_view(self, flat: np.ndarray) -> tuple[int, int] | None:
-        """(region index, byte offset) if ``flat`` lies inside a buffer from empty()."""
+        """(region index, byte offset) if ``flat`` lies inside a buffer from empty() (the
+        first 1,024 such buffers, offsets below ``agreement.SHARED_OFFSETS``)."""
         if not self._regions or flat.size == 0:
             return None
         addr = flat.__array_interface__["data"][0]
         for i, (lo, hi, _) in enumerate(self._regions):
-            if lo <= addr and addr + flat.nbytes <= hi and i < 1024:
+            if lo <= addr and addr + flat.nbytes <= hi and i < 1024 and \
+                    addr - lo < SHARED_OFFSETS:
                 return i, addr - lo
         return None
 

@@ -153,6 +153,22 @@ def _pair_dtype(dt: np.dtype[Any]) -> DType:
     return d
 
 
+def dtype_of_code(code: int) -> DType | None:
+    """The type of a descriptor's or a message's dtype code (a pair type's too, which this
+    process may not have met yet); None for a code no type has."""
+    d = DTYPE_BY_CODE.get(code)
+    if d is not None or code < _PAIR_BASE:
+        return d
+    v = DTYPE_BY_CODE.get((code - _PAIR_BASE) // 16)
+    i = DTYPE_BY_CODE.get((code - _PAIR_BASE) % 16)
+    if v is None or i is None or code >= _PAIR_BASE + 16 * 16:
+        return None
+    try:
+        return _pair_dtype(np.dtype([("value", v.np_dtype), ("index", i.np_dtype)]))
+    except ArgumentError:
+        return None
+
+
 def pairs(values: Any, indices: Any) -> np.ndarray:
     """(value, index) pairs for MINLOC and MAXLOC, as one numpy structured array with
     fields ``value`` and ``index`` (MPI's ``MPI_DOUBLE_INT`` and friends)::

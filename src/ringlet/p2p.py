@@ -16,7 +16,7 @@ import numpy as np
 from . import recorder
 from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
-from .ops import DTYPE_BY_CODE, DTYPES
+from .ops import DTYPES, dtype_of_code
 from .recorder import RECV, SEND, T_END, T_START, now_ns
 from .transport.base import BACKGROUND, EMPTY, P2P, TAKEN, Request, Transport
 from .wait import Waiter
@@ -327,7 +327,7 @@ class P2PEngine:
                 return None
             q, i = hit
             utag, code, data, _ = self.unexpected[q][i]
-            d = DTYPE_BY_CODE.get(code)
+            d = dtype_of_code(code)
             return Status(q, utag, int(data.size), d.name if d else str(code))
 
     def probe(self, src: int, tag: int) -> Status:
@@ -687,7 +687,7 @@ def _mismatch(xb: Buffer, src: int, tag: int, code: int, nbytes: int) -> Argumen
     """The error of a message that does not fit the receive buffer ``xb`` (None: fits)."""
     if code == xb.dt.code and nbytes == xb.nbytes:
         return None
-    d = DTYPE_BY_CODE.get(code)
+    d = dtype_of_code(code)
     n = nbytes // d.itemsize if d else nbytes
     return ArgumentError(f"message from rank {src} (tag {tag}) holds {n} x "
                          f"{d.name if d else code}, but the receive buffer holds {xb.count} x "

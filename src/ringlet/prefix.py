@@ -60,13 +60,15 @@ class Prefix(Calls):
         ob = self._out(out, xb, xb.count, "x", same_is_in_place=True)
         name = self._choose(collective, algorithm, xb.nbytes)
         dst = ob or xb
-        first = self.rank == 0 and collective == "scan" and rop in LOGICAL
+        # the result that went through no op (scan's rank 0: its own x; exscan's rank 1:
+        # rank 0's) is made 0 or 1 as the logical ops' results are
+        first = rop in LOGICAL and self.rank == (0 if collective == "scan" else 1)
 
         def run(seq: int) -> Any:
             if ob is not None:
                 ob.flat[...] = xb.flat
             self._run(collective, name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
-            if first and dst.count:   # rank 0's own vector went through no op: 0 or 1
+            if first and dst.count:
                 np.not_equal(dst.flat, 0, out=dst.flat, casting="unsafe")
             return dst.obj
 

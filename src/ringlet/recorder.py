@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .agreement import GENERIC, POST, SHARED, STAGE, Desc, coll_name, describe
-from .ops import DTYPE_BY_CODE, ReduceOp
+from .ops import ReduceOp, dtype_of_code
 
 if TYPE_CHECKING:
     from .comm import Communicator
@@ -232,7 +232,7 @@ def finish() -> None:
 
 
 def _dtype_name(code: int) -> str:
-    dt = DTYPE_BY_CODE.get(code)
+    dt = dtype_of_code(code)
     return dt.name if dt is not None else str(code)
 
 
@@ -275,7 +275,7 @@ def record_json(r: list[Any], offset: int = 0) -> dict[str, Any]:
     out: dict[str, Any]
     if type(r[INFO]) is Desc:
         d: Desc = r[INFO]
-        dt = DTYPE_BY_CODE.get(d.dtype)
+        dt = dtype_of_code(d.dtype)
         out = {"kind": coll_name(d.collective), "seq": r[SEQ], "what": describe(r[SEQ], d),
                "count": d.elems, "bytes": d.elems * dt.itemsize if dt else 0,
                "dtype": _dtype_name(d.dtype) if d.dtype else None,

@@ -165,6 +165,11 @@ class Fused:
 
     def oneshot_all_reduce(self, seq: int, x: np.ndarray, out: np.ndarray, red: Reducer) -> None:
         """out = x0 (op) x1 (op) ... in rank order, reading every rank's post half."""
+        if not out.flags.aligned:   # the compiled kernel takes aligned arrays only: reduce
+            tmp = np.empty(out.shape, out.dtype)   # in an aligned one, with the same bits
+            self.oneshot_all_reduce(seq, x, tmp, red)
+            out[...] = tmp
+            return
         h, nb, dt = seq % 2, out.nbytes, out.dtype
         post = self.t.post
         if self.t.rank != 0:
