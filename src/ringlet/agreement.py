@@ -200,7 +200,10 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
         raise MismatchError(
             f"{current} cannot run: rank{'s' if len(rejecters) > 1 else ''} "
             f"{', '.join(map(str, rejecters))} rejected the call's arguments ({why})")
-    for field in COMPARED:
+    order = COMPARED
+    if ref.collective in DIGESTS:   # the arrays' digest says more than a group's count
+        order = ("collective", "root", *[f for f in COMPARED if f not in ("collective", "root")])
+    for field in order:
         values: dict[str, list[int]] = {}
         raw = {_value(field, got[r]) for r in got}
         if len(raw) < 2:
