@@ -184,7 +184,15 @@ def test_one_rank_wrong_fails_every_rank_and_the_next_call_pairs(n: int, case: s
     numbered and published, as any collective's); parts that differ never pair silently
     with another rank's all_reduce; the call after works."""
     res = get_world(n).run(_one_rank_wrong, case)
+    if case == "bucketer":
+        get_world(n).restart()   # its communicator was aborted
     for r, seen in enumerate(res):
+        if case == "bucketer":   # a Bucketer's disagreement aborts (test_no_arrays_...)
+            assert seen[0] == "ok" and len(seen) == 3, (r, seen)
+            assert seen[1].startswith("PeerError") and "Bucketer: ranks disagree about " \
+                "the arrays" in seen[1], (r, seen)
+            assert seen[2].startswith("PeerError: the communicator was aborted"), (r, seen)
+            continue
         assert seen[0] == "ok" and seen[-1] == "ok", (r, seen)
         assert not any(s.startswith("wrong") for s in seen), (r, seen)
         middle = seen[1:-1]
@@ -294,12 +302,112 @@ def _one_bucket_fails(c: ringlet.Communicator) -> list[str]:
     try:
         b.wait()
         return ["no error"]
-    except ringlet.MismatchError as exc:
+    except ringlet.PeerError as exc:   # a Bucketer's disagreement aborts
         return [str(exc), str(good.tolist())]
 
 
 def test_bucketer_waits_for_every_bucket_before_raising() -> None:
     n = 3
-    for r, (err, good) in enumerate(get_world(n).run(_one_bucket_fails)):
-        assert "disagree" in err, (r, err)
+    res = get_world(n).run(_one_bucket_fails)
+    get_world(n).restart()   # its communicator was aborted
+    for r, (err, good) in enumerate(res):
+        assert "Bucketer: ranks disagree" in err, (r, err)
         assert good == str([float(sum(range(1, n + 1)))] * 4), (r, good)
+
+
+def _sequence(c: ringlet.Communicator, case: str, async_op: bool) -> list[str]:
+    """A good call, one where a rank passes no arrays (or adds one array more to a
+    Bucketer), a good one: the bad one fails on every rank and the last pairs rightly
+    (a coalesced call of no arrays made no call: its rank's next call paired with its
+    peers' bad one, silently, summing one step's gradients with the next's)."""
+    n, me = c.size, c.rank == 1
+    seen = []
+    for i in range(3):
+        a = [np.full(2, float(c.rank + i))]
+        try:
+            if case == "bucketer":
+                b = ringlet.Bucketer(c, cap_bytes=16)   # each array fills a bucket
+                for x in a + ([np.ones(2)] if i == 1 and me else []):
+                    b.add(x)
+                b.wait()
+            elif case == "gather":
+                parts = [] if i == 1 and me else a
+                w = c.all_gather_coalesced(parts, async_op=async_op)
+                got = w.wait() if async_op else w
+                if parts and got[0][:, 0].tolist() != [float(q + i) for q in range(n)]:
+                    seen.append(f"wrong {got}")
+                    continue
+            else:
+                parts = [] if i == 1 and me else a
+                w = c.all_reduce_coalesced(parts, async_op=async_op)
+                if async_op:
+                    w.wait()
+                if parts and a[0][0] != sum(q + i for q in range(n)):
+                    seen.append(f"wrong {a[0][0]}")
+                    continue
+            seen.append("ok")
+        except ringlet.RingletError as exc:
+            seen.append(f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("case,async_op", [("reduce", False), ("reduce", True),
+                                           ("gather", False), ("gather", True),
+                                           ("bucketer", True)])
+def test_no_arrays_on_one_rank_fails_every_rank(n: int, case: str, async_op: bool) -> None:
+    """A coalesced call makes one call on every rank whatever it is given, so the call
+    after a bad one pairs; a Bucketer's rank that made a bucket more is a call ahead for
+    good: the communicator is aborted, every rank told why."""
+    res = get_world(n).run(_sequence, case, async_op)
+    if case == "bucketer":
+        get_world(n).restart()   # its communicator was aborted
+    for r, seen in enumerate(res):
+        assert seen[0] == "ok", (r, seen)
+        assert "arrays (a digest" in seen[1] or "all_reduce_coalesced" in seen[1], (r, seen)
+        if case == "bucketer":
+            assert seen[1].startswith("PeerError") and "Bucketer: ranks disagree" in seen[1] \
+                and "the communicator is aborted" in seen[1], (r, seen)
+            assert seen[2].startswith("PeerError: the communicator was aborted earlier"), \
+                (r, seen)
+            continue
+        assert seen[1].startswith("MismatchError") and seen[2] == "ok", (r, seen)
+
+
+def _none_anywhere(c: ringlet.Communicator) -> list[Any]:
+    """No arrays on every rank: one agreement, nothing moved."""
+    b = ringlet.Bucketer(c)
+    b.wait()
+    return [c.all_reduce_coalesced([]), c.all_gather_coalesced([]),
+            c.all_reduce_coalesced([], async_op=True).wait(), b.buckets]
+
+
+def test_no_arrays_on_every_rank_is_one_call() -> None:
+    for got in get_world(3).run(_none_anywhere):
+        assert got == [[], [], [], 0]
+
+
+def test_a_bucketer_refuses_what_it_cannot_reduce_at_add() -> None:
+    """A float128 array, or an int32 one with AVG, was taken by add() and failed the flush
+    on every rank, and stayed pending: every later flush and wait raised again, and the
+    good arrays were never reduced."""
+    comm = ringlet.init(rank=0, size=1)
+    try:
+        b = ringlet.Bucketer(comm)
+        g = np.ones(2)
+        b.add(g)
+        with pytest.raises(ringlet.ArgumentError, match=r"Bucketer.add: array 1 .*float128"):
+            b.add(np.ones(2, np.longdouble))
+        avg = ringlet.Bucketer(comm, op="avg")
+        with pytest.raises(ringlet.ArgumentError, match="AVG is defined for floating"):
+            avg.add(np.ones(2, np.int32))
+        b.wait()
+        assert g.tolist() == [1.0, 1.0]
+        # a bucket that fails to start is not kept pending
+        bad = ringlet.Bucketer(comm, algorithm="no_such")
+        bad.add(np.ones(2))
+        with pytest.raises(ringlet.ArgumentError, match="no_such"):
+            bad.wait()
+        assert bad._pending == []
+    finally:
+        comm.close()

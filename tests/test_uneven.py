@@ -8,6 +8,7 @@ out= and async; then bad arguments and disagreeing counts between good calls.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -339,3 +340,113 @@ def test_ranks_that_disagree_on_the_root() -> None:
         for per_rank in get_world(n).run(_roots_disagree):
             for kind, msg, ok in per_rank:
                 assert ok and kind == "MismatchError" and "disagree on the root" in msg, msg
+
+
+def _local_failures(comm: ringlet.Communicator, case: str) -> tuple[str, str, bool]:
+    """Errors of one rank only after a v call's exchange of counts (a bad async_op, its
+    result's allocation failing): that rank skipped the data part its peers ran, and
+    every later call paired with the wrong one."""
+    n, r = comm.size, comm.rank
+    err = ("", "")
+    try:
+        if case == "async":
+            comm.all_gather_v(np.ones(r + 1), async_op=1 if r == 1 else False)
+        elif case == "memory":
+            if r == 0:
+                import ringlet.uneven as uneven
+
+                def no_memory(*args: Any) -> Any:
+                    raise MemoryError("no room for the result")
+
+                real, uneven.new_buffer = uneven.new_buffer, no_memory
+            try:
+                comm.all_to_all_v(np.ones(n), [1] * n)
+            finally:
+                if r == 0:
+                    uneven.new_buffer = real
+        elif case == "wrap":   # 2 * (2**63 - 1) + 2 wraps to 0 in int64: x's 0 rows
+            comm.all_to_all_v(np.ones((0, 2)) if r == 0 else np.ones((n, 2)),
+                              [2 ** 63 - 1, 2 ** 63 - 1] + [2] * (n - 2) if r == 0 else
+                              [1] * n)
+        elif case == "object":
+            if r == 1:
+                import ringlet.groups as groups
+
+                real_np = groups.np
+
+                class Tight:
+                    def __getattr__(self, a: str) -> Any:
+                        if a == "empty":
+                            def empty(size: Any, *args: Any, **kw: Any) -> Any:
+                                if size:   # the pickle's buffer, its size just heard
+                                    raise MemoryError("no room for the pickle")
+                                return real_np.empty(size, *args, **kw)
+                            return empty
+                        return getattr(real_np, a)
+
+                groups.np = Tight()   # type: ignore[assignment]
+            try:
+                comm.broadcast_object({"big": "object"}, 0)
+            finally:
+                if r == 1:
+                    groups.np = real_np
+    except (ringlet.RingletError, MemoryError) as exc:
+        err = (type(exc).__name__, str(exc))
+    return err[0], err[1], _good(comm)
+
+
+@pytest.mark.parametrize("case", ["async", "memory", "wrap", "object"])
+def test_a_rank_that_fails_alone_after_the_exchange_fails_every_rank(case: str) -> None:
+    from conftest import get_world
+
+    res = get_world(3).run(_local_failures, case)
+    assert all(ok for _, _, ok in res), f"a good call after {case} failed: {res}"
+    kinds = [k for k, _, _ in res]
+    assert all(kinds), res
+    want = {"async": ("async_op must be True or False", "ArgumentError"),
+            "memory": ("no room for the result", "MemoryError"),
+            "wrap": ("at most 2**62", "ArgumentError"),
+            "object": ("no room for the pickle", "MemoryError")}[case]
+    failing = {"async": 1, "memory": 0, "wrap": 0, "object": 1}[case]
+    for r, (kind, text, _) in enumerate(res):
+        assert want[0] in text, res
+        assert kind == (want[1] if r == failing else "MismatchError"), res
+
+
+def _blamed(comm: ringlet.Communicator) -> tuple[str, str]:
+    """Counts that disagree with the rows: the rank that gave them is told it is its
+    argument (an ArgumentError), the others why they cannot run (it was a MismatchError
+    on that rank too)."""
+    n, r = comm.size, comm.rank
+    c = np.ones(n, np.int64)
+    if r == 0:
+        c[-1] = 2
+    try:
+        comm.all_gather_v(np.zeros(1, np.int16), c)
+    except ringlet.RingletError as exc:
+        return type(exc).__name__, str(exc)
+    return "", ""
+
+
+def test_counts_that_disagree_blame_the_rank_that_gave_them() -> None:
+    from conftest import get_world
+
+    res = get_world(3).run(_blamed)
+    assert res[0] == ("ArgumentError", "all_gather_v on rank 0: counts[2] is 2 rows, it has 1")
+    assert all(k == "MismatchError" and "rank 0: counts[2] is 2 rows" in m
+               for k, m in res[1:]), res
+
+
+@pytest.mark.parametrize("counts,text", [
+    ([float("inf"), 1.0, 1.0], "must be integers"),
+    ([1e20, 1, 1], "at most 2**62"),
+    (np.array([2 ** 64 - 1, 1, 1], np.uint64), "at most 2**62"),
+    ([2 ** 70, 1, 1], "at most 2**62"),
+    ([1.5, 1, 1], "must be integers"),
+    (["1", 1, 1], "must be integers"),
+])
+def test_counts_are_checked_as_given(counts: Any, text: str) -> None:
+    from ringlet.uneven import _counts
+
+    with pytest.raises(ringlet.ArgumentError, match=re.escape(text)):
+        _counts(counts, 3, "send_counts")

@@ -135,8 +135,8 @@ def describe(seq: int, d: Desc) -> str:
     """``all_reduce #5 (8 x float32)``, for messages."""
     coll = coll_name(d.collective)
     if coll in ("barrier", "split", "empty", "broadcast_object", "all_gather_object") or \
-            d.rejected:
-        return f"{coll} #{seq}"
+            d.rejected or not _has_arrays(d):
+        return f"{coll} #{seq}"   # (the last: no arrays, e.g. a coalesced call of none)
     dt = dtype_of_code(d.dtype)
     text = f"{coll} #{seq} ({d.elems} x {dt.name if dt else d.dtype}"
     if coll in ("broadcast", "reduce", "scatter", "gather"):
@@ -166,7 +166,7 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
     if field == "shape":
         return _shape_text(d)
     if field == "root" and d.collective in DIGESTS:
-        return f"{d.root:#010x}"
+        return f"{d.root:#010x}" if _has_arrays(d) else "no arrays"
     if field == "path":
         v = d.path
         kind = ("generic executor", "fused one-shot", "fused staged",
@@ -178,6 +178,12 @@ def field_text(field: str, d: Desc, alg_name: Callable[[str, int], str]) -> str:
             return "generic executor, the engine's all_reduce across nodes (RINGLET_RAILS)"
         return kind if not v >> 2 else f"{kind} (shm sizes #{v >> 2})"
     return str(getattr(d, field))
+
+
+def _has_arrays(d: Desc) -> bool:
+    """Whether a coalesced call's descriptor is of some arrays (one of none is an
+    agreement alone: no type, no count, no shape)."""
+    return bool(d.elems or d.dtype or d.ndim)
 
 
 def _value(field: str, d: Desc) -> object:
@@ -200,8 +206,8 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
         raise MismatchError(
             f"{current} cannot run: rank{'s' if len(rejecters) > 1 else ''} "
             f"{', '.join(map(str, rejecters))} rejected the call's arguments ({why})")
-    order = COMPARED
-    if ref.collective in DIGESTS:   # the arrays' digest says more than a group's count
+    order: tuple[str, ...] = COMPARED
+    if ref.collective in DIGESTS:   # the arrays' digest says more than a part's count or type
         order = ("collective", "root", *[f for f in COMPARED if f not in ("collective", "root")])
     for field in order:
         values: dict[str, list[int]] = {}
@@ -215,6 +221,14 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
         label = LABEL.get(field, field)
         if field == "root" and ref.collective in DIGESTS:
             label = "arrays (a digest of their kinds, element types and shapes)"
+            types: dict[str, list[int]] = {}
+            for r in sorted(got):
+                if _has_arrays(got[r]):
+                    types.setdefault(field_text("dtype", got[r], alg_name), []).append(r)
+            if len(types) > 1:
+                detail += "; the first part's element type: " + "; ".join(
+                    f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+                    for v, rs in types.items())
         what = f"collective #{seq}" if field == "collective" else f"{label} of {current}"
         hint = ""
         if field in ("collective", "elems", "shape", "dtype"):

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .calls import Calls, _collective
-from .errors import ArgumentError
-from .ops import ReduceOp
+from .buffers import as_buffer
+from .calls import Calls, _collective, check_async
+from .errors import ArgumentError, MismatchError, PeerError
+from .ops import ReduceOp, check_op, dtype_of_numpy
 from .work import Work
 
 if TYPE_CHECKING:
@@ -41,15 +42,24 @@ def _is_torch(a: Any) -> bool:
     return type(a).__module__.startswith("torch")
 
 
-def _check_item(a: Any, what: str, writable: bool = True) -> None:
+def _check_item(a: Any, what: str, writable: bool = True, op: ReduceOp | None = None) -> None:
     """A numpy array or a torch CPU tensor (a writable one where the results are written
-    back into it)."""
+    back into it) of an element type ringlet moves, and ``op`` reduces."""
     if not _is_torch(a) and not isinstance(a, np.ndarray):
         raise ArgumentError(f"{what} is a {type(a).__name__}; pass numpy arrays or torch "
                             f"CPU tensors")
     if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
         raise ArgumentError(f"{what} is read-only (the results are written back into the "
                             f"arrays)")
+    try:
+        if not _is_torch(a):
+            dt = dtype_of_numpy(a.dtype)
+        else:   # a tensor's type as as_buffer sees it (an empty one: nothing copied)
+            dt = as_buffer(a.new_empty(0), what, writable=False).dt
+        if op is not None:
+            check_op(op, dt)
+    except ArgumentError as exc:
+        raise ArgumentError(f"{what}: {exc}") from None
 
 
 def _groups(arrays: Sequence[Any]) -> list[list[int]]:
@@ -99,6 +109,8 @@ class Buckets(Calls):
         def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
                        async_op: bool = False) -> Any: ...
 
+        def barrier(self, async_op: bool = False) -> Any: ...
+
     @_collective
     def all_reduce_coalesced(self, arrays: Sequence[Any], op: ReduceOp | str = "sum",
                              algorithm: str | None = None, async_op: bool = False) -> Any:
@@ -118,7 +130,7 @@ class Buckets(Calls):
             comm.all_reduce_coalesced(grads)       # one all_reduce of 100,000 floats
         """
         arrays = list(arrays)
-        groups, packed = self._coalesce(arrays, writable=True)
+        groups, packed = self._coalesce(arrays, writable=True, op=ReduceOp.parse(op))
 
         def done(_: list[Any]) -> list[Any]:
             for flat, parts in zip(packed, groups, strict=True):
@@ -163,14 +175,14 @@ class Buckets(Calls):
                            lambda flat, a: self.all_gather(flat, algorithm=algorithm,
                                                            async_op=a), done, async_op)
 
-    def _coalesce(self, arrays: list[Any], writable: bool) -> tuple[list[list[Any]],
-                                                                    list[Any]]:
-        """The arrays checked, grouped by (kind, element type) and packed, one flat
-        array per group; the call's digest (every array's kind, type and shape, in
-        order) set for the parts' descriptors, so ranks whose arrays differ disagree
-        at the first part, on every rank."""
+    def _coalesce(self, arrays: list[Any], writable: bool, op: ReduceOp | None = None
+                  ) -> tuple[list[list[Any]], list[Any]]:
+        """The arrays checked (against ``op`` too), grouped by (kind, element type) and
+        packed, one flat array per group; the call's digest (every array's kind, type
+        and shape, in order) set for the parts' descriptors, so ranks whose arrays
+        differ disagree at the first part, on every rank."""
         for i, a in enumerate(arrays):
-            _check_item(a, f"item {i}", writable)
+            _check_item(a, f"item {i}", writable, op)
         groups = [[arrays[i] for i in idx] for idx in _groups(arrays)]
         self._coalesced = zlib.crc32(repr(
             [(_is_torch(a), str(a.dtype), tuple(a.shape)) for a in arrays]).encode()) \
@@ -181,7 +193,17 @@ class Buckets(Calls):
                one: Callable[[Any, bool], Any], done: Callable[[list[Any]], Any],
                async_op: bool) -> Any:
         """Run ``one(flat, async_op)`` for each packed part, then ``done(their
-        results)``: at once, or behind the returned Work."""
+        results)``: at once, or behind the returned Work.  No arrays is still one call
+        (an agreement): a rank that passes none where its peers pass some fails with
+        them, instead of its next call pairing with their parts."""
+        check_async(async_op)
+        if not packed:
+            w = self.barrier(async_op=bool(async_op))
+            if not async_op:
+                return done([])
+            finished = Work(f"{name} of no arrays")
+            w._then(lambda x: finished._finish(None if x._error else done([]), x._error))
+            return finished
         if not async_op:
             return done([one(flat, False) for flat in packed])
         finished = Work(f"{name} of {count} arrays")
@@ -211,8 +233,6 @@ class Buckets(Calls):
                     err = exc
             finished._finish(result, err)
 
-        if not works:
-            finished._finish(done([]))
         for w in works:
             w._then(each)
         return finished
@@ -229,7 +249,12 @@ class Bucketer:
         b.wait()                              # the rest, then every result is in place
 
     Every rank must add arrays of the same shapes and types in the same order.
-    ``op`` and ``algorithm`` are passed on to every all-reduce.
+    ``op`` and ``algorithm`` are passed on to every all-reduce.  ``wait()`` always
+    ends with one call, of the arrays pending or of none, so that ranks that added
+    different arrays fail there, on every rank, rather than pair a bucket with
+    another rank's next call; as a rank may then have made a call more than its
+    peers, which nothing could pair again, the communicator is aborted (a
+    PeerError naming the disagreement, on every rank and at every later call).
     """
 
     def __init__(self, comm: Communicator, cap_bytes: int = DEFAULT_CAP,
@@ -238,6 +263,7 @@ class Bucketer:
             raise ArgumentError(f"Bucketer: cap_bytes must be a positive whole number, got "
                                 f"{cap_bytes!r}")
         self.comm, self.cap, self.op, self.algorithm = comm, cap_bytes, op, algorithm
+        self._rop = ReduceOp.parse(op)
         self._pending: list[Any] = []
         self._bytes = 0
         self._works: list[Work] = []
@@ -245,28 +271,32 @@ class Bucketer:
 
     def add(self, array: Any) -> None:
         """Queue ``array``; start the bucket if it reached ``cap_bytes``.  An array that
-        cannot take its result (not a numpy array or torch tensor, read-only) is an
+        cannot take its result (not a numpy array or torch tensor, read-only, of an
+        element type ringlet does not move or the op does not reduce) is an
         ArgumentError here, on this rank, and is not queued."""
-        _check_item(array, f"Bucketer.add: array {len(self._pending)} of the bucket")
+        _check_item(array, f"Bucketer.add: array {len(self._pending)} of the bucket",
+                    op=self._rop)
         self._pending.append(array)
         self._bytes += int(array.nbytes) if not _is_torch(array) else \
             array.numel() * array.element_size()
         if self._bytes >= self.cap:
             self.flush()
 
-    def flush(self) -> None:
-        """Start the all-reduce of the pending arrays (if any), asynchronously."""
-        if not self._pending:
+    def flush(self, always: bool = False) -> None:
+        """Start the all-reduce of the pending arrays (if any; with ``always``, of none
+        too), asynchronously.  A bucket that fails to start is not kept pending."""
+        if not self._pending and not always:
             return
+        pending, self._pending, self._bytes = self._pending, [], 0
         self._works.append(self.comm.all_reduce_coalesced(
-            self._pending, op=self.op, algorithm=self.algorithm, async_op=True))
-        self._pending, self._bytes = [], 0
-        self.buckets += 1
+            pending, op=self.op, algorithm=self.algorithm, async_op=True))
+        self.buckets += bool(pending)
 
     def wait(self) -> None:
-        """Flush, then wait for every bucket: every array added holds its result.  If
-        buckets failed, every bucket is still waited for, then the first error raised."""
-        self.flush()
+        """Flush (always one call, see the class), then wait for every bucket: every
+        array added holds its result.  If buckets failed, every bucket is still waited
+        for, then the first error raised."""
+        self.flush(always=True)
         works, self._works = self._works, []
         first: BaseException | None = None
         for w in works:
@@ -274,5 +304,14 @@ class Bucketer:
                 w.wait()
             except BaseException as exc:  # noqa: BLE001 - the first is raised below
                 first = exc if first is None else first
+        if isinstance(first, MismatchError):
+            # the ranks' buckets differ, and so may their number: a rank that made one
+            # more is a call ahead of its peers for good, and every later call would fail
+            # to pair; the communicator is aborted instead, on every rank, saying why
+            why = MismatchError(f"Bucketer: {first} (its ranks added different arrays; a "
+                                f"rank may have made a bucket more, which no later call "
+                                f"could pair with: the communicator is aborted)")
+            self.comm._fail(why)
+            raise PeerError(self.comm._broken or str(why)) from first
         if first is not None:
             raise first

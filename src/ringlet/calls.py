@@ -108,6 +108,13 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def check_async(async_op: Any) -> None:
+    """An ArgumentError unless ``async_op`` is a bool (a compound call checks it before
+    its first part: a rank that raised after it would skip the rest its peers run)."""
+    if not isinstance(async_op, (bool, np.bool_)):
+        raise ArgumentError(f"async_op must be True or False, got {async_op!r}")
+
+
 class Calls:
     """Numbering, agreement, execution and failure of a communicator's calls."""
 
@@ -171,8 +178,7 @@ class Calls:
     def _submit(self, desc: Desc, run: Callable[[int], Any], async_op: bool, name: str,
                 xb: Buffer | None, before: Callable[[int], None] | None = None) -> Any:
         """Number the call and run it inline, or queue it behind pending async work."""
-        if not isinstance(async_op, (bool, np.bool_)):
-            raise ArgumentError(f"async_op must be True or False, got {async_op!r}")
+        check_async(async_op)
         self._usable()
         with self._submit_lock:
             self._seq += 1
@@ -205,17 +211,30 @@ class Calls:
             if isinstance(exc, ArgumentError):
                 self._name_group(exc)
             return exc
-        if isinstance(exc, ArgumentError):
-            note, head = str(exc), f"{name} on rank {self.rank}: "
+        if isinstance(exc, ArgumentError):   # named after the call the user made
+            note, head = str(exc), f"{self._api or name} on rank {self.rank}: "
             note = note.removeprefix(head)   # named already (the torch backend's calls)
             exc.args = (head + note,)
             err = exc
         else:
             note = f"bad argument ({type(exc).__name__}: {exc})"
-            err = ArgumentError(f"{name} on rank {self.rank}: {note}")
+            err = ArgumentError(f"{self._api or name} on rank {self.rank}: {note}")
         self._reject(name, note, err)
         self._name_group(err)
         return err
+
+    def _between(self, make: Callable[[], Any]) -> Any:
+        """``make()``: this rank's own step between two parts of a compound call, such as
+        allocating what the next part fills (its size known from the first).  If it
+        fails (out of memory), the next part is published as rejected, so that the
+        peers raise a MismatchError quoting why and the calls after it pair up; then
+        the error is raised here as it is."""
+        try:
+            return make()
+        except Exception as exc:
+            note = f"{type(exc).__name__}: {exc}"
+            self._reject(self._api or "call", note, ArgumentError(note))
+            raise
 
     def _reject(self, coll: str, note: str, exc: ArgumentError) -> None:
         """Publish an error descriptor under the next sequence number (see _collective).

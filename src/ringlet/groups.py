@@ -59,7 +59,7 @@ class Groups(Calls):
         n = np.array([data.size if self.rank != root or ok else -1 - data.size], np.int64)
         self.broadcast(n, root)
         size = int(n[0]) if n[0] >= 0 else -1 - int(n[0])
-        buf = data if self.rank == root else np.empty(size, np.uint8)
+        buf = data if self.rank == root else self._between(lambda: np.empty(size, np.uint8))
         self.broadcast(buf, root)
         if n[0] < 0:  # the root could not pickle its object: buf holds why, on every rank
             raise ArgumentError(f"rank {root} could not pickle its object "
@@ -74,7 +74,7 @@ class Groups(Calls):
         sizes = self.all_gather(np.array([data.size if ok else -1 - data.size],
                                          np.int64)).reshape(-1)
         lengths = np.where(sizes < 0, -1 - sizes, sizes)
-        padded = np.zeros(int(lengths.max()), np.uint8)
+        padded = self._between(lambda: np.zeros(int(lengths.max()), np.uint8))
         padded[:data.size] = data
         allb = self.all_gather(padded)
         if (sizes < 0).any():  # every rank learns every reason

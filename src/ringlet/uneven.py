@@ -24,6 +24,7 @@ its elements).  Every rank's rows have the same shape.
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from .agreement import GENERIC
 from .algorithms import algorithms as _algorithms
 from .algorithms import build as _build
 from .buffers import Buffer, as_buffer, new_buffer
-from .calls import NATIVE, Calls, _collective
+from .calls import NATIVE, Calls, _collective, check_async
 from .errors import ArgumentError, MismatchError, VerificationError
 from .executor import Program, compile_bounds, execute
 from .schedule import Buf, Layout, Schedule
@@ -145,8 +146,13 @@ def compile_uneven(schedule: Schedule, rank: int,
     return compile_bounds(schedule, rank, {b: block_bounds(s, lay[b].pieces) for b, s in sizes})
 
 
+#: the most rows a count may say (its sums, in Python's ints, are checked against arrays)
+MAX_COUNT = 2 ** 62
+
+
 def _counts(value: Any, n: int, what: str) -> np.ndarray:
-    """``value`` as n non-negative int64 counts."""
+    """``value`` as n int64 counts from 0 to :data:`MAX_COUNT` (checked as given, before
+    any conversion can wrap or truncate them)."""
     if hasattr(value, "tolist") and not isinstance(value, np.ndarray):
         value = value.tolist()   # a torch tensor
     try:
@@ -156,13 +162,26 @@ def _counts(value: Any, n: int, what: str) -> np.ndarray:
     if arr.shape != (n,):
         raise ArgumentError(f"{what} must hold one count per rank ({n}), got shape "
                             f"{arr.shape}")
-    if arr.size and not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
-        if not (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr))):
-            raise ArgumentError(f"{what} must be integers, got {arr.tolist()}")
-    out = arr.astype(np.int64)
-    if (out < 0).any():
-        raise ArgumentError(f"{what} must not be negative, got {out.tolist()}")
-    return out
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_ or
+                         np.issubdtype(arr.dtype, np.floating) or arr.dtype == object):
+        raise ArgumentError(f"{what} must be integers, got {arr.tolist()}")
+    values = arr.tolist()
+    for v in values:
+        if isinstance(v, float) and not (math.isfinite(v) and v == int(v)):
+            raise ArgumentError(f"{what} must be integers, got {values}")
+        if not isinstance(v, (int, float)):
+            raise ArgumentError(f"{what} must be integers, got {values}")
+    ints = [int(v) for v in values]
+    if any(v < 0 for v in ints):
+        raise ArgumentError(f"{what} must not be negative, got {values}")
+    if any(v > MAX_COUNT for v in ints):
+        raise ArgumentError(f"{what} must be at most 2**62 rows each, got {values}")
+    return np.array(ints, np.int64)
+
+
+def _total(counts: np.ndarray) -> int:
+    """The sum of counts, in Python's ints (numpy's int64 sum can wrap)."""
+    return sum(int(v) for v in counts.tolist())
 
 
 def _rows(b: Buffer, what: str) -> tuple[int, tuple[int, ...]]:
@@ -265,10 +284,11 @@ class Uneven(Calls):
         n = self.size
         xb = as_buffer(x, "x", writable=False)
         rows, rest = _rows(xb, "x")
+        check_async(async_op)
         send = _counts(send_counts, n, "send_counts")
         recv = None if recv_counts is None else _counts(recv_counts, n, "recv_counts")
-        if int(send.sum()) != rows:
-            raise ArgumentError(f"send_counts add up to {int(send.sum())} rows but x has "
+        if _total(send) != rows:
+            raise ArgumentError(f"send_counts add up to {_total(send)} rows but x has "
                                 f"{rows} (shape {xb.shape})")
         ob = None if out is None else as_buffer(out, "out", writable=True)
         self._same_kind(ob, xb)
@@ -286,7 +306,7 @@ class Uneven(Calls):
                                f"sends {int(S[j, q])}")
             self._check_out(t, q, int(S[:, q].sum()) * row)
         mine = int(S[:, self.rank].sum())
-        ob = ob or new_buffer(xb, (mine, *rest))
+        ob = ob or self._between(lambda: new_buffer(xb, (mine, *rest)))
         sizes = {Buf.IN: tuple(int(v) * row for v in S[self.rank]),
                  Buf.OUT: tuple(int(v) * row for v in S[:, self.rank])}
         return self._v_run("all_to_all", name, 0, int(S.sum()) * row, xb, ob, sizes,
@@ -299,6 +319,7 @@ class Uneven(Calls):
         say it), concatenated in rank order on every rank: shape
         ``(sum(counts), *x.shape[1:])``."""
         n = self.size
+        check_async(async_op)
         xb, rows, rest, given = self._own_rows(x, counts)
         ob = None if out is None else as_buffer(out, "out", writable=True)
         self._same_kind(ob, xb)
@@ -308,7 +329,7 @@ class Uneven(Calls):
         rest, c, row = self._gathered(t)
         for q in range(n):
             self._check_out(t, q, int(c.sum()) * row)
-        ob = ob or new_buffer(xb, (int(c.sum()), *rest))
+        ob = ob or self._between(lambda: new_buffer(xb, (int(c.sum()), *rest)))
         el = tuple(int(v) * row for v in c)
         sizes = {Buf.IN: (el[self.rank],), Buf.OUT: el}
         return self._v_run("all_gather", name, 0, sum(el), xb, ob, sizes,
@@ -321,6 +342,7 @@ class Uneven(Calls):
         concatenated in rank order: shape ``(sum(counts), *x.shape[1:])``; None elsewhere."""
         n = self.size
         root = self._root(root)
+        check_async(async_op)
         xb, rows, rest, given = self._own_rows(x, counts)
         ob = None
         if out is not None and self.rank == root:
@@ -333,7 +355,7 @@ class Uneven(Calls):
         rest, c, row = self._gathered(t)
         self._check_out(t, root, int(c.sum()) * row)
         if self.rank == root:
-            ob = ob or new_buffer(xb, (int(c.sum()), *rest))
+            ob = ob or self._between(lambda: new_buffer(xb, (int(c.sum()), *rest)))
         el = tuple(int(v) * row for v in c)
         sizes = {Buf.IN: (el[self.rank],), Buf.OUT: el}
         return self._v_run("gather", name, root, sum(el), xb, ob, sizes,
@@ -347,14 +369,15 @@ class Uneven(Calls):
         the row shape of x) and may pass ``counts`` too.  Returns the received rows."""
         n = self.size
         root = self._root(root)
+        check_async(async_op)
         given = None if counts is None else _counts(counts, n, "counts")
         if self.rank == root:
             if x is None or given is None:
-                raise ArgumentError("scatter_v: the root must pass x and counts")
+                raise ArgumentError("the root must pass x and counts")
             xb = as_buffer(x, "x", writable=False)
             rows, rest = _rows(xb, "x")
-            if int(given.sum()) != rows:
-                raise ArgumentError(f"counts add up to {int(given.sum())} rows but x has "
+            if _total(given) != rows:
+                raise ArgumentError(f"counts add up to {_total(given)} rows but x has "
                                     f"{rows} (shape {xb.shape})")
             ob = None if out is None else as_buffer(out, "out", writable=True)
             self._same_kind(ob, xb)
@@ -362,8 +385,8 @@ class Uneven(Calls):
             desc_rows, kind = mine, xb
         else:
             if out is None:
-                raise ArgumentError("scatter_v: ranks other than the root must pass out= "
-                                    "(the receive buffer)")
+                raise ArgumentError("ranks other than the root must pass out= (the "
+                                    "receive buffer)")
             ob = as_buffer(out, "out", writable=True)
             mine, rest = _rows(ob, "out")
             if given is not None and int(given[self.rank]) != mine:
@@ -376,7 +399,7 @@ class Uneven(Calls):
         self._agree_root(t)
         rest = self._agree_rows(t, range(n))
         c = t.counts(root, "scatter_v")
-        self._agree_counts(t, range(n), c)
+        self._agree_counts(t, range(n), c, "the root's give it")
         row = int(np.prod(rest, dtype=np.int64))
         for q in range(n):
             if q != root and t.rows(q) != int(c[q]):
@@ -384,7 +407,7 @@ class Uneven(Calls):
                                f"{int(c[q])}")
             self._check_out(t, q, int(c[q]) * row)
         if ob is None:
-            ob = new_buffer(xb, (int(c[root]), *rest))
+            ob = self._between(lambda: new_buffer(xb, (int(c[root]), *rest)))
         el = tuple(int(v) * row for v in c)
         sizes = {Buf.IN: el, Buf.OUT: (el[self.rank],)}
         bufs: dict[Buf, Buffer | None] = {Buf.OUT: ob}
@@ -478,14 +501,16 @@ class Uneven(Calls):
             raise MismatchError(f"{self._api}: ranks disagree on the root: " + ", ".join(
                 f"rank {q}: {rt}" for q, rt in enumerate(roots)))
 
-    def _agree_counts(self, t: _Table, ranks: range, c: np.ndarray) -> None:
-        """The counts some ranks passed must be what the ranks' rows say."""
+    def _agree_counts(self, t: _Table, ranks: range, c: np.ndarray,
+                      truth: str = "it has") -> None:
+        """The counts some ranks passed must be what the ranks' rows say (``truth``: what
+        ``c`` is, for the message): an ArgumentError on the rank whose counts differ, a
+        MismatchError on the others."""
         for q in ranks:
             given = t.a(q)
             if given is not None and not np.array_equal(given, c):
                 j = int(np.flatnonzero(given != c)[0])
-                raise MismatchError(f"{self._api}: rank {q}'s counts say rank {j} has "
-                                    f"{int(given[j])} rows, it has {int(c[j])}")
+                self._blame(q, f"counts[{j}] is {int(given[j])} rows, {truth} {int(c[j])}")
 
     def _check_out(self, t: _Table, q: int, elems: int) -> None:
         have = t.out_elems(q)
