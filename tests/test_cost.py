@@ -12,6 +12,7 @@ import ringlet.cost.model as model
 from ringlet.algorithms import algorithms, build, entry
 from ringlet.cost import units
 from ringlet.cost.model import (
+    BUS_FACTORS,
     Inapplicable,
     Link,
     Prediction,
@@ -266,6 +267,11 @@ def test_bus_factors() -> None:
     for c in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         assert bus_factor(c, 8) == 7 / 8
     assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1
+    # a scan's rank moves the whole vector too: 1, as the table says (it was (n-1)/n)
+    assert bus_factor("scan", 8) == bus_factor("exscan", 8) == 1
+    for c, formula in BUS_FACTORS.items():   # the table the docs print is what is used
+        n = 8
+        assert bus_factor(c, n) == pytest.approx(eval(formula.replace("2(", "2*(")))
 
 
 def test_unit_count_follows_nccl_tests_sizes() -> None:

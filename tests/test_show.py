@@ -169,6 +169,16 @@ def test_show_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "show", "all_reduce", "--algo", "hierarchical_pipelined",
                        "--pieces", "1000")   # ran for minutes
     assert code == 2 and "pieces=1000: at most 64" in err
+    # pieces within the cap, but too much to draw with these ranks (78 s and 72 MB of text)
+    code, out, err = run(capsys, "show", "all_reduce", "--algo", "ring", "-n", "26",
+                         "--pieces", "16")
+    assert code == 2 and out == "" and "8,652,800 cells to draw, more than 600,000" in err
+    code, out, _ = run(capsys, "show", "all_reduce", "--algo", "ring", "-n", "26")
+    assert code == 0 and out   # the largest default diagram still draws
+    # and too much to verify (it took minutes and gigabytes): refused before any runs
+    code, out, err = run(capsys, "verify", "all_gather", "--algo", "ring", "--ranks", "4,256",
+                         "--pieces", "64")
+    assert code == 2 and out == "" and "4,194,304 chunks of state" in err
     code, _, err = run(capsys, "verify", "all_reduce", "--algo", "ring", "--param", "foo=1")
     assert code == 2 and "all_reduce/ring takes no parameter(s) ['foo']" in err
     code, _, err = run(capsys, "verify", "all_reduce", "--root", "1")

@@ -247,6 +247,11 @@ def test_cli_json_gives_algorithm_and_seconds(capsys: pytest.CaptureFixture[str]
     assert [d["seconds"] for d in out] == sorted(d["seconds"] for d in out)   # fastest first
     ring_s = next(d["seconds"] for d in out if d["algorithm"] == "ring")
     assert ring_s >= 0.010 + 2 * 63 * (5e-6 + 1e6 / 50e9)
+    # the size is a whole number of bytes, as in predict's JSON (it was 64000000.0)
+    assert all(type(d["nbytes"]) is int and d["nbytes"] == 64_000_000 for d in out)
+    head = run(capsys, "all_reduce", "--bytes", "1MB", "--ranks", "8", "--bandwidth",
+               "10GB/s", "--latency", "5us").splitlines()[0]
+    assert head.endswith("one level: 10 GB/s, alpha 5 us"), head   # it said 5e-06 s
 
 
 def test_cli_trace_has_a_row_per_rank(capsys: pytest.CaptureFixture[str],

@@ -776,6 +776,45 @@ def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEM
 MAX_PIECES = 64
 
 
+#: The most cells (ranks x rounds x chunks) ``ringlet show`` draws: its text grows by about
+#: 8 bytes and 11 us a cell (all_reduce ring on 26 ranks: 33,800 cells at 1 piece, 0.3 s;
+#: 540,800 at 4 pieces, 6 s and 4.7 MB; at 16 pieces 78 s and 72 MB).
+MAX_SHOW_CELLS = 600_000
+#: The most state ``ringlet verify`` keeps and steps it runs for one world size: ranks x
+#: chunks and ranks x rounds (all_reduce ring at 1,024 ranks: 2^20 and 2,095,104, 54 s; at
+#: 128 ranks with 64 pieces all_gather ring has 2^20 too, 31 s and 680 MB).
+MAX_VERIFY_STATE = 1 << 20
+MAX_VERIFY_STEPS = 1 << 21
+
+
+def _chunks(s: Schedule) -> int:
+    return max((lay.nchunks for lay in s.layouts.values()), default=1)
+
+
+def _drawable_size(s: Schedule) -> None:
+    """Raise unless ``ringlet show`` can draw ``s`` in seconds (:data:`MAX_SHOW_CELLS`)."""
+    cells = s.nranks * s.nrounds * _chunks(s)
+    if cells > MAX_SHOW_CELLS:
+        raise ArgumentError(
+            f"{s.collective}/{s.algorithm} on {s.nranks} ranks"
+            f"{' with ' + ', '.join(f'{k}={v}' for k, v in s.params.items()) if s.params else ''}"
+            f": {s.nranks} ranks x {s.nrounds} rounds x {_chunks(s)} chunks is {cells:,} cells "
+            f"to draw, more than {MAX_SHOW_CELLS:,} (minutes and tens of MB of text); draw "
+            f"fewer ranks or pieces (the pattern repeats), or check it with `ringlet verify`")
+
+
+def _verifiable_size(s: Schedule) -> None:
+    """Raise unless ``ringlet verify`` can check ``s`` (:data:`MAX_VERIFY_STATE`, steps)."""
+    state, steps = s.nranks * _chunks(s), s.nranks * s.nrounds
+    if state > MAX_VERIFY_STATE or steps > MAX_VERIFY_STEPS:
+        raise ArgumentError(
+            f"{s.collective}/{s.algorithm} on {s.nranks} ranks"
+            f"{' with ' + ', '.join(f'{k}={v}' for k, v in s.params.items()) if s.params else ''}"
+            f": {state:,} chunks of state and {steps:,} steps, more than the {MAX_VERIFY_STATE:,} "
+            f"and {MAX_VERIFY_STEPS:,} ringlet verify takes (memory grows with the state); give "
+            f"fewer ranks or pieces")
+
+
 def _few_pieces(params: dict[str, int]) -> dict[str, int]:
     k = params.get("pieces", 1)
     if k > MAX_PIECES:
@@ -862,6 +901,7 @@ def main_show(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--width {width}: give at least 40 columns")
     s = build(collective, args.algo, n, args.root,
               **_few_pieces(parse_params(args.param, args.pieces)))
+    _drawable_size(s)
     if uneven:
         from .uneven import uneven_ok
 
@@ -1033,6 +1073,12 @@ def main_verify(args: argparse.Namespace) -> int:
             cases.append((c, name, mine))
     if not cases:
         raise ArgumentError(f"no collective has an algorithm {args.algo!r}")
+    for c, name, p in cases:   # what the largest size would take, before any runs
+        try:
+            big = build(c, name, sizes[-1], root or 0, **p)
+        except ArgumentError:
+            continue   # n/a there: said in the run
+        _verifiable_size(big)
     unused = sorted(set(params) - {k for _, _, p in cases for k in p})
     if unused:
         raise ArgumentError(f"no selected algorithm takes parameter(s) {unused}")

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from ..config import parse_bytes as _parse_bytes
+from ..cost.units import bus_factor_of
 from ..errors import ArgumentError, ConfigError
 from ..ops import DTYPES, ReduceOp, reference_reduce
 
@@ -57,11 +58,7 @@ class Collective:
 
     def bus_factor(self, nranks: int) -> float:
         """busbw / algbw, as nccl-tests computes it."""
-        if self.bus == "2(n-1)/n":
-            return 2 * (nranks - 1) / nranks
-        if self.bus == "(n-1)/n":
-            return (nranks - 1) / nranks
-        return 1.0
+        return bus_factor_of(self.bus, nranks)
 
 
 #: nccl-tests' bus factors: doc/PERFORMANCE.md for all_reduce, reduce_scatter,

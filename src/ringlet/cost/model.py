@@ -103,6 +103,7 @@ from ..ops import DTYPES, DType
 from ..schedule import COLLECTIVES, Kind, Schedule
 from .host import Host, Paths
 from .host import predict as host_predict
+from .units import bus_factor_of
 
 #: Where a calibration stores this machine's profile (``Profile.save()``/``Profile.load()``);
 #: the default of the ``RINGLET_PROFILE`` setting.
@@ -149,12 +150,7 @@ PIECES_CAP = 1 << 16
 def bus_factor(collective: str, nranks: int) -> float:
     """nccl-tests' busbw / algbw for ``collective`` on ``nranks`` ranks."""
     _check_collective(collective)
-    n = nranks
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    return (n - 1) / n
+    return bus_factor_of(BUS_FACTORS[collective], nranks)
 
 
 def _check_collective(collective: str) -> None:

@@ -224,3 +224,13 @@ def format_usd(usd: float) -> str:
     if abs(usd) >= 1:
         return f"${usd:,.2f}" if abs(usd) < 100 else f"${usd:,.0f}"
     return f"${usd:.2e}"
+
+
+def bus_factor_of(formula: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw from its formula as printed: ``2(n-1)/n``, ``(n-1)/n``
+    or ``1``."""
+    n = nranks
+    factors = {"2(n-1)/n": 2.0 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "1": 1.0}
+    if formula not in factors:
+        raise ValueError(f"unknown bus factor {formula!r}")
+    return factors[formula]

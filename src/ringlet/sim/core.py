@@ -106,7 +106,9 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         return {"collective": self.collective, "algorithm": self.algorithm,
-                "nranks": self.nranks, "nbytes": self.nbytes, "seconds": self.seconds,
+                "nranks": self.nranks,   # a whole number of bytes, as predict's JSON has it
+                "nbytes": int(self.nbytes) if float(self.nbytes).is_integer() else self.nbytes,
+                "seconds": self.seconds,
                 "rounds": self.rounds, "messages": self.messages,
                 "bytes_moved": self.bytes_moved, "slowest_rank": int(np.argmax(self.finish)),
                 "params": dict(self.params), "wall_seconds": self.wall}

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from ..cost.host import Host
 from ..cost.model import Link, Profile
+from ..cost.units import format_seconds
 from ..errors import ArgumentError
 
 
@@ -116,7 +117,8 @@ class Topology:
                     f"{h.cores} cores, {h.llc_bytes >> 20} MiB last-level cache, fixed costs "
                     f"calibrated up to {h.calibrated_ranks} ranks")
         if self.inter is None:
-            return f"one level: {self.intra.bandwidth / 1e9:.4g} GB/s, alpha {self.intra.alpha:g} s"
+            return (f"one level: {self.intra.bandwidth / 1e9:.4g} GB/s, alpha "
+                    f"{format_seconds(self.intra.alpha)}")
         fabric = ("one non-blocking switch" if not self.nodes_per_leaf else
                   f"{self.nodes_per_leaf} nodes per leaf, {self.oversubscription:g}:1 "
                   f"oversubscribed{', rail-optimised' if self.rails else ''}")
