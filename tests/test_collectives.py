@@ -137,6 +137,14 @@ def _shapes(comm: ringlet.Communicator) -> list[str]:
     s = comm.all_gather(np.full((), r, np.float64))
     if s.shape != (n,):
         bad.append(f"0-d all_gather shape {s.shape}")
+    # out= a view of x's memory in another shape is in place, and it is out= that returns
+    # (it returned x, of x's shape)
+    for call in ("all_reduce", "reduce", "scan", "exscan"):
+        v = np.full(4, 1.0)
+        o = v.reshape(2, 2)
+        got = getattr(comm, call)(v, out=o)
+        if (call != "reduce" or r == 0) and (got is not o or got.shape != (2, 2)):
+            bad.append(f"{call} out= a view: returned {getattr(got, 'shape', got)}")
     return bad
 
 

@@ -192,7 +192,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                     ob.flat[...] = xb.flat
                 self._run("all_reduce", name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
             finish(rop, dst.flat, xb.dt, self.size)
-            return dst.obj
+            return dst.obj if out is None else out   # out= itself, if a view of x too
 
         return self._submit(self._desc("all_reduce", op=rop, buf=xb, algorithm=name, path=path),
                             run, async_op, name, xb, before)
@@ -262,7 +262,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             if not at_root:
                 return None
             finish(rop, dst, xb.dt, self.size)
-            return (ob or xb).obj
+            return (ob or xb).obj if out is None else out
 
         return self._submit(self._desc("reduce", op=rop, buf=xb, root=root, algorithm=name),
                             run, async_op, name, xb)

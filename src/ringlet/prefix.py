@@ -70,7 +70,7 @@ class Prefix(Calls):
             self._run(collective, name, 0, xb.count, {Buf.OUT: dst.flat}, xb.dt, rop)
             if first and dst.count:
                 np.not_equal(dst.flat, 0, out=dst.flat, casting="unsafe")
-            return dst.obj
+            return dst.obj if out is None else out
 
         return self._submit(self._desc(collective, op=rop, buf=xb, algorithm=name),
                             run, async_op, name, xb)
