@@ -185,8 +185,9 @@ def _overlap_and_bad_out(comm: ringlet.Communicator) -> list[str]:
         except ringlet.ArgumentError as exc:
             errs.append(str(exc).split(": ", 1)[1][:30])
     y = np.ones(8, np.float32)
-    got = comm.all_reduce(y, out=y[:])
-    errs.append(f"{y[0]} {got is y}")
+    view = y[:]
+    got = comm.all_reduce(y, out=view)   # returns out=, as any call given one
+    errs.append(f"{y[0]} {got is view}")
     return errs
 
 
