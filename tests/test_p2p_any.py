@@ -363,3 +363,79 @@ def test_a_failure_stashed_by_a_background_pass_fails_every_point_to_point_call(
 
     for r, bad in enumerate(get_world(2).run(_stashed_failure_everywhere)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _bounded_wait(comm: ringlet.Communicator) -> list[str]:
+    """Work.wait(timeout=T) of a receive: CommTimeoutError after T, not 2T (the driver
+    waited T, then Work.wait T more, moving nothing), and the receive still completes."""
+    import time
+
+    bad = []
+    if comm.rank == 0:
+        w = comm.irecv(np.zeros(2), 1, tag=9)
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=1.0)
+            bad.append("no timeout")
+        except ringlet.CommTimeoutError as exc:
+            took = time.monotonic() - t0
+            if not 1.0 <= took < 1.6 or "did not complete within 1.0 s" not in str(exc):
+                bad.append(f"{took:.2f} s: {exc}")
+        comm.barrier()
+        if w.wait().tolist() != [7.0, 7.0]:
+            bad.append("the receive after the bound")
+    else:
+        comm.barrier()
+        comm.send(np.full(2, 7.0), 0, tag=9)
+    return bad
+
+
+def test_a_bounded_wait_of_a_receive_waits_its_bound_once() -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(2).run(_bounded_wait)):
+        assert not bad, f"rank {r}: {bad}"
+
+
+def _close_with_messages_pending(comm: ringlet.Communicator) -> list[str]:
+    """close() with a send larger than the channel in flight and a receive nobody will
+    match: the send is finished (its receiver gets it whole), the receive fails saying
+    the communicator closed (both raised ValueError: operation forbidden on released
+    memoryview object, and the receiver heard the sender closed mid-message)."""
+    import time
+
+    bad = []
+    sub = comm.split(0)
+    assert sub is not None
+    big = 1 << 22   # float64s: 32 MiB, more than a channel holds
+    if sub.rank == 0:
+        ws = sub.isend(np.arange(big, dtype=np.float64), 1, tag=3)
+        wr = sub.irecv(np.zeros(3), 1, tag=99)
+        sub.close()
+        if not ws.is_completed() or ws.wait() is not None:
+            bad.append("the send was not finished by close()")
+        try:
+            if not wr.is_completed():   # finished, with its error
+                bad.append("the receive is not completed")
+            wr.wait()
+            bad.append("receive: no error")
+        except ringlet.RingletError as exc:
+            if "the communicator was closed before a message came" not in str(exc):
+                bad.append(f"receive: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the old ValueError
+            bad.append(f"receive: {type(exc).__name__}: {exc}")
+    else:
+        time.sleep(0.5)
+        got = sub.recv(np.zeros(big), 0, tag=3)
+        if got[-1] != big - 1:
+            bad.append("the big message")
+        sub.close()
+    comm.barrier()
+    return bad
+
+
+def test_close_finishes_sends_and_fails_receives_in_flight() -> None:
+    from conftest import get_world
+
+    for r, bad in enumerate(get_world(2).run(_close_with_messages_pending)):
+        assert not bad, f"rank {r}: {bad}"

@@ -336,15 +336,30 @@ _INTERRUPT = textwrap.dedent("""
     comm.all_reduce(np.ones(2))
     if comm.rank == 1:
         # interrupt this rank while it waits for rank 0 (which sleeps first)
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        def soon():
+            threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+
         try:
-            comm.all_reduce(np.ones(2))
+            mode = os.environ["MODE"]
+            if mode == "sync":
+                soon()
+                comm.all_reduce(np.ones(2))
+            elif mode == "async":   # the worker thread runs it; the main thread waits
+                w = comm.all_reduce(np.ones(2), async_op=True)
+                soon()
+                w.wait()
+            else:   # queued: a sync call behind an async one waits for the worker
+                w = comm.barrier(async_op=True)
+                soon()
+                comm.all_reduce(np.ones(2))
         except KeyboardInterrupt:
             print("got KeyboardInterrupt", flush=True)
             sys.exit(3)
     else:
         time.sleep(2.0)
         try:
+            if os.environ["MODE"] == "queued":
+                comm.barrier()
             comm.all_reduce(np.ones(2))   # may complete: rank 1 had posted its data
             comm.barrier()
         except ringlet.PeerError as exc:
@@ -354,18 +369,22 @@ _INTERRUPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("n", [2, 5], ids=lambda n: f"N{n}")
-def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: Any,
-                                                                     n: int) -> None:
+@pytest.mark.parametrize("n,mode", [(2, "sync"), (5, "sync"), (3, "async"), (3, "queued")],
+                         ids=lambda v: f"N{v}" if isinstance(v, int) else v)
+def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: Any, n: int,
+                                                                     mode: str) -> None:
+    """Ctrl-C while a rank waits in a call fails the call on every rank: inline, and
+    while it waits for a Work its worker thread runs (async, or a call queued behind
+    one), which went on running: the peers heard nothing and waited for it."""
     script = tmp_path / "interrupt.py"
     script.write_text(_INTERRUPT)
     p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), "--grace", "10",
                         str(script)], capture_output=True, text=True, timeout=60,
-                       env={**__import__("os").environ, "RINGLET_TIMEOUT": "20"})
+                       env={**__import__("os").environ, "RINGLET_TIMEOUT": "20", "MODE": mode})
     out = p.stdout + p.stderr
     assert "[1] got KeyboardInterrupt" in out, out
-    assert "[0] peer error: rank 1 was interrupted (KeyboardInterrupt) in all_reduce #2" in out, \
-        out
+    call = "barrier #2" if mode == "queued" else "all_reduce #2"
+    assert f"[0] peer error: rank 1 was interrupted (KeyboardInterrupt) in {call}" in out, out
     assert p.returncode == 3, out
 
 

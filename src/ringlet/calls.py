@@ -54,7 +54,7 @@ from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, MismatchError, PeerError, RingletError
 from .recorder import DONE, T_END, T_START, FlightRecorder, now_ns
 from .transport.base import Transport
-from .wait import Waiter
+from .wait import INTERRUPTS, Waiter
 from .work import Work
 
 if TYPE_CHECKING:
@@ -186,13 +186,22 @@ class Calls:
             if not async_op and not self._inflight:
                 # nothing queued: run here (holding the lock keeps the numbering in order)
                 return self._execute(seq, desc, run, name, xb, before)
-            work = Work(describe(seq, desc))
-            self._inflight += 1
-            rec = None
-            if self._fr is not None:   # queued now, started when the worker runs it
-                rec = [seq, desc, name, 0, 0, now_ns()]
-                self._fr.put(seq, rec)
-            self._worker().put((seq, desc, run, work, name, xb, before, rec))
+            try:
+                work = Work(describe(seq, desc))
+                self._inflight += 1
+                rec = None
+                if self._fr is not None:   # queued now, started when the worker runs it
+                    rec = [seq, desc, name, 0, 0, now_ns()]
+                    self._fr.put(seq, rec)
+                q = self._worker()
+                work._runner = self._worker_ident
+                q.put((seq, desc, run, work, name, xb, before, rec))
+            except KeyboardInterrupt as exc:
+                # numbered, maybe queued: the worker's next wait fails it on every rank,
+                # as Work.wait does for Ctrl-C while it waits
+                if self._worker_ident is not None:
+                    INTERRUPTS[self._worker_ident] = exc
+                raise
         return work if async_op else work.wait()
 
     def _refused(self, name: str, seq: int, exc: Exception) -> Exception:
@@ -204,7 +213,10 @@ class Calls:
         after it pair up rightly; on a group every RingletError says what its ranks are
         in the world.  The torch backend's own checks (:mod:`ringlet.torch`) come here
         too, before they reach a call of the communicator."""
-        if isinstance(exc, RingletError) and not isinstance(exc, ArgumentError):
+        if isinstance(exc, RingletError) and not isinstance(exc, ArgumentError) or \
+                getattr(exc, "unpublished", False):
+            # (the last: a call from a thread not the communicator's, which must number
+            # and publish nothing, or the owner's calls pair wrongly after it)
             self._name_group(exc)
             return exc
         if self._seq != seq or self._closed or self._broken is not None:
@@ -287,6 +299,8 @@ class Calls:
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
             finally:
+                # Ctrl-C for a call that ended meanwhile has nothing left to stop
+                INTERRUPTS.pop(threading.get_ident(), None)
                 with self._submit_lock:
                     if desc is not None:
                         self._inflight -= 1
@@ -336,6 +350,7 @@ class Calls:
                 f"threads would pair up differently on different ranks. Make every call from "
                 f"one thread, or give each thread its own communicator (comm.split(color=0) "
                 f"once per thread, in the same order on every rank)")
+        err.unpublished = True   # type: ignore[attr-defined]  # see _refused
         raise err
 
     @property

@@ -403,7 +403,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
     # --- life cycle ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish pending work and release the shared memory (idempotent)."""
+        """Finish pending work (collectives, sends; receives still posted fail) and
+        release the shared memory (idempotent)."""
         if self._closed:
             return
         if self._worker_ident == threading.get_ident():
@@ -417,6 +418,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             with contextlib.suppress(RingletError):
                 done.wait()
             self._queue.put(None)
+        self._p2p.close_pending()
         self._closed = True
         self._lean = None   # before the shared memory it points into goes
         _LIVE.discard(self)

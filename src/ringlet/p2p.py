@@ -445,17 +445,43 @@ class P2PEngine:
         xb, _, w = match
         self._deliver(xb, src, tag, code, data.size, w, data)
 
+    def close_pending(self) -> None:
+        """The communicator closes: finish the sends in flight (their receivers expect
+        them; under the deadline, an error is the receiver's to report), then fail the
+        receives still posted, saying so (their Works raised a ValueError from the
+        released shared memory)."""
+        for dq in self.sends if self.c._broken is None else ():
+            for _, _, w in list(dq):
+                try:
+                    w.wait()
+                except RingletError:
+                    break   # this destination failed: its other sends cannot go either
+        with self.lock:
+            for posted in [*self.posted, self.posted_any]:
+                while posted:
+                    w = posted.popleft()[2]
+                    w._finish(error=RingletError(
+                        f"{w._what}: the communicator was closed before a message came"))
+
     def _drive(self, w: Work, timeout: float | None) -> None:
         t = self.c._t
         with self.lock:
+            if self.c._closed:   # a receive under way, or a send a failure left
+                w._finish(error=RingletError(
+                    f"{w._what}: the communicator was closed before it completed"))
+                return
             self._progress()
             if w._done.is_set() or timeout == 0.0:
                 return
             watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
+            # the caller's bound, if shorter than the operation's own deadline (which
+            # still ends it, with its diagnosis: it ended the wait at the caller's bound)
+            bounded = timeout is not None and timeout < t.settings.timeout
             waiter = Waiter(t.settings, lambda: w._what,
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: self._check(watch, w),
-                            timeout=timeout, advice=lambda: self._advice(w, True))
+                            timeout=timeout if bounded else None,
+                            advice=lambda: self._advice(w, True))
             peers = functools.partial(self._in_flight, w._peer)
             try:
                 while not w._done.is_set():
@@ -464,7 +490,7 @@ class P2PEngine:
                         try:
                             t.idle(seen, waiter, peers)
                         except CommTimeoutError as exc:
-                            if timeout is not None:
+                            if bounded:   # the caller's bound: Work.wait says so
                                 return
                             recorder.failed(w._rec, exc)
                             recorder.dump(f"timeout: {exc}")

@@ -43,6 +43,11 @@ def background() -> None:
 #: the latest wait each thread started (thread id -> waiter): what a flight recorder dump
 #: made meanwhile (a signal) says the thread waits for (``missing()`` is empty once done)
 WAITS: dict[int, Waiter] = {}
+#: Ctrl-C the main thread received while it waited for a call a worker thread runs (an
+#: async one, or one queued behind it): that thread's next tick raises it there, where
+#: the call's failure aborts the communicator as an interrupted inline call does (thread
+#: ident -> the exception; see Work.wait)
+INTERRUPTS: dict[int, BaseException] = {}
 
 
 class Waiter:
@@ -117,6 +122,10 @@ class Waiter:
         False if a peer was found gone just now: the caller polls once more (a peer
         that ended may have done what we wait for just before it ended), and the next
         tick raises."""
+        if INTERRUPTS:
+            exc = INTERRUPTS.pop(_get_ident(), None)
+            if exc is not None:
+                raise exc
         if now is None:
             now = time.monotonic()
         # the peers every liveness_s, and once more at the deadline (a dead peer says it

@@ -17,6 +17,9 @@ class Work:
     #: a receive's sender and tag, once its message matched (useful with ANY_SOURCE/ANY_TAG)
     source: int | None = None
     tag: int | None = None
+    #: the thread that runs the operation, if another (a communicator's worker): Ctrl-C
+    #: during wait() is raised there too (wait.INTERRUPTS), to fail the call on every rank
+    _runner: int | None = None
 
     def __init__(self, what: str, peer: int | None = None) -> None:
         self._what = what
@@ -65,9 +68,18 @@ class Work:
         ``timeout`` (seconds) bounds this wait only; the operation keeps its own
         deadline (``RINGLET_TIMEOUT``).
         """
-        if self._driver is not None and not self._done.is_set():
-            self._driver(self, timeout)
-        if not self._done.wait(timeout):
+        driver = self._driver if not self._done.is_set() else None
+        try:
+            if driver is not None:   # it waits (up to ``timeout``): not a second time below
+                driver(self, timeout)
+            done = self._done.wait(0.0 if driver is not None else timeout)
+        except KeyboardInterrupt as exc:
+            if self._runner is not None and not self._done.is_set():
+                from .wait import INTERRUPTS
+
+                INTERRUPTS[self._runner] = exc
+            raise
+        if not done:
             raise CommTimeoutError(f"{self._what} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error

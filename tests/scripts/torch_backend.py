@@ -14,6 +14,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -376,6 +377,28 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
     u = torch.ones(3)
     dist.all_reduce(u)
     check(bad, u[0].item() == n, "functional all_gather dtype: the call after it")
+
+    # a call from a second thread on the last rank: an ArgumentError there, nothing numbered
+    # or published (it published a rejection: every later call paired one off)
+    if me:
+        seen: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                dist.all_reduce(torch.ones(5))
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                seen.append(exc)
+
+        th = threading.Thread(target=other)
+        th.start()
+        th.join()
+        check(bad, len(seen) == 1 and isinstance(seen[0], ringlet.ArgumentError) and
+              "calls from two threads" in str(seen[0]), f"second thread: {seen!r}")
+    for k in range(3):
+        v = torch.full((2,), float(r + k))
+        dist.all_reduce(v)
+        check(bad, v[0].item() == n * (n - 1) / 2 + n * k,
+              f"second thread: call {k} after it gave {v}")
 
 
 def timeout(r: int, n: int, bad: list[str]) -> None:
