@@ -99,6 +99,13 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is exc:
                 raise
             raise err from exc
+        except KeyboardInterrupt as exc:
+            # Ctrl-C in a call made while async work runs (queued behind it, waiting for
+            # it, or on its way there): the worker's next wait fails its call on every
+            # rank, as an interrupted inline call does (and Work.wait for its own wait)
+            if self._inflight and self._worker_ident is not None:
+                INTERRUPTS[self._worker_ident] = exc
+            raise
         finally:
             if outer:
                 self._api = None
@@ -186,22 +193,15 @@ class Calls:
             if not async_op and not self._inflight:
                 # nothing queued: run here (holding the lock keeps the numbering in order)
                 return self._execute(seq, desc, run, name, xb, before)
-            try:
-                work = Work(describe(seq, desc))
-                self._inflight += 1
-                rec = None
-                if self._fr is not None:   # queued now, started when the worker runs it
-                    rec = [seq, desc, name, 0, 0, now_ns()]
-                    self._fr.put(seq, rec)
-                q = self._worker()
-                work._runner = self._worker_ident
-                q.put((seq, desc, run, work, name, xb, before, rec))
-            except KeyboardInterrupt as exc:
-                # numbered, maybe queued: the worker's next wait fails it on every rank,
-                # as Work.wait does for Ctrl-C while it waits
-                if self._worker_ident is not None:
-                    INTERRUPTS[self._worker_ident] = exc
-                raise
+            work = Work(describe(seq, desc))
+            self._inflight += 1
+            rec = None
+            if self._fr is not None:   # queued now, started when the worker runs it
+                rec = [seq, desc, name, 0, 0, now_ns()]
+                self._fr.put(seq, rec)
+            q = self._worker()
+            work._runner = self._worker_ident
+            q.put((seq, desc, run, work, name, xb, before, rec))
         return work if async_op else work.wait()
 
     def _refused(self, name: str, seq: int, exc: Exception) -> Exception:

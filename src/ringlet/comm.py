@@ -46,6 +46,7 @@ from .transport.base import Transport
 from .transport.fused import Fused, fused_path, shared_all_reduce
 from .transport.shm import ShmTransport
 from .uneven import Uneven
+from .wait import INTERRUPTS
 from .work import Work
 
 log = logging.getLogger("ringlet")
@@ -61,9 +62,13 @@ _MADE = itertools.count()
 
 @atexit.register
 def _close_all() -> None:
-    for c in list(_LIVE):
+    for c in list(_LIVE):   # (a call its worker runs that Ctrl-C interrupted: say so)
         with contextlib.suppress(Exception):
-            c._t.mark_closed()
+            exc = INTERRUPTS.pop(c._worker_ident, None) if c._worker_ident else None
+            if exc is not None and c._inflight:
+                c._fail(exc)
+            else:
+                c._t.mark_closed()
 
 
 class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
