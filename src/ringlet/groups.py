@@ -32,7 +32,6 @@ class Groups(Calls):
     _region_maps: list[Any]
 
     if TYPE_CHECKING:   # the collectives these are made of (ringlet.comm)
-        def _root(self, root: Any) -> int: ...
         def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                       async_op: bool = False) -> Any: ...
         def all_gather(self, x: Any, out: Any = None, algorithm: str | None = None,
