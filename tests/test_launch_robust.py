@@ -395,6 +395,35 @@ def test_kill_9_of_a_spawn_parent_takes_the_ranks(tmp_path: Path, method: str,
         _assert_gone(started, within=3.0)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="start times come from /proc")
+def test_a_watchdog_that_reads_late_still_kills_what_a_dead_rank_left(tmp_path: Path) -> None:
+    """On a busy machine the watchdog may read its pipe only after the launcher died and
+    the kernel killed the ranks (it is a Python process starting up meanwhile): it read
+    each rank's start time then, found none, and left the rank's group (the processes the
+    rank started) running.  The launcher now reads the start time and sends it."""
+    from ringlet.launch import _Watchdog
+
+    rank = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE,
+                            text=True, process_group=0)
+    assert rank.stdout is not None
+    started = int(rank.stdout.readline())       # the rank's own child, in the rank's group
+    dog = _Watchdog("latereader")
+    assert dog.proc is not None
+    try:
+        os.kill(dog.proc.pid, signal.SIGSTOP)   # it reads nothing until told to
+        dog.watch(rank.pid, True)
+        rank.kill()                            # as the kernel's PR_SET_PDEATHSIG does
+        rank.wait(10)
+        dog.proc.stdin.close()                 # type: ignore[union-attr]  # the launcher dies
+        os.kill(dog.proc.pid, signal.SIGCONT)
+        dog.proc.wait(10)
+        _assert_gone([started], within=3.0)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(rank.pid, signal.SIGKILL)
+        dog.proc.kill()
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_processes_a_spawned_rank_started_end_with_the_job(tmp_path: Path,
                                                                method: str) -> None:

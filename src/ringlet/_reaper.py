@@ -3,8 +3,9 @@
 ``ringlet run`` and :func:`ringlet.spawn` start this script (by its path, so
 that it imports nothing of ringlet, numpy included) with a pipe as its
 standard input, whose write end only the launcher holds.  The launcher writes
-one line per rank it starts (``pid PID GROUP``, GROUP 1 if the rank leads its
-own process group), ``dir HEXPATH`` for a temporary directory of the launcher's to remove
+one line per rank it starts (``pid PID GROUP START``, GROUP 1 if the rank leads its
+own process group, START its start time as :func:`start_time` read it in the launcher,
+``-`` if it could not), ``dir HEXPATH`` for a temporary directory of the launcher's to remove
 too (its path, hex-encoded), and ``done`` when the job is over.  If the pipe reaches its
 end without ``done``, the launcher died, however it died (SIGKILL included):
 the watchdog SIGKILLs every rank still running (its process group where it
@@ -28,8 +29,9 @@ import time
 GONE_WITHIN = 2.0
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat), to tell a reused pid apart."""
+def start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), to tell a reused pid apart;
+    None if it is gone, a zombie, or /proc cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -42,7 +44,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def _kill(pid: int, group: bool, started: str | None) -> None:
-    now = _start_time(pid)
+    now = start_time(pid)
     if started is None or (now is not None and now != started):
         return  # the pid now belongs to another process (and so would a group of its number)
     if now is None and not group:
@@ -99,9 +101,13 @@ def main(argv: list[str]) -> int:
     done = False
     for line in sys.stdin.buffer:
         words = line.split()
-        if words[:1] == [b"pid"] and len(words) == 3:
+        if words[:1] == [b"pid"] and len(words) == 4:
+            # the start time the launcher read while the rank surely ran: this process may
+            # read the line only after the launcher died and the kernel killed the rank
+            # (it starts slowly on a busy machine), too late to read it here
             pid = int(words[1])
-            ranks.append((pid, words[2] == b"1", _start_time(pid)))
+            started = words[3].decode() if words[3] != b"-" else start_time(pid)
+            ranks.append((pid, words[2] == b"1", started))
         elif words[:1] == [b"dir"] and len(words) == 2:
             try:
                 dirs.append(os.fsdecode(bytes.fromhex(words[1].decode())))
@@ -115,7 +121,7 @@ def main(argv: list[str]) -> int:
         _kill(pid, group, started)
     deadline = time.monotonic() + GONE_WITHIN
     while time.monotonic() < deadline and any(
-            _start_time(pid) == started and started is not None for pid, _, started in ranks):
+            start_time(pid) == started and started is not None for pid, _, started in ranks):
         time.sleep(0.01)
     _remove(job_id, shm_dir)
     for path in dirs:

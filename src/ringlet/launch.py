@@ -67,7 +67,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from . import recorder
+from . import _reaper, recorder
 from .config import Settings
 from .errors import ArgumentError, ConfigError, RingletError, SpawnError
 from .procs import more_files, stopped
@@ -457,7 +457,10 @@ class _Watchdog:
         return self.proc.stdin.fileno()
 
     def watch(self, pid: int, group: bool) -> None:
-        self._say(f"pid {pid} {int(group)}\n")
+        """Have the watchdog kill ``pid`` (a child of this process, not yet reaped, so its
+        start time is read here for sure: the watchdog may read this line only after this
+        process died and the kernel killed the rank)."""
+        self._say(f"pid {pid} {int(group)} {_reaper.start_time(pid) or '-'}\n")
 
     def remove_dir(self, path: str) -> None:
         """Have the watchdog also remove the temporary directory ``path`` if this process
