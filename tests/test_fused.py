@@ -118,7 +118,8 @@ def test_fused_staged_collectives(small: World) -> None:
 
 
 def _same_bits_as_generic(comm: ringlet.Communicator, dtype: str) -> list[str]:
-    """oneshot reduces in rank order, like the generic executor running its schedule."""
+    """oneshot reduces in rank order, like the generic executor running its schedule;
+    direct gives the same bits in place and out of place."""
     bad = []
     for count in (7, 500):
         x = make(dtype, count, comm.rank, salt=6)
@@ -126,11 +127,20 @@ def _same_bits_as_generic(comm: ringlet.Communicator, dtype: str) -> list[str]:
         generic = comm.all_reduce(x.copy(), algorithm="naive")
         if digest(fused) != digest(generic):
             bad.append(f"{dtype} {count}: fused one-shot differs from rank-order reduction")
+    # direct out of place reduces into the published slot (in one pass where it can): the
+    # same bits as in place, which reduces in x, for a ufunc's op and for complex prod's
+    for count in (7, 500, 3001):
+        for op in ("sum", "prod"):
+            x = make(dtype, count, comm.rank, salt=7)
+            inplace = comm.all_reduce(x.copy(), op=op, algorithm="direct")
+            out = comm.all_reduce(x, op=op, out=np.empty_like(x), algorithm="direct")
+            if digest(out) != digest(inplace):
+                bad.append(f"{dtype} {op} {count}: direct out of place differs from in place")
     return bad
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "complex64"])
-def test_oneshot_equals_rank_order_reduction(small: World, dtype: str) -> None:
+def test_fused_paths_keep_the_bits(small: World, dtype: str) -> None:
     for r, bad in enumerate(small.run(_same_bits_as_generic, dtype)):
         assert not bad, f"rank {r}: {bad}"
 
@@ -142,10 +152,14 @@ def _bf16(comm: ringlet.Communicator) -> list[str]:
     for algo in ("oneshot", "direct"):
         for count in (3, 3000):
             t = torch.arange(count, dtype=torch.float32).to(torch.bfloat16) * (comm.rank + 1)
+            out = torch.empty_like(t)
+            comm.all_reduce(t, out=out, algorithm=algo)
             comm.all_reduce(t, algorithm=algo)
             want = torch.arange(count, dtype=torch.float32) * sum(range(1, comm.size + 1))
             if not torch.allclose(t.float(), want, rtol=2e-2):
                 bad.append(f"{algo} bfloat16 {count}")
+            if not torch.equal(out, t):
+                bad.append(f"{algo} bfloat16 {count}: out of place differs from in place")
     return bad
 
 

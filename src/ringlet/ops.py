@@ -252,7 +252,19 @@ def reducer(op: ReduceOp, dt: DType) -> Reducer:
     def reduce(dst: np.ndarray, src: np.ndarray) -> None:
         ufunc(dst, src, out=dst)
 
+    reduce.ufunc = ufunc  # type: ignore[attr-defined]  # for reduce_into's one pass
     return reduce
+
+
+def reduce_into(red: Reducer, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """out = a (op) b with ``red``'s op, the bits of ``out[...] = a; red(out, b)`` in one
+    pass over memory where ``red`` is a plain ufunc's (two otherwise)."""
+    ufunc = getattr(red, "ufunc", None)
+    if ufunc is not None:
+        ufunc(a, b, out=out)
+    else:
+        out[...] = a
+        red(out, b)
 
 
 def _complex_prod(dst: np.ndarray, src: np.ndarray) -> None:

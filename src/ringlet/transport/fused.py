@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..ops import reduce_into
 from ..wait import Waiter
 from . import cma
 from .shm import ShmTransport
@@ -239,7 +240,9 @@ class Fused:
     def direct_all_reduce(self, x: np.ndarray, red: Reducer, out: np.ndarray | None = None
                           ) -> None:
         """All-reduce of the flat vector ``x`` (reduce-scatter + all-gather), into ``out``
-        (default: in place).  Out of place costs one extra copy of 1/p of the vector."""
+        (default: in place).  Out of place costs no extra pass: the block is reduced
+        into the stage slot that publishes it, then copied out (in place: reduced in x,
+        then copied into the slot)."""
         n, r, dt = self.t.size, self.t.rank, x.dtype
         y = x if out is None else out
         stage = self.t.stage
@@ -259,12 +262,21 @@ class Fused:
             # reduce my block: my own values, then rank r-1's, r-2's... (the order of the
             # `direct` schedule, so the generic executor gives the same bits)
             lo, hi = _blocks(a, b, n)[r]
-            mine = y[lo:hi]
-            if y is not x:
-                mine[...] = x[lo:hi]
-            for k in range(1, n):
-                red(mine, view((r - k) % n, h, lo - a, hi - a))
-            view(r, h, lo - a, hi - a)[...] = mine   # publish the reduced block
+            slot = view(r, h, lo - a, hi - a)   # where the reduced block is published
+            if y is x or n == 1:
+                mine = y[lo:hi]
+                if y is not x:
+                    mine[...] = x[lo:hi]
+                for k in range(1, n):
+                    red(mine, view((r - k) % n, h, lo - a, hi - a))
+                slot[...] = mine
+                return
+            # out of place: reduced straight into the slot, then copied out (one pass
+            # over the block fewer than reducing in out= and publishing a copy)
+            reduce_into(red, slot, x[lo:hi], view((r - 1) % n, h, lo - a, hi - a))
+            for k in range(2, n):
+                red(slot, view((r - k) % n, h, lo - a, hi - a))
+            y[lo:hi] = slot
 
         def read(h: int, a: int, b: int) -> None:
             for q, (lo, hi) in enumerate(_blocks(a, b, n)):
