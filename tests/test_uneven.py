@@ -437,6 +437,32 @@ def test_counts_that_disagree_blame_the_rank_that_gave_them() -> None:
                for k, m in res[1:]), res
 
 
+def _rejected(comm: ringlet.Communicator) -> tuple[str, str]:
+    """Rank 1's send_counts do not add up: it rejects the call before its header goes."""
+    x = np.arange(comm.size, dtype=np.float32)
+    counts = [1] * comm.size
+    if comm.rank == 1:
+        counts[0] = 2
+    try:
+        comm.all_to_all_v(x, counts)
+    except ringlet.RingletError as exc:
+        return type(exc).__name__, str(exc)
+    return "", ""
+
+
+def test_a_rejected_call_is_named_as_the_user_made_it() -> None:
+    """The peers' message names the call and its number, not the size of the header of
+    block sizes exchanged first ("all_to_all_v #2 (13 x int64) cannot run")."""
+    from conftest import get_world
+
+    res = get_world(3).run(_rejected)
+    assert res[1][0] == "ArgumentError", res
+    for kind, text in (res[0], res[2]):
+        assert kind == "MismatchError", res
+        assert re.match(r"all_to_all_v #\d+ cannot run: rank 1 rejected the call's arguments",
+                        text), text
+
+
 @pytest.mark.parametrize("counts,text", [
     ([float("inf"), 1.0, 1.0], "must be integers"),
     ([1e20, 1, 1], "at most 2**62"),

@@ -131,11 +131,18 @@ def coll_name(code: int) -> str:
     return COLLECTIVES[code] if 0 <= code < len(COLLECTIVES) else f"collective {code}"
 
 
+#: calls whose descriptors' count and type are not the user's arrays' (the exchange of
+#: pickles or of the blocks' sizes the call makes first, which a peer may reject): their
+#: messages name the call and its number only ("all_to_all_v #2", not "(13 x int64)")
+UNSIZED = frozenset({"barrier", "split", "empty", "group", "broadcast_object",
+                     "all_gather_object", "gather_object", "scatter_object", "all_to_all_v",
+                     "all_gather_v", "gather_v", "scatter_v"})
+
+
 def describe(seq: int, d: Desc) -> str:
     """``all_reduce #5 (8 x float32)``, for messages."""
     coll = coll_name(d.collective)
-    if coll in ("barrier", "split", "empty", "broadcast_object", "all_gather_object") or \
-            d.rejected or not _has_arrays(d):
+    if coll in UNSIZED or d.rejected or not _has_arrays(d):
         return f"{coll} #{seq}"   # (the last: no arrays, e.g. a coalesced call of none)
     dt = dtype_of_code(d.dtype)
     text = f"{coll} #{seq} ({d.elems} x {dt.name if dt else d.dtype}"
