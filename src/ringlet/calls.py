@@ -275,19 +275,22 @@ class Calls:
 
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
-            self._queue = queue.Queue()
-            t = threading.Thread(target=self._work_loop, name=f"ringlet-{self.rank}",
+            # the queue is published last: Ctrl-C in between leaves no queue that no thread
+            # reads (every later call would wait on it), nor a worker whose ident is unknown
+            # (an interrupt could not reach its call)
+            q: queue.Queue[Any] = queue.Queue()
+            t = threading.Thread(target=self._work_loop, args=(q,), name=f"ringlet-{self.rank}",
                                  daemon=True)
             t.start()
             self._worker_ident = t.ident
+            self._queue = q
         return self._queue
 
-    def _work_loop(self) -> None:
+    def _work_loop(self, q: queue.Queue[Any]) -> None:
         from .wait import background
 
         background()
-        q = self._queue
-        while q is not None:
+        while True:
             item = q.get()
             if item is None:
                 return
