@@ -283,13 +283,15 @@ def broadcast_scatter_allgather(n: int, root: int = 0) -> Schedule:
     v = np.arange(n, dtype=np.int64)
     right = (v + 1) % n
     lo, hi = right, right + subtree_sizes(right, n)
+    # what does not change from round to round, computed once (16,384 ranks: 16,383 rounds)
+    moves, src, dst = right != 0, (v + root) % n, (right + root) % n
 
     def rounds(i: int) -> Messages:
         if i < L:
             return scatter(i)
         b = (v - (i - L)) % n     # the block v passes on; sent unless right has it
-        send = (right != 0) & ((b < lo) | (b >= hi))
-        return messages((v[send] + root) % n, (right[send] + root) % n)
+        send = moves & ((b < lo) | (b >= hi))
+        return messages(src[send], dst[send])
 
     return Schedule("broadcast", "scatter_allgather", n, R, {OUT: Layout(n)}, rank_fn, root=root,
                     round_fn=rounds)
