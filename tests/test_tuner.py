@@ -153,3 +153,123 @@ def test_the_communicator_chooses_with_the_profile(tmp_path: Path) -> None:
     assert pick != heuristic("all_reduce", 2, KiB, frozenset(algorithms("all_reduce")))
     res = ringlet.spawn(_chosen, 2, KiB, settings=Settings(timeout=60.0, profile=str(path)))
     assert res == [(pick, 3.0), (pick, 3.0)]
+
+
+# --- what the ranks agree on at start-up --------------------------------------------------------
+
+
+def _job(settings: list[Settings], fn: Any, *args: Any) -> list[tuple[str, Any]]:
+    """Run ``fn(comm, *args)`` on one rank per entry of ``settings`` (each its own): each
+    rank's ("ok", result) or (error type, message)."""
+    import multiprocessing as mp
+    import secrets
+
+    ctx = mp.get_context("forkserver")
+    q = ctx.Queue()
+    job = secrets.token_hex(16)
+    procs = [ctx.Process(target=_rank, args=(r, len(settings), job, s, q, fn, args))
+             for r, s in enumerate(settings)]
+    for p in procs:
+        p.start()
+    out: dict[int, tuple[str, Any]] = {}
+    for _ in procs:
+        r, kind, what = q.get(timeout=90)
+        out[r] = (kind, what)
+    for p in procs:
+        p.join(10)
+    return [out[r] for r in range(len(settings))]
+
+
+def _rank(r: int, n: int, job: str, settings: Settings, q: Any, fn: Any, args: Any) -> None:
+    try:
+        comm = ringlet.init(settings=settings, rank=r, size=n, job_id=job)
+        q.put((r, "ok", fn(comm, *args)))
+        comm.close()
+    except ringlet.RingletError as exc:
+        q.put((r, type(exc).__name__, str(exc)))
+
+
+def _choices(comm: ringlet.Communicator, sizes: list[int]) -> list[str]:
+    out = []
+    for nbytes in sizes:
+        comm.all_reduce(np.ones(nbytes // 4, np.float32))
+        out.append(comm._choose("all_reduce", None, nbytes))
+    return out
+
+
+@pytest.mark.parametrize("var,change", [
+    ("RINGLET_ALGO", {"algo": "all_reduce:ring"}),
+    ("RINGLET_FUSED", {"fused": False}),
+    ("RINGLET_PROFILE", {"profile": ""}),
+    ("RINGLET_SHM_PIECE_BYTES", {"shm_piece_bytes": 64 << 10}),
+    ("RINGLET_CMA_BYTES", {"cma_bytes": 1 << 20}),
+])
+def test_ranks_that_would_choose_differently_fail_at_start_up(tmp_path: Path, var: str,
+                                                             change: dict[str, Any]) -> None:
+    """Settings that steer the automatic choice or the fused paths: a rank whose differ
+    failed every call (or the calls of the sizes where they mattered, hours into a job)
+    with a MismatchError about an algorithm or a path digest, naming no setting."""
+    path = tmp_path / "profile.json"
+    calibrated_profile().save(path)
+    base = Settings(timeout=20.0, profile=str(path))
+    res = _job([base, base.replace(**change), base], _choices, [8])
+    for kind, text in res:
+        assert kind == "ConfigError", res
+        assert f"{var}: rank 0 has " in text and "rank 1 has " in text, text
+        assert "the automatic choice" in text, text
+    if var == "RINGLET_PROFILE":
+        assert f"reads {path} (contents " in res[0][1], res[0][1]
+        assert "rank 1 has reads none (RINGLET_PROFILE='')" in res[0][1], res[0][1]
+
+
+def _recalibrated(comm: ringlet.Communicator, path: str, sizes: list[int]) -> list[str]:
+    """The profile is replaced after the first call, before the others reach a new size."""
+    comm.all_reduce(np.ones(2, np.float32))
+    if comm.rank == 0:
+        Profile(Link(alpha=1e-9, beta=1.0), name="replaced").save(path)
+        os.utime(path, ns=(1, 1))
+    comm.barrier()
+    return _choices(comm, sizes)
+
+
+def test_a_profile_replaced_while_the_job_runs_is_the_next_jobs(tmp_path: Path) -> None:
+    """The ranks read it at start-up: a rank reaching a new size after the file changed
+    chose by the new one, its peers by the old, and that size failed for good."""
+    path = tmp_path / "profile.json"
+    Profile(Link(alpha=1.0, beta=1e-12)).save(path)
+    sizes = [4 * KiB, 64 * KiB, MiB]
+    before = Tuner(Profile.load(path))
+    want = [choose("all_reduce", 3, s, requested=None, setting="", tuner=before)
+            for s in sizes]
+    res = _job([Settings(timeout=20.0, profile=str(path))] * 3, _recalibrated, str(path),
+               sizes)
+    assert res == [("ok", want)] * 3, res
+
+
+def _paths_lean(comm: ringlet.Communicator, sizes: list[int]) -> tuple[bool, list[str]]:
+    assert comm._tuner is not None
+    return comm._tuner.paths.lean, _choices(comm, sizes)
+
+
+def test_ranks_on_either_path_choose_alike_with_a_profile(tmp_path: Path) -> None:
+    """RINGLET_LEAN may differ between ranks (they pair up either way), but a profile's
+    tuner weighed the compiled path's cost on the ranks that took it: they chose
+    differently.  The tuner counts it only where every rank takes it."""
+    import dataclasses
+
+    from ringlet.lean import BUILT
+
+    p = calibrated_profile()
+    assert p.host is not None
+    p = dataclasses.replace(p, host=dataclasses.replace(p.host, lean={1: 1e-7, 2: 6e-7}))
+    path = tmp_path / "profile.json"
+    p.save(path)
+    base = Settings(timeout=20.0, profile=str(path))
+    sizes = [8, 4 * KiB, 64 * KiB, MiB]
+    mixed = _job([base.replace(lean=False), base], _paths_lean, sizes)
+    python = _job([base.replace(lean=False)] * 2, _paths_lean, sizes)
+    assert mixed == python, (mixed, python)
+    assert mixed[0] == ("ok", (False, mixed[0][1][1])), mixed
+    if BUILT:
+        both = _job([base, base], _paths_lean, sizes)
+        assert all(lean for _, (lean, _) in both), both

@@ -58,6 +58,7 @@ from .wait import INTERRUPTS, Waiter
 from .work import Work
 
 if TYPE_CHECKING:
+    from .algorithms.select import Tuner
     from .comm import Communicator
 
 log = logging.getLogger("ringlet")
@@ -146,6 +147,9 @@ class Calls:
     _rest: tuple[int, dict[int, Desc], list[int]] | None = None
     #: the call being run falls back to the staged path (agreement.staged)
     _staged = False
+    #: the automatic choice's tuner, fixed when the communicator was made: the profile the
+    #: ranks agreed on at start-up (ringlet.startup._tuned; a split inherits it), or None
+    _tuner: Tuner | None = None
     _api: str | None
     _pending_reject: int | None
     _node_peers: tuple[int, ...]

@@ -499,13 +499,13 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             if why is not None:
                 raise ArgumentError(f"algorithm 'native': {why}")
         if name is None:
-            from .algorithms.select import choose, tuner_for
+            from .algorithms.select import choose
 
             topo = self.topology
             name = choose(collective, self.size, nbytes, requested=algorithm,
                           setting=self.settings.algo, nodes=len(topo.nodes),
                           ranks_per_node=topo.ranks_per_node,
-                          tuner=tuner_for(self.settings) if len(topo.nodes) == 1 else None)
+                          tuner=self._tuner if len(topo.nodes) == 1 else None)
             if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
                     and not self._fused.fits_post(nbytes):
                 # the automatic choice runs oneshot fused or not at all: past the post area

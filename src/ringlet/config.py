@@ -146,8 +146,10 @@ class Settings:
     profile: str = field(default=DEFAULT_PROFILE, metadata={
         "doc": "The calibrated profile (`ringlet predict --calibrate`) the automatic "
                "algorithm choice predicts times with; while the file does not exist, or "
-               "with '' (no tuner), the built-in size rules choose. Every rank must read "
-               "the same profile."})
+               "with '' (no tuner), the built-in size rules choose. Read once, when the "
+               "job starts (a calibration that replaces it later is the next job's); the "
+               "ranks of a node compare its contents then, and differing ones are a "
+               "ConfigError."})
     flight_records: int = field(default=256, metadata={
         "doc": "Operations each communicator's flight recorder keeps (the last ones: "
                "collectives and point-to-point, with their state and timestamps); dumped "

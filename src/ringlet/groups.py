@@ -241,6 +241,7 @@ class Groups(Calls):
         sub = Communicator(me, len(ranks), t, self.settings, self.job_id,
                            self.topology.sub(ranks, me))
         sub._world_ranks[:] = [self._world_ranks[q] for q in ranks]   # its flight recorder's
+        sub._tuner = self._tuner   # agreed at start-up by the ranks of each node
         if sub._fr is not None:   # name (the token all its members have), and its clock
             sub._fr.ident = token  # (rank 0's of the job)
             if self._fr is not None:

@@ -75,6 +75,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+from .algorithms.select import agreed_tuner, choosing
 from .comm import Communicator
 from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
@@ -86,8 +87,10 @@ from .transport.shm import SHM_DIR, ShmTransport
 #: rendezvous socket is a file in SHM_DIR, a private (0700) directory there.
 _ABSTRACT = sys.platform.startswith("linux")
 
-#: the settings every rank must share to read each other's segments
-_SHAPE = ("shm_slots", "shm_slot_bytes", "shm_post_bytes", "shm_stage_bytes")
+#: the settings every rank must share to read each other's segments and run the fused
+#: paths alike (their pieces, their single copies)
+_SHAPE = ("shm_slots", "shm_slot_bytes", "shm_post_bytes", "shm_stage_bytes",
+          "shm_piece_bytes", "cma_bytes")
 
 #: signals held during start-up (when their handler is the default), then re-delivered
 _HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -143,19 +146,20 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
         world_comm()
     held: list[int] = []
     started: tuple[str, Transport, Topology] | None = None
+    agreed: dict[str, Any] = {}
     try:
         with _held_signals(held):
             with contextlib.suppress(_Interrupted):  # re-delivered below, after clean-up
                 check = _checker(held, parent)
                 if engine is None:
-                    job, shm = _start(rank, size, settings, job_id, key, check)
+                    job, shm = _start(rank, size, settings, job_id, key, check, None, agreed)
                     started = job, shm, Topology.single(size)
                 else:
                     from .engines import start
 
                     started = start(engine, rank, size, settings, job_id,
                                     lambda lr, ls, j, names: _start(lr, ls, settings, j, None,
-                                                                    check, names),
+                                                                    check, names, agreed),
                                     check=check)
     finally:
         if held:
@@ -168,7 +172,16 @@ def init(*, settings: Settings | None = None, rank: int | None = None, size: int
     _log(f"rank {rank} of {size}: {topo.describe()}; this rank: node {topo.node}, local rank "
          f"{topo.local_ranks.index(rank)} of {len(topo.local_ranks)}")
     __import__("ringlet.launch").launch.report_uncaught()  # for `ringlet run`'s summary
-    return _aligned(Communicator(rank, size, t, settings, job_id, topo))
+    return _aligned(_tuned(Communicator(rank, size, t, settings, job_id, topo), agreed))
+
+
+def _tuned(comm: Communicator, agreed: dict[str, Any]) -> Communicator:
+    """``comm`` with the tuner its node's ranks agreed on at start-up (the profile read
+    then; the compiled path counted if every rank takes it), which its splits inherit.
+    Used on one node only: a profile is one host's (see Communicator._choose)."""
+    if agreed:
+        comm._tuner = agreed_tuner(agreed["choosing"], comm.settings, agreed["lean"])
+    return comm
 
 
 def _aligned(comm: Communicator) -> Communicator:
@@ -205,32 +218,40 @@ def init_on_store(store: Any, rank: int, size: int, *,
                           f"unset RINGLET_ENGINE or set it to torch or auto")
     from .engines import start
 
+    agreed: dict[str, Any] = {}
     job_id, t, topo = start("torch", rank, size, settings, None,
                             lambda lr, ls, j, names: _start(lr, ls, settings, j, None,
-                                                            lambda: None, names),
+                                                            lambda: None, names, agreed),
                             store=store, keep_engine=settings.engine == "torch")
     _log(f"rank {rank} of {size} (on a torch store): {topo.describe()}")
-    return _aligned(Communicator(rank, size, t, settings, job_id, topo))
+    return _aligned(_tuned(Communicator(rank, size, t, settings, job_id, topo), agreed))
 
 
 def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: str | None,
-           check: Callable[[], None], names: Sequence[int] | None = None
-           ) -> tuple[str, ShmTransport]:
+           check: Callable[[], None], names: Sequence[int] | None = None,
+           agreed: dict[str, Any] | None = None) -> tuple[str, ShmTransport]:
     """The rendezvous, then the shared-memory transport's start-up.  ``names``: the job's
     ranks of this node's ranks, where the node is part of a multi-node job (messages
-    name those; ``rank`` and ``size`` are the node's)."""
+    name those; ``rank`` and ``size`` are the node's).  ``agreed`` gets what the ranks
+    agreed on for the automatic choice (:func:`_tuned`)."""
     pids = [0] * size
+    c = choosing(settings)   # the profile, read once: every rank compares it below
+    lean = bool(settings.lean)
     if size > 1:
         name = _job_rendezvous_name(job_id) if job_id is not None else \
             rendezvous_name(key or "")
         hello = {"rank": rank, "size": size, "pid": os.getpid(),
-                 "shm": [getattr(settings, n) for n in _SHAPE]}
+                 "shm": [getattr(settings, n) for n in _SHAPE],
+                 "choice": [settings.algo, str(bool(settings.fused)), c.digest, c.where],
+                 "lean": lean}
         if rank == 0:
-            job_id, pids = _serve(name, hello, job_id, settings, check, names)
+            job_id, pids, lean = _serve(name, hello, job_id, settings, check, names)
         else:
-            job_id, pids = _join(name, hello, settings, check)
+            job_id, pids, lean = _join(name, hello, settings, check)
     elif job_id is None:
         job_id = secrets.token_hex(16)
+    if agreed is not None:
+        agreed.update(choosing=c, lean=lean)
     if names is not None:   # a node of a multi-node job: say which ranks these are
         _log(f"rank {names[rank]} (local rank {rank} of {size} on its node): job "
              f"{job_id[:8]}, the node's ranks {list(names)} have pids {pids}")
@@ -269,8 +290,9 @@ def _shown(name: str) -> str:
 
 def _serve(name: str, mine: dict[str, Any], job_id: str | None, settings: Settings,
            check: Callable[[], None], names: Sequence[int] | None = None
-           ) -> tuple[str, list[int]]:
-    """Rank 0: wait for every rank's hello, then answer all with the job id and pids."""
+           ) -> tuple[str, list[int], bool]:
+    """Rank 0: wait for every rank's hello, then answer all with the job id, the pids and
+    whether every rank takes the compiled path."""
     size = mine["size"]
     deadline = time.monotonic() + settings.init_timeout
     lsock = _listen(name)
@@ -296,9 +318,11 @@ def _serve(name: str, mine: dict[str, Any], job_id: str | None, settings: Settin
             _compare(mine, [h for _, h in hellos.values()], names)
             job = secrets.token_hex(16) if job_id is None else job_id
             pids = [mine["pid"]] + [hellos[q][1]["pid"] for q in range(1, size)]
+            # the compiled path counts in the choice if every rank takes it
+            lean = mine["lean"] and all(h["lean"] for _, h in hellos.values())
             for s, _ in hellos.values():
-                _send(s, {"job": job, "pids": pids})
-            return job, pids
+                _send(s, {"job": job, "pids": pids, "lean": lean})
+            return job, pids, lean
         except BaseException as exc:
             # tell every rank that said hello why the job stops (they wait for an answer)
             kind = ("config" if isinstance(exc, ConfigError) else
@@ -397,11 +421,13 @@ def _read_hello(s: socket.socket, peers: dict[socket.socket, bytes],
         hello = json.loads(buf.split(b"\n", 1)[0])
         q, n, pid = int(hello["rank"]), int(hello["size"]), int(hello["pid"])
         shm = [int(v) for v in hello["shm"]]
+        choice = [str(v) for v in hello["choice"]]
+        lean = bool(hello["lean"])
     except (ValueError, KeyError, TypeError):
         sel.unregister(s)
         s.close()
         return
-    hello = {"rank": q, "size": n, "pid": pid, "shm": shm}
+    hello = {"rank": q, "size": n, "pid": pid, "shm": shm, "choice": choice, "lean": lean}
     # a bad hello is kept under a negative key, so that it too is answered with the error
     if n != mine["size"]:
         hellos[-q - 1] = (s, hello)
@@ -428,23 +454,37 @@ def _closed(s: socket.socket, hellos: dict[int, tuple[socket.socket, dict[str, A
                     f"every rank had arrived; see its output for why")
 
 
+#: the hello's ``choice`` entries: the setting, and how a value is shown (from the entry)
+_CHOICE = (("RINGLET_ALGO", lambda c: repr(c[0])), ("RINGLET_FUSED", lambda c: c[1]),
+           ("RINGLET_PROFILE", lambda c: f"reads {c[3]}" + (f" (contents {c[2]})" if c[2]
+                                                            else "")))
+
+
 def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]],
              names: Sequence[int] | None = None) -> None:
-    """One ConfigError naming every shared-memory setting on which ranks differ (by their
-    ranks in the job: ``names``, where this is one node of a multi-node job)."""
+    """One ConfigError naming every setting on which ranks differ that must be the same:
+    the shared-memory ones, and those the automatic choice of algorithms reads (the
+    ranks would choose differently), by their ranks in the job (``names``, where this
+    is one node of a multi-node job)."""
     def name(q: int) -> int:
         return int(names[q]) if names is not None else q
 
     diffs = []
-    for i, n in enumerate(_SHAPE):
-        odd = [h for h in theirs if h["shm"][i] != mine["shm"][i]]
+    fields = [(f"RINGLET_{n.upper()}", lambda h, i=i: h["shm"][i], lambda h, i=i: h["shm"][i])
+              for i, n in enumerate(_SHAPE)]
+    # the profile is compared by its contents (its digest: entry 2), shown with its path
+    fields += [(var, lambda h, i=i: h["choice"][i], lambda h, show=show: show(h["choice"]))
+               for i, (var, show) in enumerate(_CHOICE)]
+    for var, key, show in fields:
+        odd = [h for h in theirs if key(h) != key(mine)]
         if odd:
-            others = "; ".join(f"rank {name(h['rank'])} has {h['shm'][i]}"
+            others = "; ".join(f"rank {name(h['rank'])} has {show(h)}"
                                for h in sorted(odd, key=lambda h: h["rank"]))
-            diffs.append(f"RINGLET_{n.upper()}: rank {name(0)} has {mine['shm'][i]}; {others}")
+            diffs.append(f"{var}: rank {name(0)} has {show(mine)}; {others}")
     if diffs:
-        raise ConfigError("ranks must use the same shared-memory settings; " +
-                          " | ".join(diffs))
+        raise ConfigError("ranks must use the same shared-memory settings and the same "
+                          "settings for the automatic choice of algorithms (they would "
+                          "choose differently); " + " | ".join(diffs))
 
 
 def _missing(size: int, hellos: dict[int, Any], settings: Settings) -> str:
@@ -461,7 +501,7 @@ def _missing(size: int, hellos: dict[int, Any], settings: Settings) -> str:
 
 
 def _join(name: str, hello: dict[str, Any], settings: Settings,
-          check: Callable[[], None]) -> tuple[str, list[int]]:
+          check: Callable[[], None]) -> tuple[str, list[int], bool]:
     """A rank > 0: connect to rank 0, say hello, wait for the job id or the job's error."""
     deadline = time.monotonic() + settings.init_timeout
     delay = 1e-3
@@ -517,7 +557,7 @@ def _join(name: str, hello: dict[str, Any], settings: Settings,
         kind = {"config": ConfigError, "timeout": CommTimeoutError}.get(reply["kind"],
                                                                        PeerError)
         raise kind(reply["error"])
-    return str(reply["job"]), [int(p) for p in reply["pids"]]
+    return str(reply["job"]), [int(p) for p in reply["pids"]], bool(reply["lean"])
 
 
 # --- helpers ----------------------------------------------------------------------------

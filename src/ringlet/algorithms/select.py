@@ -18,6 +18,10 @@ choice), e.g. ``all_reduce:ring;broadcast:tree`` or ``all_reduce:^naive,^direct`
 
 Everything here is a pure function of its arguments (and of the profile's
 contents), so every rank that asks the same question gets the same answer.
+A communicator reads its profile once, at start-up (:func:`choosing`), where
+the ranks of each node compare it and the settings above
+(``ringlet.startup``): a profile replaced while a job runs, or one rank's
+``RINGLET_ALGO``, would otherwise make ranks choose differently.
 ``nbytes`` is the size of the collective's whole buffer on one rank, as
 nccl-tests counts it: the vector of all_reduce, broadcast and reduce; the
 output of all_gather and gather; the input of reduce_scatter, all_to_all and
@@ -26,9 +30,12 @@ scatter.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ArgumentError, ConfigError
 from ..schedule import COLLECTIVES
@@ -319,6 +326,50 @@ def multinode(collective: str, nranks: int, nbytes: int, allowed: frozenset[str]
     return flat
 
 
+class Choosing(NamedTuple):
+    """What a communicator's automatic choice reads besides the call, read once at start-up
+    (:func:`choosing`): a calibration that replaces the profile while the job runs is the
+    next job's (ranks reaching a new size before and after the file changed chose
+    differently), and the ranks of a node compare it there (``ringlet.startup``)."""
+
+    #: the calibrated profile, or None (the built-in size rules choose)
+    profile: Profile | None
+    #: the profile as messages name it
+    where: str
+    #: a digest of the profile's contents ('' without one): what the ranks compare
+    digest: str
+
+
+def choosing(settings: Any) -> Choosing:
+    """The :class:`Choosing` of ``settings``: its profile file read now (ConfigError if it
+    is not a usable profile)."""
+    text = settings.profile
+    if not text:
+        return Choosing(None, "none (RINGLET_PROFILE='')", "")
+    path = Path(text).expanduser()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return Choosing(None, f"none ({path} does not exist)", "")
+    except OSError as exc:
+        raise ConfigError(f"RINGLET_PROFILE={text!r}: cannot read it ({exc})") from None
+    profile = _profile(str(path), st.st_mtime_ns, st.st_size)
+    digest = hashlib.sha256(json.dumps(profile.to_dict(), sort_keys=True).encode())
+    return Choosing(profile, str(path), digest.hexdigest()[:12])
+
+
+def agreed_tuner(c: Choosing, settings: Any, lean_everywhere: bool) -> Tuner | None:
+    """The :class:`Tuner` of a communicator whose ranks agreed on ``c`` at start-up; its
+    compiled path (``ringlet.lean``) counted only if every rank takes it
+    (``lean_everywhere``: RINGLET_LEAN may differ between ranks, the choice may not)."""
+    if c.profile is None:
+        return None
+    from ..cost.host import Paths
+
+    paths = Paths.from_settings(settings)
+    return Tuner(c.profile, replace(paths, lean=paths.lean and lean_everywhere))
+
+
 def tuner_for(settings: Any) -> Tuner | None:
     """The :class:`Tuner` of a :class:`~ringlet.config.Settings`: its ``profile`` file
     read (once per version of the file) with its shared-memory paths, or None if the
@@ -341,16 +392,21 @@ def tuner_for(settings: Any) -> Tuner | None:
 
 @lru_cache(maxsize=8)
 def _tuner(path: str, mtime_ns: int, size: int, paths: Paths) -> Tuner:
+    return Tuner(_profile(path, mtime_ns, size), paths)
+
+
+@lru_cache(maxsize=8)
+def _profile(path: str, mtime_ns: int, size: int) -> Profile:
+    """The profile at ``path`` (read once per version of the file)."""
     from ..cost.model import Profile
 
     try:
-        profile = Profile.load(path)
+        return Profile.load(path)
     except ArgumentError as exc:
         raise ConfigError(
             f"RINGLET_PROFILE={path!r} is not a usable profile ({exc}); recalibrate with "
             f"`ringlet predict --calibrate`, or set RINGLET_PROFILE='' to choose by the "
             f"built-in size rules") from None
-    return Tuner(profile, paths)
 
 
 def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
