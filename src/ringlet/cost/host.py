@@ -91,9 +91,10 @@ CPUs; see ``benchmarks/VALIDATION.md``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -193,6 +194,27 @@ def staged_pieces(collective: str, nranks: int, count: int, itemsize: int,
 # --- calibrated costs -------------------------------------------------------------------------
 
 
+_T = TypeVar("_T")
+
+
+def _check(what: str, v: Any, positive: bool = False) -> None:
+    """An ArgumentError unless ``v`` is a finite number >= 0 (> 0 if ``positive``): a
+    profile edited by hand, or from another version, must not predict negative or NaN
+    times (the automatic choice follows them)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+            v < 0 or (positive and v == 0):
+        raise ArgumentError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, "
+                            f"got {v!r}")
+
+
+def located(where: str, make: Callable[[], _T]) -> _T:
+    """``make()``, its ArgumentError saying where in a profile the value is."""
+    try:
+        return make()
+    except ArgumentError as exc:
+        raise ArgumentError(f"{where}: {exc}") from None
+
+
 def cache_limits(llc: int) -> tuple[float, float]:
     """Working sets up to the first figure run from the cache, from the second on from
     memory (bytes; ``llc`` is the last-level cache's size)."""
@@ -215,9 +237,7 @@ class Curve:
 
     def __post_init__(self) -> None:
         for name in ("cache", "memory"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ArgumentError(f"Curve.{name} must be a finite number >= 0, got {v!r}")
+            _check(f"Curve.{name}", getattr(self, name))
 
     def at(self, working_set: float, llc: int) -> float:
         """Seconds per byte for a call whose buffers total ``working_set`` bytes."""
@@ -264,6 +284,18 @@ class Level:
     post_round: float = 0.0
     pace: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.nranks, bool) or not isinstance(self.nranks, int) or \
+                self.nranks < 1:
+            raise ArgumentError(f"Level.nranks must be a whole number >= 1, got "
+                                f"{self.nranks!r}")
+        for name in ("sync", "piece_sync", "round", "endpoint", "post_round"):
+            _check(f"Level.{name}", getattr(self, name))
+        for name in ("work", "work_generic"):
+            _check(f"Level.{name}", getattr(self, name), positive=True)
+        for k, v in self.pace.items():
+            _check(f"Level.pace[{k!r}]", v, positive=True)
+
 
 @dataclass(frozen=True)
 class Host:
@@ -290,8 +322,18 @@ class Host:
     def __post_init__(self) -> None:
         if self.cores < 1:
             raise ArgumentError(f"Host.cores must be >= 1, got {self.cores}")
+        _check("Host.llc_bytes", self.llc_bytes)
         if not self.levels:
             raise ArgumentError("Host.levels needs the fixed costs of at least one rank count")
+        counts = [lv.nranks for lv in self.levels]
+        if len(set(counts)) < len(counts):
+            raise ArgumentError(f"Host.levels has a rank count twice: {counts}")
+        for k, v in self.calls.items():
+            _check(f"Host.calls[{k!r}]", v)
+        for n, v in self.lean.items():
+            if n < 1:
+                raise ArgumentError(f"Host.lean: rank counts must be >= 1, got {n}")
+            _check(f"Host.lean[{n}]", v)
         missing = sorted(set(DTYPE_CLASSES) - set(self.reduce))
         if missing:
             raise ArgumentError(f"Host.reduce lacks the dtype classes {missing}")
@@ -346,11 +388,20 @@ class Host:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Host:
-        return cls(int(data["cores"]), int(data["llc_bytes"]), Curve(**data["channel"]),
-                   Curve(**data["duplex"]), Curve(**data["copy"]), Curve(**data["shared"]),
-                   {k: Curve(**v) for k, v in data["reduce"].items()},
+        """The host of a profile's ``host`` object; an ArgumentError says where a bad
+        value is (``host.levels[1]: Level.sync must be ...``)."""
+        def curve(key: str, v: Any) -> Curve:
+            return located(f"host.{key}", lambda: Curve(**v))
+
+        def level(i: int, v: Any) -> Level:
+            return located(f"host.levels[{i}]", lambda: Level(**v))
+
+        return cls(int(data["cores"]), int(data["llc_bytes"]), curve("channel", data["channel"]),
+                   curve("duplex", data["duplex"]), curve("copy", data["copy"]),
+                   curve("shared", data["shared"]),
+                   {k: curve(f"reduce.{k}", v) for k, v in data["reduce"].items()},
                    {k: float(v) for k, v in data["calls"].items()},
-                   tuple(Level(**lv) for lv in data["levels"]),
+                   tuple(level(i, lv) for i, lv in enumerate(data["levels"])),
                    {int(k): float(v) for k, v in data.get("lean", {}).items()})
 
 

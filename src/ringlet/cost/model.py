@@ -101,7 +101,7 @@ from ..config import DEFAULT_PROFILE
 from ..errors import ArgumentError
 from ..ops import DTYPES, DType
 from ..schedule import COLLECTIVES, Kind, Schedule
-from .host import Host, Paths
+from .host import Host, Paths, located
 from .host import predict as host_predict
 from .units import bus_factor_of
 
@@ -314,12 +314,14 @@ class Profile:
             inter = data.get("inter")
             host = data.get("host")
             cal = data.get("calibration")
-            return cls(intra=Link(**data["intra"]),
-                       inter=None if inter is None else Link(**inter),
+            return cls(intra=located("intra", lambda: Link(**data["intra"])),
+                       inter=None if inter is None else located("inter", lambda: Link(**inter)),
                        gpus_per_node=int(data.get("gpus_per_node", 0)),
                        name=str(data.get("name", "")), source=str(data.get("source", "")),
                        host=None if host is None else Host.from_dict(host),
                        calibration=None if cal is None else Calibration.from_dict(cal))
+        except ArgumentError as exc:   # a value out of range: where it is, and why
+            raise ArgumentError(f"not a usable profile: {exc}") from None
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ArgumentError(
                 f"not a ringlet profile ({type(exc).__name__}: {exc}); expected keys "
@@ -353,7 +355,10 @@ class Profile:
             raise ArgumentError(f"cannot read the profile {p}: {exc}") from None
         if not isinstance(data, dict):
             raise ArgumentError(f"{p} is not a ringlet profile (a JSON object expected)")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ArgumentError as exc:
+            raise ArgumentError(f"{p}: {exc}") from None
 
 
 # --- counting ---------------------------------------------------------------------------------
