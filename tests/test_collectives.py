@@ -346,6 +346,14 @@ def _group(comm: ringlet.Communicator) -> list[str]:
     else:
         bad.append("a rank out of range: no error")
     still_works("a bad group")
+    try:   # a rank that is not an int (1.7 was taken for 1, "0" for 0)
+        comm.group([0, 1.7] if r == 0 and n > 1 else ["0"] if r == 0 else [0])
+    except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
+        if r == 0 and not (isinstance(exc, ringlet.ArgumentError) and "must be ints" in str(exc)):
+            bad.append(f"rank 0's error for a float rank: {exc}")
+    else:
+        bad.append("a float rank: no error")
+    still_works("a group of a float rank")
     if n > 1:
         try:
             comm.group([0] if r == 0 else [0, 1])

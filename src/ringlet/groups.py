@@ -202,9 +202,14 @@ class Groups(Calls):
             sub = comm.group([0, 2, 3])     # rank 2 of comm is rank 1 of sub
         """
         try:
-            wanted = [int(q) for q in ranks]
-        except (TypeError, ValueError):
+            items = list(ranks)
+        except TypeError:
             raise ArgumentError(f"group: ranks must be a list of ranks, got {ranks!r}") from None
+        odd = [q for q in items if isinstance(q, (bool, np.bool_)) or
+               not isinstance(q, (int, np.integer))]
+        if odd or isinstance(ranks, (str, bytes)):   # 1.7 was rank 1, "2" rank 2
+            raise ArgumentError(f"group: ranks must be ints, got {ranks!r}")
+        wanted = [int(q) for q in items]
         if not wanted:
             raise ArgumentError("group: ranks is empty")
         bad = [q for q in wanted if not 0 <= q < self.size]
