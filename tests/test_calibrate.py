@@ -393,6 +393,16 @@ def test_predict_uses_the_host_model_of_a_calibrated_profile() -> None:
 # --- the command --------------------------------------------------------------------------
 
 
+def test_a_quick_calibration_needs_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A smoke test's rough profile replaced the one every job's automatic choice reads."""
+    monkeypatch.setenv("RINGLET_PROFILE", str(tmp_path / "profile.json"))
+    assert main(["predict", "--calibrate", "-n", "2", "--quick"]) == 2
+    assert "--quick makes rough figures for smoke tests: give --out PATH" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "profile.json").exists()
+
+
 def test_calibrate_end_to_end_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``ringlet predict --calibrate`` on two live ranks, with the tiny sweep."""
     out = tmp_path / "profile.json"

@@ -401,7 +401,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="timed batches per measurement, the median is kept (default 5)")
     c.add_argument("--quick", action="store_true",
                    help="a tiny sweep for smoke tests: a few seconds, rough figures (not for "
-                        "real use)")
+                        "real use: it needs --out, so that it never replaces the profile "
+                        "jobs choose by)")
 
 
 def _ranges(cross: list[Crossover], name: str, lo: int, hi: int, first: str
@@ -429,6 +430,10 @@ def calibrate(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--calibrate takes no {' or '.join(given)}; it measures this "
                             f"host (ringlet predict --calibrate [-n N] [--out PATH])")
     settings = Settings.from_env()
+    if args.quick and not args.out:
+        raise ArgumentError("--quick makes rough figures for smoke tests: give --out PATH (it "
+                            "would replace the profile the jobs' automatic choice reads, "
+                            "RINGLET_PROFILE's)")
     out = args.out or settings.profile
     if not out:
         raise ArgumentError("RINGLET_PROFILE is '' (no tuner): give --out PATH to say where "
@@ -450,12 +455,12 @@ def calibrate(args: argparse.Namespace) -> int:
     profile = run_calibration(2 if args.nranks is None else args.nranks, quick=args.quick,
                               reps=5 if args.reps is None else args.reps, settings=settings)
     after = idle(0.5)
-    with writing(out, option):
-        path = profile.save(out)
     if min(before, after) < 0.8:
         print(f"warning: the CPUs were busy around the calibration ({before:.0%} idle "
               f"before, {after:.0%} after): other work may have skewed it; calibrate again "
               f"on a quiet machine", file=sys.stderr)
+    with writing(out, option):
+        path = profile.save(out)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))
         return 0
