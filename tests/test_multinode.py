@@ -524,3 +524,30 @@ def test_engine_missing_is_a_config_error() -> None:
                           timeout=LIMIT, env=_env(RINGLET_ENGINE="mpi", RANK="0",
                                                   WORLD_SIZE="2", RINGLET_JOB_ID="abc"))
     assert "CONFIG" in proc.stdout and "mpi4py" in proc.stdout, proc.stdout + proc.stderr
+
+
+_INIT_ONLY = """
+import ringlet
+try:
+    ringlet.init()
+    print("started", flush=True)
+except ringlet.RingletError as exc:
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+"""
+
+
+def test_ranks_on_other_nodes_with_another_ringlet_algo_fail_at_start_up() -> None:
+    """The ranks of a node compare the settings that steer the choice at their own
+    start-up; RINGLET_ALGO, which steers it on every node, is compared across nodes too
+    (each call failed with a MismatchError about the algorithm, naming no setting)."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    cmd = [MPIEXEC, "-n", "1", "-env", "RINGLET_NODE", "n0", sys.executable, "-c", _INIT_ONLY,
+           ":", "-n", "1", "-env", "RINGLET_NODE", "n1", "-env", "RINGLET_ALGO",
+           "all_reduce:ring", sys.executable, "-c", _INIT_ONLY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, env=_env())
+    lines = [ln for ln in proc.stdout.splitlines() if "Error" in ln or "started" in ln]
+    assert lines == ["ConfigError: ranks must use the same RINGLET_ALGO (they would choose "
+                     "different algorithms): rank 0 has ''; rank 1 has 'all_reduce:ring'"] * 2, \
+        proc.stdout + proc.stderr

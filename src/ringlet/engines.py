@@ -125,7 +125,8 @@ class _Mpi:
 #: the longest nap between polls of the store while start-up waits for other ranks' keys
 _STORE_SLICE_S = 0.1
 #: what start-up's exchanges are, for a timeout's message
-_EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict"}
+_EXCHANGES = {"key": "exchanging the node keys", "verdict": "each node's start-up verdict",
+              "algo": "exchanging RINGLET_ALGO"}
 
 
 class _Torch:
@@ -232,6 +233,13 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
     boot: _Mpi | _Torch = _Mpi(settings, rank, size, check) if engine == "mpi" else \
         _Torch(settings, rank, size, store, check)
     keys = boot.allgather(node_key(settings))
+    # RINGLET_ALGO steers every rank's choice: ranks on different nodes must share it (the
+    # ranks of a node compare the rest at their own start-up)
+    algos = boot.allgather(settings.algo, "algo")
+    if len(set(algos)) > 1:
+        raise ConfigError("ranks must use the same RINGLET_ALGO (they would choose "
+                          "different algorithms): " + "; ".join(
+                              f"rank {q} has {a!r}" for q, a in enumerate(algos)))
     job = boot.from_rank0(job_id or secrets.token_hex(16) if rank == 0 else "")
     if job_id is not None and job != job_id:
         raise ConfigError("ranks were given different job ids (RINGLET_JOB_ID): run one job "
