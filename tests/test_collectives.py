@@ -338,22 +338,17 @@ def _group(comm: ringlet.Communicator) -> list[str]:
         if x[0] != sum(want):
             bad.append(f"group all_reduce {x}")
         sub.close()
-    try:
-        comm.group([0, n] if r == 0 else [0])
-    except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
-        if r == 0 and not (isinstance(exc, ringlet.ArgumentError) and "out of range" in str(exc)):
-            bad.append(f"rank 0's error: {exc}")
-    else:
-        bad.append("a rank out of range: no error")
-    still_works("a bad group")
-    try:   # a rank that is not an int (1.7 was taken for 1, "0" for 0)
-        comm.group([0, 1.7] if r == 0 and n > 1 else ["0"] if r == 0 else [0])
-    except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
-        if r == 0 and not (isinstance(exc, ringlet.ArgumentError) and "must be ints" in str(exc)):
-            bad.append(f"rank 0's error for a float rank: {exc}")
-    else:
-        bad.append("a float rank: no error")
-    still_works("a group of a float rank")
+    # rank 0's bad ranks: out of range, and not ints (1.7 was taken for 1, "0" for 0)
+    for what, ranks, says in (("a rank out of range", [0, n], "out of range"),
+                              ("a float rank", [0, 1.7] if n > 1 else ["0"], "must be ints")):
+        try:
+            comm.group(ranks if r == 0 else [0])
+        except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
+            if r == 0 and not (isinstance(exc, ringlet.ArgumentError) and says in str(exc)):
+                bad.append(f"rank 0's error for {what}: {exc}")
+        else:
+            bad.append(f"{what}: no error")
+        still_works(f"a group of {what}")
     if n > 1:
         try:
             comm.group([0] if r == 0 else [0, 1])
