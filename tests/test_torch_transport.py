@@ -298,8 +298,8 @@ def test_native_op_mapping() -> None:
 def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
     """A wait for gloo's own collective ends when the completion callback runs, which
     gloo does before ``is_completed()`` turns True (here 0.05 s into the wait, and True
-    only 0.6 s later), and a callback that came before the wait started ends it at
-    once."""
+    only 5 s later: a wait that ended at is_completed() finds it True), and a callback
+    that came before the wait started ends it at once."""
     import threading
     import types
 
@@ -324,7 +324,7 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
             self.fired = True
             for cb in self.cbs:
                 cb(None)  # type: ignore[operator]
-            self.later(0.6, lambda: setattr(self, "completed", True))
+            self.later(5.0, lambda: setattr(self, "completed", True))
 
         def get_future(self) -> Work:
             return self
@@ -342,7 +342,7 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
             return True
 
     # the parts of a TorchTransport that the wait uses
-    t = types.SimpleNamespace(settings=Settings(timeout=5.0), _cv=threading.Condition(),
+    t = types.SimpleNamespace(settings=Settings(timeout=20.0), _cv=threading.Condition(),
                               _events=0, check=lambda watch=None, what=None: None,
                               background=None)
     t._event = lambda: TorchTransport._event(t)  # type: ignore[arg-type]
@@ -356,8 +356,9 @@ def test_native_wait_ends_at_the_callback_not_at_is_completed() -> None:
         TorchTransport._await(t, work, "all_reduce", lambda: "all_reduce #1")  # type: ignore[arg-type]
         took = time.monotonic() - t0
         assert work.waited == 1
-        assert took < 0.4, f"the wait ended {took:.3f} s in, not at the callback"
-        assert not work.completed
+        # (a loaded machine may run the 0.05 s timer late: what tells the two apart is
+        # whether is_completed() had turned True)
+        assert not work.completed, f"the wait ended {took:.3f} s in, not at the callback"
 
 
 def test_end_lanes_gives_up_once_no_connection_is_left_to_close() -> None:

@@ -218,8 +218,8 @@ def test_ranks_that_would_choose_differently_fail_at_start_up(tmp_path: Path, va
         assert f"{var}: rank 0 has " in text and "rank 1 has " in text, text
         assert "the automatic choice" in text, text
     if var == "RINGLET_PROFILE":
-        assert f"reads {path} (contents " in res[0][1], res[0][1]
-        assert "rank 1 has reads none (RINGLET_PROFILE='')" in res[0][1], res[0][1]
+        assert f"rank 0 has {path} (contents " in res[0][1], res[0][1]
+        assert "rank 1 has none (RINGLET_PROFILE='')" in res[0][1], res[0][1]
 
 
 def _recalibrated(comm: ringlet.Communicator, path: str, sizes: list[int]) -> list[str]:

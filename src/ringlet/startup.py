@@ -454,10 +454,17 @@ def _closed(s: socket.socket, hellos: dict[int, tuple[socket.socket, dict[str, A
                     f"every rank had arrived; see its output for why")
 
 
-#: the hello's ``choice`` entries: the setting, and how a value is shown (from the entry)
-_CHOICE = (("RINGLET_ALGO", lambda c: repr(c[0])), ("RINGLET_FUSED", lambda c: c[1]),
-           ("RINGLET_PROFILE", lambda c: f"reads {c[3]}" + (f" (contents {c[2]})" if c[2]
-                                                            else "")))
+def _settings_of(hello: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The settings a hello carries that every rank must share: variable -> (the value
+    compared, the value as messages show it).  The profile is compared by its contents
+    (their digest) and shown with its path."""
+    out: dict[str, tuple[Any, str]] = {f"RINGLET_{n.upper()}": (v, str(v))
+                                       for n, v in zip(_SHAPE, hello["shm"], strict=True)}
+    algo, fused, digest, where = hello["choice"]
+    out["RINGLET_ALGO"] = (algo, repr(algo))
+    out["RINGLET_FUSED"] = (fused, fused)
+    out["RINGLET_PROFILE"] = (digest, where + (f" (contents {digest})" if digest else ""))
+    return out
 
 
 def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]],
@@ -469,18 +476,13 @@ def _compare(mine: dict[str, Any], theirs: list[dict[str, Any]],
     def name(q: int) -> int:
         return int(names[q]) if names is not None else q
 
+    others = [(h["rank"], _settings_of(h)) for h in sorted(theirs, key=lambda h: h["rank"])]
     diffs = []
-    fields = [(f"RINGLET_{n.upper()}", lambda h, i=i: h["shm"][i], lambda h, i=i: h["shm"][i])
-              for i, n in enumerate(_SHAPE)]
-    # the profile is compared by its contents (its digest: entry 2), shown with its path
-    fields += [(var, lambda h, i=i: h["choice"][i], lambda h, show=show: show(h["choice"]))
-               for i, (var, show) in enumerate(_CHOICE)]
-    for var, key, show in fields:
-        odd = [h for h in theirs if key(h) != key(mine)]
+    for var, (value, shown) in _settings_of(mine).items():
+        odd = [(q, got[var][1]) for q, got in others if got[var][0] != value]
         if odd:
-            others = "; ".join(f"rank {name(h['rank'])} has {show(h)}"
-                               for h in sorted(odd, key=lambda h: h["rank"]))
-            diffs.append(f"{var}: rank {name(0)} has {show(mine)}; {others}")
+            diffs.append(f"{var}: rank {name(0)} has {shown}; " +
+                         "; ".join(f"rank {name(q)} has {text}" for q, text in odd))
     if diffs:
         raise ConfigError("ranks must use the same shared-memory settings and the same "
                           "settings for the automatic choice of algorithms (they would "
