@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import pickle
 import secrets
@@ -205,11 +206,13 @@ class Groups(Calls):
             items = list(ranks)
         except TypeError:
             raise ArgumentError(f"group: ranks must be a list of ranks, got {ranks!r}") from None
-        odd = [q for q in items if isinstance(q, (bool, np.bool_)) or
-               not isinstance(q, (int, np.integer))]
-        if odd or isinstance(ranks, (str, bytes)):   # 1.7 was rank 1, "2" rank 2
-            raise ArgumentError(f"group: ranks must be ints, got {ranks!r}")
-        wanted = [int(q) for q in items]
+        try:   # whole numbers only (1.7 was rank 1, "2" rank 2); numpy's and torch's too
+            if isinstance(ranks, (str, bytes)) or \
+                    any(isinstance(q, (bool, np.bool_)) for q in items):
+                raise TypeError
+            wanted = [operator.index(q) for q in items]
+        except TypeError:
+            raise ArgumentError(f"group: ranks must be ints, got {ranks!r}") from None
         if not wanted:
             raise ArgumentError("group: ranks is empty")
         bad = [q for q in wanted if not 0 <= q < self.size]
