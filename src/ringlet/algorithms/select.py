@@ -343,19 +343,28 @@ class Choosing(NamedTuple):
 def choosing(settings: Any) -> Choosing:
     """The :class:`Choosing` of ``settings``: its profile file read now (ConfigError if it
     is not a usable profile)."""
-    text = settings.profile
-    if not text:
+    if not settings.profile:
         return Choosing(None, "none (RINGLET_PROFILE='')", "")
+    version = _version(settings.profile)
+    if version is None:
+        return Choosing(None, f"none ({Path(settings.profile).expanduser()} does not exist)",
+                        "")
+    profile = _profile(*version)
+    digest = hashlib.sha256(json.dumps(profile.to_dict(), sort_keys=True).encode())
+    return Choosing(profile, version[0], digest.hexdigest()[:12])
+
+
+def _version(text: str) -> tuple[str, int, int] | None:
+    """(path, mtime_ns, size) of the profile file ``text`` names (what the caches key on),
+    None if it does not exist; a ConfigError if it cannot be read."""
     path = Path(text).expanduser()
     try:
         st = path.stat()
     except FileNotFoundError:
-        return Choosing(None, f"none ({path} does not exist)", "")
+        return None
     except OSError as exc:
         raise ConfigError(f"RINGLET_PROFILE={text!r}: cannot read it ({exc})") from None
-    profile = _profile(str(path), st.st_mtime_ns, st.st_size)
-    digest = hashlib.sha256(json.dumps(profile.to_dict(), sort_keys=True).encode())
-    return Choosing(profile, str(path), digest.hexdigest()[:12])
+    return str(path), st.st_mtime_ns, st.st_size
 
 
 def agreed_tuner(c: Choosing, settings: Any, lean_everywhere: bool) -> Tuner | None:
@@ -374,20 +383,13 @@ def tuner_for(settings: Any) -> Tuner | None:
     """The :class:`Tuner` of a :class:`~ringlet.config.Settings`: its ``profile`` file
     read (once per version of the file) with its shared-memory paths, or None if the
     setting is empty or the file does not exist.  A file that is not a profile raises
-    ConfigError."""
-    text = settings.profile
-    if not text:
+    ConfigError.  (A communicator's is fixed at start-up instead: :func:`choosing`.)"""
+    version = _version(settings.profile) if settings.profile else None
+    if version is None:
         return None
-    path = Path(text).expanduser()
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ConfigError(f"RINGLET_PROFILE={text!r}: cannot read it ({exc})") from None
     from ..cost.host import Paths
 
-    return _tuner(str(path), st.st_mtime_ns, st.st_size, Paths.from_settings(settings))
+    return _tuner(*version, Paths.from_settings(settings))
 
 
 @lru_cache(maxsize=8)
