@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,9 +64,66 @@ def _close_worlds() -> Iterator[None]:
     for w in _worlds.values():
         w.close()
     _worlds.clear()
-    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("ringlet-")] \
-        if os.path.isdir("/dev/shm") else []
-    assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No ringlet segment is left in /dev/shm once every test ran and every world closed.
+    Under pytest-xdist each worker's are closed when its tests end, so the check is the
+    controller's, once every worker is done (a worker would see another's in use)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    leftovers = sorted(shm_files())
+    if leftovers:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"shared-memory segments left behind: {leftovers}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+#: the two workers' groups: the tests marked ``waits``, and the rest
+WAITS, MAIN = "waits", "main"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n 2`` in pyproject.toml's addopts), run the tests marked
+    ``waits`` on one worker and the rest on the other, each group in file order.  The
+    ``waits`` tests spend most of their time waiting (on a deadline, a heartbeat, a rank
+    that never comes, a launcher's grace) with the cores idle: the rest run beside them,
+    one at a time as without xdist (``-n 0`` runs every test in one process).
+
+    xdist's own ``--dist loadgroup`` reads groups from node ids its workers rewrite, which
+    pytest 9.2 no longer lets them do (pytest-xdist issue 1386): here the controller reads
+    the marks from the test files instead, and xdist's scope scheduler sends each group
+    to a worker of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid, config.rootpath)
+
+    return TwoGroups(config, log)
+
+
+def group_of(nodeid: str, root: Path) -> str:
+    """WAITS or MAIN: the group of the test ``nodeid`` (relative to ``root``)."""
+    path, *_, name = nodeid.split("::")
+    return WAITS if name.split("[")[0] in _marked_waits(root / path) else MAIN
+
+
+@functools.cache
+def _marked_waits(path: Path) -> frozenset[str]:
+    """The names of the functions in the test file ``path`` decorated ``@pytest.mark.waits``."""
+    import ast
+
+    def waits(d: ast.expr) -> bool:
+        return isinstance(d, ast.Attribute) and d.attr == "waits" and \
+            isinstance(d.value, ast.Attribute) and d.value.attr == "mark"
+
+    tree = ast.parse(path.read_text())
+    return frozenset(f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                     and any(waits(d) for d in f.decorator_list))
 
 
 def _mapped_in_some_process(paths: set[str]) -> set[str]:
@@ -122,3 +182,19 @@ def outcome(fn: Callable[[], Any]) -> str:
 def shm_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("ringlet-")} \
         if os.path.isdir("/dev/shm") else set()
+
+
+def shm_left(before: set[str], wait: float = 10.0) -> set[str]:
+    """The ringlet segments made since ``before`` (:func:`shm_files`) that are left: none
+    that no live process maps may remain once their job had ``wait`` seconds to remove
+    them.  Under pytest-xdist another worker's jobs make and remove segments meanwhile:
+    theirs are mapped while in use and removed when they end (the session's last check,
+    in :func:`pytest_sessionfinish`, sees every one)."""
+    deadline = time.monotonic() + wait
+    while True:
+        new = shm_files() - before
+        mapped = _mapped_in_some_process({f"/dev/shm/{f}" for f in new})
+        left = {f for f in new if f"/dev/shm/{f}" not in mapped}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)

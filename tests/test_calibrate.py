@@ -403,6 +403,7 @@ def test_a_quick_calibration_needs_out(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (tmp_path / "profile.json").exists()
 
 
+@pytest.mark.waits
 def test_calibrate_end_to_end_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``ringlet predict --calibrate`` on two live ranks, with the tiny sweep."""
     out = tmp_path / "profile.json"

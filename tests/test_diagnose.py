@@ -99,6 +99,7 @@ def test_diagnose_says_why_it_skips_a_file(tmp_path: Path, files: dict[str, str]
         off.stderr
 
 
+@pytest.mark.waits
 def test_straggler_that_never_arrives_is_behind(tmp_path: Path) -> None:
     proc = _run(3, "straggler", dumps=tmp_path)
     d = _diagnosis(proc)
@@ -158,6 +159,7 @@ def test_trace_of_a_3_rank_job(tmp_path: Path) -> None:
     assert "arrival skew over 4 collectives" in proc.stderr
 
 
+@pytest.mark.waits
 def test_the_trace_of_a_job_that_timed_out_has_every_rank_and_the_wait(tmp_path: Path) -> None:
     """The straggler, asked for its records and then stopped with SIGTERM (no exit
     handlers), used to leave no trace: its records were written only at exit.  A call
@@ -193,6 +195,7 @@ comm.all_gather(x)
 """
 
 
+@pytest.mark.waits
 def test_a_dump_keeps_the_last_records_in_call_order(tmp_path: Path) -> None:
     """Records were merged by start time, and the compiled path's are the coarse
     clock's, up to a tick early: a send came after the calls that followed it, and the
@@ -453,6 +456,7 @@ def test_a_forked_rank_of_spawn_writes_its_trace_and_removes_its_marker(tmp_path
     assert not list((tmp_path / "d").glob("rank-*.signal"))
 
 
+@pytest.mark.waits
 def test_an_interrupted_hang_has_every_ranks_records(tmp_path: Path) -> None:
     """Ctrl-C (or a SIGTERM from outside) on a hung ringlet run: the ranks are asked for
     their records before the signal reaches them (the straggler left none)."""

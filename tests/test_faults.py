@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import outcome, shm_files
+from conftest import outcome, shm_files, shm_left
 
 import ringlet
 from ringlet.config import Settings
@@ -49,7 +49,7 @@ def test_dead_peer_fails_every_survivor_fast(n: int, victim: int) -> None:
         if r != victim:
             assert "PeerError" in text and f"rank {victim}" in text, (r, text)
             assert "stopped" not in text, (r, text)
-    assert shm_files() <= before
+    assert not shm_left(before)
 
 
 def _survivors_report(comm: ringlet.Communicator, victim: int) -> None:
@@ -83,6 +83,7 @@ def _recv_after_abort(comm: ringlet.Communicator) -> str:
     return outcome(lambda: comm.recv(np.empty(4), 1, tag=5))
 
 
+@pytest.mark.waits
 def test_p2p_wait_after_an_abort_says_what_failed_here_and_there() -> None:
     """A receive on a communicator its peers aborted (their all_reduce timed out waiting
     for this rank) raises their error, and says first that it is this receive that
@@ -115,6 +116,7 @@ def _any_source_dead(comm: ringlet.Communicator, how: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["recv", "probe", "batch"])
+@pytest.mark.waits
 def test_any_source_wait_fails_when_a_peer_dies(how: str) -> None:
     """A wait for a message from any rank fails at once when a peer dies (it may have been
     the sender; the communicator is aborted anyway): it waited until ringlet run's grace
@@ -172,6 +174,7 @@ def _any_source_closed(comm: ringlet.Communicator) -> str:
                                                                  ringlet.ANY_SOURCE, tag=1))
 
 
+@pytest.mark.waits
 def test_any_source_wait_outlives_a_peer_that_closed_until_none_is_left() -> None:
     """A peer that closed the communicator is no failure of a wait for any rank while
     another rank may still send; once every other rank has closed, it is one."""
@@ -193,6 +196,7 @@ def _absent(comm: ringlet.Communicator) -> str:
     return "no error"
 
 
+@pytest.mark.waits
 def test_timeout_names_collective_sequence_and_missing_rank() -> None:
     res = ringlet.spawn(_absent, 3, settings=Settings(timeout=1.0))
     assert res[1] == "slept"
@@ -249,7 +253,7 @@ def test_sigkill_leaves_no_segments_and_run_exits_promptly(tmp_path: Path) -> No
     assert "rank 1 failed first" in proc.stderr and "SIGKILL" in proc.stderr, proc.stderr
     assert "PeerError" in proc.stdout + proc.stderr
     assert elapsed < 30, elapsed
-    assert shm_files() <= before, shm_files() - before
+    assert not shm_left(before), shm_left(before)
 
 
 def _log_line(comm: ringlet.Communicator) -> None:
@@ -292,4 +296,4 @@ def test_sigterm_on_launcher_stops_everything(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert proc.returncode != 0
-    assert shm_files() <= before
+    assert not shm_left(before)

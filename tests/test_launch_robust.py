@@ -244,6 +244,7 @@ _LATE_TO_INIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.waits
 def test_a_rank_that_reaches_init_after_the_job_failed_stops_at_once(tmp_path: Path) -> None:
     """Rank 0 fails when rank 2 dies in start-up; ranks that reach init later find no
     rendezvous and used to wait for the whole RINGLET_INIT_TIMEOUT (or the grace
@@ -278,6 +279,7 @@ _CHECKPOINTER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.waits
 def test_a_signal_sent_twice_at_once_is_one_signal(tmp_path: Path) -> None:
     """timeout(1) sends its SIGTERM to the launcher and again to its own process group:
     that used to count as a second Ctrl-C, which SIGKILLs the ranks without their
@@ -549,6 +551,7 @@ _STOPPER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.waits
 def test_summary_blames_the_stopped_rank_and_quotes_the_error(tmp_path: Path) -> None:
     script = tmp_path / "stopper.py"
     script.write_text(_STOPPER)
@@ -581,6 +584,7 @@ _RAISES = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("grace", [6, 1])
+@pytest.mark.waits
 def test_summary_blames_the_rank_that_raised_first_not_the_first_to_exit(
         tmp_path: Path, grace: int) -> None:
     """The first rank to report an uncaught exception failed first, though its peers heard
@@ -614,6 +618,7 @@ _ABSENT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("prefix", ["prefix", "no prefix"])
+@pytest.mark.waits
 def test_summary_quotes_the_error_that_names_the_absent_rank(tmp_path: Path,
                                                              prefix: str) -> None:
     """The ranks' own reports (a pipe to the launcher), not their stderr: --no-prefix too."""

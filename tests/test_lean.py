@@ -272,6 +272,7 @@ def _late(comm: ringlet.Communicator) -> str:
     return "no timeout"
 
 
+@pytest.mark.waits
 def test_a_missing_rank_times_out_named_as_on_the_python_path() -> None:
     from world import World
 

@@ -80,12 +80,14 @@ def test_messages_in_small_pieces() -> None:
 
 @needs_mpi
 @pytest.mark.parametrize("n", [2, 3, 4, 5], ids=lambda n: f"N{n}")
+@pytest.mark.waits
 def test_errors_reach_every_rank(n: int) -> None:
     """Mismatch, a rejected call, split, a peer that closed, a timeout naming the rank."""
     _mpiexec("mpi_errors.py", n)
 
 
 @needs_mpi
+@pytest.mark.waits
 def test_split_whose_member_gave_up_ends_on_every_rank() -> None:
     """A split's first member times out before its last comes: the others must not
     build the group without it (they waited in MPI_Comm_create_group for ever), but
@@ -94,6 +96,7 @@ def test_split_whose_member_gave_up_ends_on_every_rank() -> None:
 
 
 @needs_mpi
+@pytest.mark.waits
 def test_a_rank_late_to_build_the_transport_times_out_on_every_rank() -> None:
     """Building the MPI transport duplicates the communicator: MPI_Comm_dup waited for a
     late rank however long it took.  Now polled under the deadline: rank 0 raises at 1 s

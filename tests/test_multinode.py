@@ -89,6 +89,7 @@ def test_mpiexec_emulated_nodes(nodes: int, per: int) -> None:
            "mpi")
 
 
+@pytest.mark.waits
 def test_mpiexec_timeout_across_nodes_names_the_rank() -> None:
     proc = subprocess.run(_mpmd(2, 2, "--errors", "--timeout", "--no-sweep"),
                           capture_output=True, text=True, timeout=LIMIT,
@@ -109,6 +110,7 @@ def test_mpi_thread_serialized_with_two_communicators() -> None:
     assert all(r["ok"] for r in reports.values()), out
 
 
+@pytest.mark.waits
 def test_mpi_rail_member_late_times_out_naming_it() -> None:
     """MPI_Comm_create_group waits for every member without a deadline: the members of a
     new MPI group (here a rail, RINGLET_RAILS=native) first meet under the deadline.  A
@@ -144,6 +146,7 @@ def _left_running(script: Path, *args: str, per: int = 1, **env: str
     return proc, time.monotonic() - t0, {r["rank"]: r for r in _reports(proc.stdout)}
 
 
+@pytest.mark.waits
 def test_mpi_rank_exits_after_a_peer_died_where_mpiexec_does_not_end_the_job() -> None:
     """With ``mpiexec -disable-auto-cleanup`` a rank that died leaves the others in
     MPICH's MPI_Finalize for ever once they have raised and returned: after a failure
@@ -160,6 +163,7 @@ def test_mpi_rank_exits_after_a_peer_died_where_mpiexec_does_not_end_the_job() -
 
 
 @pytest.mark.parametrize("case", ["ring", "native"])
+@pytest.mark.waits
 def test_mpi_rank_dead_inside_a_call_is_a_peer_error_at_once(case: str) -> None:
     """The last rank agrees to a call and dies before its first message.  Its node peer's
     wait is for MPI alone (ringlet's ring: a message from the other node; the native
@@ -176,6 +180,7 @@ def test_mpi_rank_dead_inside_a_call_is_a_peer_error_at_once(case: str) -> None:
     assert took < 60, out
 
 
+@pytest.mark.waits
 def test_mpi_recv_from_a_dead_rank_times_out_and_the_rank_exits() -> None:
     """A receive from a rank on another node that died: over MPI a dead rank and a late
     one look the same, so the receive times out, and says that MPI cannot tell (not
@@ -190,6 +195,7 @@ def test_mpi_recv_from_a_dead_rank_times_out_and_the_rank_exits() -> None:
     assert took < 30, out
 
 
+@pytest.mark.waits
 def test_mpi_rank_that_heard_of_a_failure_sends_nothing_at_close() -> None:
     """A rank in no call when a peer died and the others failed closes its communicator
     later: it has heard of the failure (the node's shared memory, the peers' notices), so
@@ -201,6 +207,7 @@ def test_mpi_rank_that_heard_of_a_failure_sends_nothing_at_close() -> None:
     assert took < 30, out
 
 
+@pytest.mark.waits
 def test_mpi_rank_that_heard_of_a_failure_sends_nothing_point_to_point() -> None:
     """As above, but the rank sends to the dead rank twice before it closes: both sends
     raise PeerError and nothing goes to MPI (before, both went: a send to a dead rank
@@ -212,6 +219,7 @@ def test_mpi_rank_that_heard_of_a_failure_sends_nothing_point_to_point() -> None
     assert took < 30, out
 
 
+@pytest.mark.waits
 def test_mpiexec_startup_late_rank_times_out() -> None:
     """Start-up's exchanges over MPI are nonblocking collectives under
     RINGLET_INIT_TIMEOUT: a rank that comes 6 s late (MPI started) makes the others
@@ -230,6 +238,7 @@ def test_mpiexec_startup_late_rank_times_out() -> None:
     assert time.monotonic() - t0 < 90, out
 
 
+@pytest.mark.waits
 def test_mpiexec_startup_timeout_exits_where_mpiexec_does_not_end_the_job() -> None:
     """A rank dies before ringlet.init() and ``mpiexec -disable-auto-cleanup`` leaves the
     job running: the other times out in start-up's exchange over MPI, whose collective
@@ -444,6 +453,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.waits
 def test_torch_start_up_on_the_callers_store_keeps_its_deadline() -> None:
     """``ringlet.init()`` after the caller's own ``dist.init_process_group``: start-up
     meets on that group's store, whose own waits have the group's timeout (30 min): it

@@ -248,6 +248,7 @@ def _objects_any(comm: ringlet.Communicator) -> list[str]:
     return bad
 
 
+@pytest.mark.waits
 def test_recv_object_any_source() -> None:
     from conftest import get_world
 
@@ -390,6 +391,7 @@ def _bounded_wait(comm: ringlet.Communicator) -> list[str]:
     return bad
 
 
+@pytest.mark.waits
 def test_a_bounded_wait_of_a_receive_waits_its_bound_once() -> None:
     from conftest import get_world
 

@@ -516,6 +516,7 @@ def _recv_wrong_tag(c: ringlet.Communicator, src: int = 0) -> str:
     return "no timeout"
 
 
+@pytest.mark.waits
 def test_p2p_timeout_from_any_rank_says_what_is_pending() -> None:
     out = ringlet.spawn(_recv_wrong_tag, 2, ringlet.ANY_SOURCE,
                         settings=ringlet.Settings(timeout=1.0))
@@ -523,6 +524,7 @@ def test_p2p_timeout_from_any_rank_says_what_is_pending() -> None:
     assert "rank 0 tag 3 (32 B)" in out[1] and "collective order" not in out[1], out[1]
 
 
+@pytest.mark.waits
 def test_p2p_timeout_says_what_is_pending() -> None:
     out = ringlet.spawn(_recv_wrong_tag, 2, settings=ringlet.Settings(timeout=1.0))
     assert "recv from rank 0 (tag 7)" in out[1]

@@ -141,6 +141,7 @@ def test_launcher_starts_a_job_and_leaves_nothing(launcher: str, shm_dir: None) 
 # --- 3: a rank that never calls init -------------------------------------------------------
 
 
+@pytest.mark.waits
 def test_missing_rank_is_named_within_the_init_timeout(shm_dir: None) -> None:
     reports, took = _direct(3, STARTUP_SKIP="2", RINGLET_INIT_TIMEOUT="2")
     errs = _errors(reports)
@@ -153,6 +154,7 @@ def test_missing_rank_is_named_within_the_init_timeout(shm_dir: None) -> None:
     assert took < 20
 
 
+@pytest.mark.waits
 def test_missing_rank_0_is_named(shm_dir: None) -> None:
     reports, _ = _direct(2, STARTUP_SKIP="0", RINGLET_INIT_TIMEOUT="1.5")
     err = _errors(reports)[1]
@@ -207,6 +209,7 @@ def _kill_rank(size: int, victim: int, wait: float, **extra: str) -> list[dict[s
     return reports
 
 
+@pytest.mark.waits
 def test_peer_killed_at_the_rendezvous_is_named(shm_dir: None) -> None:
     # rank 2 is late, so ranks 0 and 1 wait at the rendezvous when rank 1 dies
     reports = _kill_rank(3, 1, 1.0, STARTUP_SLEEP="2:2.5", RINGLET_INIT_TIMEOUT="5")
@@ -217,6 +220,7 @@ def test_peer_killed_at_the_rendezvous_is_named(shm_dir: None) -> None:
     assert err["after"] < 5, err
 
 
+@pytest.mark.waits
 def test_peer_killed_in_the_segment_window_is_named_and_its_segment_removed(
         shm_dir: None) -> None:
     # rank 1 stops right after creating its segment; SIGKILL cannot clean it up, rank 0 does
@@ -394,6 +398,7 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGKILL]
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.waits
 def test_signal_to_launcher_at_the_rendezvous_leaves_nothing(
         launcher: str, sig: signal.Signals, shm_dir: None) -> None:
     rc, out = _launch_and_signal(launcher, sig, STARTUP_SLEEP="1:2", RINGLET_INIT_TIMEOUT="3")

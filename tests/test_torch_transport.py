@@ -162,6 +162,7 @@ def test_killed_peer_mid_collective() -> None:
 
 
 @needs_torch
+@pytest.mark.waits
 def test_stopped_peer_heartbeat() -> None:
     """SIGSTOP of rank 1 (its connections stay open): rank 0 raises PeerError "rank 1 ...
     stopped answering" from the heartbeat, after STALE_S and within 10 s."""
@@ -199,6 +200,7 @@ def test_a_rank_that_holds_the_gil_is_stopped_only_past_ringlet_heartbeat_s(limi
 
 
 @needs_torch
+@pytest.mark.waits
 def test_a_rank_late_to_build_the_transport_is_named_at_the_deadline() -> None:
     """A second world() on the job's store, one rank 2 s late: gloo's constructor waited
     for it without ringlet's deadline (up to init_timeout + 30 s); the ranks now meet
