@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import os
@@ -81,17 +82,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-#: the two workers' groups: the tests marked ``waits``, and the rest
-WAITS, MAIN = "waits", "main"
+#: the two workers' groups: tests that can run beside the others (marked ``waits``, or in a
+#: module marked ``one_process``), and the rest
+BESIDE, MAIN = "beside", "main"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (``-n 2`` in pyproject.toml's addopts), run the tests marked
-    ``waits`` on one worker and the rest on the other, each group in file order.  The
-    ``waits`` tests spend most of their time waiting (on a deadline, a heartbeat, a rank
-    that never comes, a launcher's grace) with the cores idle: the rest run beside them,
-    one at a time as without xdist (``-n 0`` runs every test in one process).
+    """Under pytest-xdist (``-n 2`` in pyproject.toml's addopts), run the tests that can run
+    beside the others on one worker and the rest on the other, each group in file order:
+
+    - tests marked ``waits`` spend most of their time waiting (on a deadline, a
+      heartbeat, a rank that never comes, a launcher's grace) with the cores idle;
+    - the tests of a module marked ``one_process`` (``pytestmark``) run in the test
+      process alone and start none: they take one core while the multi-process test
+      beside them waits for its ranks half of the time.
+
+    The rest run one at a time as without xdist, so no two jobs of many ranks share the
+    two cores (``-n 0`` runs every test in one process).
 
     xdist's own ``--dist loadgroup`` reads groups from node ids its workers rewrite, which
     pytest 9.2 no longer lets them do (pytest-xdist issue 1386): here the controller reads
@@ -107,23 +115,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def group_of(nodeid: str, root: Path) -> str:
-    """WAITS or MAIN: the group of the test ``nodeid`` (relative to ``root``)."""
+    """BESIDE or MAIN: the group of the test ``nodeid`` (relative to ``root``)."""
     path, *_, name = nodeid.split("::")
-    return WAITS if name.split("[")[0] in _marked_waits(root / path) else MAIN
+    module, waits = _marks(root / path)
+    return BESIDE if module or name.split("[")[0] in waits else MAIN
+
+
+def _is_mark(d: ast.expr, name: str) -> bool:
+    """``d`` is ``pytest.mark.<name>``."""
+    return isinstance(d, ast.Attribute) and d.attr == name and \
+        isinstance(d.value, ast.Attribute) and d.value.attr == "mark"
 
 
 @functools.cache
-def _marked_waits(path: Path) -> frozenset[str]:
-    """The names of the functions in the test file ``path`` decorated ``@pytest.mark.waits``."""
-    import ast
-
-    def waits(d: ast.expr) -> bool:
-        return isinstance(d, ast.Attribute) and d.attr == "waits" and \
-            isinstance(d.value, ast.Attribute) and d.value.attr == "mark"
-
+def _marks(path: Path) -> tuple[bool, frozenset[str]]:
+    """Whether the test file ``path`` is marked ``one_process`` (``pytestmark``, alone or in
+    a list), and the names of its functions decorated ``@pytest.mark.waits``."""
     tree = ast.parse(path.read_text())
-    return frozenset(f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
-                     and any(waits(d) for d in f.decorator_list))
+    module = any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and
+                                                   t.id == "pytestmark" for t in n.targets)
+                 and any(_is_mark(v, "one_process") for v in
+                         (n.value.elts if isinstance(n.value, ast.List | ast.Tuple)
+                          else [n.value]))
+                 for n in tree.body)
+    waits = frozenset(f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                      and any(_is_mark(d, "waits") for d in f.decorator_list))
+    return module, waits
 
 
 def _mapped_in_some_process(paths: set[str]) -> set[str]:

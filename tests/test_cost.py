@@ -30,6 +30,8 @@ from ringlet.cost.model import (
 from ringlet.cost.topology import LINKS, NODES, link_spec, local_profile, preset_profile
 from ringlet.errors import ArgumentError
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 GB = 10**9
 FLAT = Profile(Link(alpha=2e-6, beta=1 / 100e9), name="test")
 

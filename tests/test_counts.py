@@ -17,6 +17,8 @@ from ringlet.algorithms import build
 from ringlet.algorithms.tree import _dtree
 from ringlet.schedule import Counts, Kind, Schedule
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 POW2 = [2, 4, 8, 16, 32]
 ODD_SIZES = [3, 5, 6, 7, 12, 13, 24]
 SIZES = sorted(POW2 + ODD_SIZES)

@@ -24,6 +24,8 @@ from ringlet.plan.strategies import (
     stream_end,
 )
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 GB = 10**9
 SEED = ["plan", "--params", "7e9", "--dtype", "fp16", "--ranks", "8", "--strategy", "ddp",
         "--textbook", "--compute-ms", "200", "--usd-per-gpu-hour", "30",

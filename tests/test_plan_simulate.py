@@ -13,6 +13,8 @@ from ringlet.plan.step import simulate_step
 from ringlet.plan.strategies import Costing, ModelShape, parse_strategy, plan
 from ringlet.sim import Topology, simulate
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 H100 = preset_profile("dgx_h100")        # 8 GPUs a node on NVLink 4, a NDR NIC each
 HOW = Costing(H100)
 MODEL = ModelShape(4e8, "fp16")          # 800 MB of gradients: 31 buckets of 25 MiB

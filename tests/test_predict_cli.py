@@ -11,6 +11,8 @@ import ringlet.cost.model as model
 from ringlet.algorithms import algorithms
 from ringlet.cli import main
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 H100 = ["predict", "all_reduce", "--bytes", "14GB", "--ranks", "8", "--link", "nvlink4"]
 
 

@@ -11,6 +11,8 @@ from ringlet.errors import ConfigError
 from ringlet.ops import DTYPES, ReduceOp
 from ringlet.schedule import Kind
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 
 @pytest.mark.parametrize("mode,engine,native,op,dtype,want", [
     ("auto", "torch", True, ReduceOp.SUM, "float32", True),

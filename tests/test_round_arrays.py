@@ -17,6 +17,8 @@ from ringlet.algorithms import algorithms, build, entry
 from ringlet.algorithms.hierarchical import divisors
 from ringlet.schedule import COLLECTIVES, ROOTED, Kind, Schedule
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 KEYS = ("src", "dst", "chunks", "reduce")
 SIZES = [*range(1, 14), 16, 17, 24, 31, 32, 37, 48, 64]
 CASES = [(c, a) for c in COLLECTIVES for a in algorithms(c)]

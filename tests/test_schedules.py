@@ -34,6 +34,8 @@ from ringlet.schedule import (
 )
 from ringlet.verify import verify
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 IN, OUT, TMP = Buf.IN, Buf.OUT, Buf.TMP
 
 ALGOS = [(c, a) for c in COLLECTIVES for a in algorithms(c)]

@@ -26,6 +26,8 @@ from ringlet.schedule import (
 )
 from ringlet.show import parse_params, parse_ranks, ranks_text, render, trace
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))

@@ -25,6 +25,8 @@ from ringlet.errors import ArgumentError
 from ringlet.schedule import COLLECTIVES
 from ringlet.sim import Topology, simulate
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 ONE = Profile(Link.from_bandwidth(25e9, 5e-6, 1 / 20e9, overhead=1e-6))   # LogGP o: 1 us
 TWO = NODES["dgx_h100"].profile()
 

@@ -25,6 +25,8 @@ from ringlet.errors import ArgumentError
 from ringlet.schedule import COLLECTIVES
 from ringlet.sim import HostSimulator, Simulator, Topology, simulate, simulator
 
+pytestmark = pytest.mark.one_process   # tests/conftest.py
+
 SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.json"
 
 
