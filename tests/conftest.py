@@ -78,7 +78,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if leftovers:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"shared-memory segments left behind: {leftovers}", red=True)
+            reporter.write("\n")
+            reporter.write_sep("!", f"shared-memory segments left behind: {leftovers}",
+                               red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
