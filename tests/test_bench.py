@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -415,6 +416,40 @@ def test_a_run_that_fails_exits_1_not_the_usage_errors_2(
     assert main(["bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8M", "-q",
                  "--timeout", "0.05"]) == 1
     assert "timed out after 0.05 s" in capsys.readouterr().err
+
+
+def test_a_rank_killed_inside_its_progress_put_does_not_hang_the_bench(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank killed at the timeout while it put a size on the progress queue keeps the
+    queue's write lock for good: ``run_ringlet`` then waited forever to put its own stop
+    message (a CI run hung there, in the test above)."""
+    import threading
+
+    import ringlet.launch
+    from ringlet.bench.cli import make_job, parse, run_ringlet
+    from ringlet.config import Settings
+    from ringlet.progress import Progress
+
+    def killed_holding_the_lock(fn: object, n: int, job: str, q: Any, **kw: object) -> None:
+        q.put(8)                 # a size, then a put that never ends
+        q._wlock.acquire()
+        raise ringlet.SpawnError("rank 0 was killed", {0: "killed"})
+
+    monkeypatch.setattr(ringlet.launch, "spawn", killed_holding_the_lock)
+    job = make_job(parse(["all_reduce", "-n", "2", "-e", "8"]))
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_ringlet(job, Settings.from_env(), 5.0, Progress(1, "t", "sizes", False))
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            outcome.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "run_ringlet hung on the progress queue"
+    assert len(outcome) == 1 and isinstance(outcome[0], ringlet.SpawnError), outcome
 
 
 def test_a_result_that_cannot_be_written_is_one_line_not_a_traceback(

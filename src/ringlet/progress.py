@@ -13,9 +13,11 @@ takes an optional progress callback (:func:`ringlet.sim.simulate`).
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
-from typing import TextIO
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 #: characters of the bar itself
 WIDTH = 28
@@ -96,3 +98,35 @@ def callback(what: str, unit: str = "steps",
             bar.close()
 
     return show
+
+
+@contextlib.contextmanager
+def from_ranks(step: Callable[[Any], None], start_method: str, name: str) -> Iterator[Any]:
+    """A queue for the ranks of a job started with ``start_method`` to put what they
+    finished on (small items: each is one write to a pipe, whole or not at all), and a
+    thread that calls ``step`` with each until the block ends.  The thread is stopped by
+    an event, never by a message on the queue: a rank killed inside ``put`` (at a
+    timeout, by a signal) keeps the queue's write lock for good, and a last ``put`` of
+    ours waited for it forever."""
+    from multiprocessing import get_context
+
+    q = get_context(start_method).SimpleQueue()
+    done = threading.Event()
+
+    def follow() -> None:
+        while not done.is_set():
+            if q.empty():
+                done.wait(0.05)
+            else:
+                step(q.get())
+        while not q.empty():   # what the ranks put before they ended
+            step(q.get())
+
+    watcher = threading.Thread(target=follow, name=name, daemon=True)
+    watcher.start()
+    try:
+        yield q
+    finally:
+        done.set()
+        watcher.join(timeout=5.0)
+        q.close()

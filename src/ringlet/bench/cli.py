@@ -21,7 +21,6 @@ import os
 import shlex
 import sys
 import textwrap
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from ..errors import ArgumentError, RingletError
 from ..jsonout import dumps
 from ..ops import DTYPES, ReduceOp, check_op
 from ..outputs import FIGURE_SUFFIXES, check_file, writing
-from ..progress import Progress
+from ..progress import Progress, from_ranks
 from .core import (
     BENCH_DTYPES,
     COLLECTIVES,
@@ -250,28 +249,15 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_ringlet(job: Job, settings: Settings, timeout: float, progress: Progress) -> list[Row]:
     """ringlet's sweep on ``job.nranks`` ranks started by :func:`ringlet.spawn`."""
-    from multiprocessing import get_context
-
     from ..launch import spawn, start_method
     from .suite import run_rank
 
     # one method for the queue and the ranks (the watcher thread would change auto's answer)
     settings = settings.replace(start_method=start_method(settings))
-    q = get_context(settings.start_method).SimpleQueue()
-
-    def follow() -> None:
-        while (size := q.get()) is not None:
-            progress.step(f"ringlet {human_bytes(size)}")
-
-    watcher = threading.Thread(target=follow, name="ringlet-bench-progress", daemon=True)
-    watcher.start()
-    try:
+    with from_ranks(lambda size: progress.step(f"ringlet {human_bytes(size)}"),
+                    settings.start_method, "ringlet-bench-progress") as q:
         rows = spawn(run_rank, job.nranks, job.to_json(), q, settings=settings,
                      timeout=timeout)[0]
-    finally:
-        q.put(None)
-        watcher.join(timeout=5.0)
-        q.close()
     if not isinstance(rows, list):
         raise ArgumentError("internal: rank 0 returned no rows")
     return rows

@@ -56,7 +56,6 @@ import os
 import platform
 import socket
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -721,38 +720,26 @@ def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,
     :class:`~ringlet.cost.model.Profile` (not saved; see ``Profile.save``).
 
     ``progress``: draw a progress bar on stderr (None: when it is a terminal)."""
-    from multiprocessing import get_context
-
     from ..launch import start_method
-    from ..progress import Progress
+    from ..progress import Progress, from_ranks
 
     started = time.perf_counter()
     settings = Settings.from_env() if settings is None else settings
     p = plan(nranks, quick=quick, reps=reps)
     bar = Progress(steps(p), "ringlet predict --calibrate", "parts", progress)
-    done = None
-    if bar.enabled:
-        # one start method for the queue and the ranks (the watcher thread would change
-        # auto's answer)
-        settings = settings.replace(start_method=start_method(settings))
-        done = get_context(settings.start_method).SimpleQueue()
-        watcher = threading.Thread(target=_follow, args=(done, bar), daemon=True,
-                                   name="ringlet-calibrate-progress")
-        watcher.start()
     try:
-        raw = _jobs(p, settings, done)
+        if bar.enabled:
+            # one start method for the queue and the ranks (the watcher thread would change
+            # auto's answer)
+            settings = settings.replace(start_method=start_method(settings))
+            with from_ranks(bar.step, settings.start_method,
+                            "ringlet-calibrate-progress") as done:
+                raw = _jobs(p, settings, done)
+        else:
+            raw = _jobs(p, settings, None)
     finally:
-        if done is not None:
-            done.put(None)
-            watcher.join(timeout=5.0)
-            done.close()
         bar.close()
     return fit(raw, p, Paths.from_settings(settings), started)
-
-
-def _follow(done: Any, bar: Any) -> None:
-    while (what := done.get()) is not None:
-        bar.step(what)
 
 
 def _jobs(p: Plan, settings: Settings, done: Any) -> dict[str, Any]:
