@@ -273,3 +273,83 @@ def test_ranks_on_either_path_choose_alike_with_a_profile(tmp_path: Path) -> Non
     if BUILT:
         both = _job([base, base], _paths_lean, sizes)
         assert all(lean for _, (lean, _) in both), both
+
+
+# --- the profile file: its format, and the host it describes ---------------------------------
+
+
+def test_a_profile_says_its_format_and_one_in_another_is_refused(tmp_path: Path) -> None:
+    import json
+
+    from ringlet.cost.model import PROFILE_FORMAT
+
+    path = tmp_path / "profile.json"
+    calibrated_profile().save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == PROFILE_FORMAT == "ringlet-profile/1"
+    del data["format"]                  # written before the key: reads the same
+    path.write_text(json.dumps(data))
+    assert Profile.load(path) == calibrated_profile()
+    path.write_text(json.dumps({**data, "format": "ringlet-profile/2"}))
+    with pytest.raises(ArgumentError, match=r"profile.json: a profile in format "
+                                            r"'ringlet-profile/2', and this ringlet .* reads "
+                                            r"'ringlet-profile/1'.* recalibrate"):
+        Profile.load(path)
+    with pytest.raises(ConfigError, match=r"RINGLET_PROFILE=.* is not a usable profile"):
+        tuner_for(Settings(profile=str(path)))
+
+
+def _calibrated_on(host: str) -> Profile:
+    import dataclasses
+
+    p = calibrated_profile()
+    assert p.calibration is not None
+    return dataclasses.replace(p, calibration=dataclasses.replace(p.calibration, host=host))
+
+
+def test_a_profile_calibrated_on_another_host_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from ringlet.cli import main
+
+    assert _calibrated_on(socket.gethostname()).calibrated_elsewhere() is None
+    assert Profile(Link(1e-6, 1e-9)).calibrated_elsewhere() is None   # not calibrated
+    why = _calibrated_on("big-box").calibrated_elsewhere()
+    assert why is not None
+    assert why.startswith(f"calibrated on big-box (2 cores), not on this host "
+                          f"{socket.gethostname()}"), why
+    assert "RINGLET_PROFILE" in why and "ringlet predict --calibrate" in why, why
+    for host, note in (("big-box", True), (socket.gethostname(), False)):
+        path = tmp_path / f"{host}.json"
+        _calibrated_on(host).save(path)
+        assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "2",
+                     "--no-crossovers", "--profile", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert "local: this host: test" in out, out
+        assert ("note: this profile was calibrated on big-box" in out) == note, out
+
+
+def test_a_job_on_another_hosts_profile_warns_once(tmp_path: Path) -> None:
+    """A home directory shared between machines: the profile in it describes the machine
+    that calibrated it.  Rank 0 says so once, however many communicators the job makes;
+    the job runs (the choice is still the same on every rank)."""
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text("import numpy as np, ringlet\ncomm = ringlet.init()\n"
+                      "sub = comm.split(0)\nsub.all_reduce(np.ones(4, np.float32))\n"
+                      "print('done', flush=True)\n")
+    for host, warned in (("big-box", 1), (socket.gethostname(), 0)):
+        path = tmp_path / f"{host}.json"
+        _calibrated_on(host).save(path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "RINGLET_PROFILE": str(path)})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("done") == 2, proc.stdout
+        assert proc.stderr.count(f"ringlet: the profile {path} was calibrated on big-box "
+                                 f"(2 cores), not on this host") == warned, proc.stderr

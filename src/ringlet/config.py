@@ -149,7 +149,8 @@ class Settings:
                "with '' (no tuner), the built-in size rules choose. Read once, when the "
                "job starts (a calibration that replaces it later is the next job's); the "
                "ranks of a node compare its contents then, and differing ones are a "
-               "ConfigError."})
+               "ConfigError. One calibrated on another host (a home directory shared "
+               "between machines) is used, and rank 0 warns that it may not fit."})
     flight_records: int = field(default=256, metadata={
         "doc": "Operations each communicator's flight recorder keeps (the last ones: "
                "collectives and point-to-point, with their state and timestamps); dumped "

@@ -72,6 +72,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -181,7 +182,15 @@ def _tuned(comm: Communicator, agreed: dict[str, Any]) -> Communicator:
     Used on one node only: a profile is one host's (see Communicator._choose)."""
     if agreed:
         comm._tuner = agreed_tuner(agreed["choosing"], comm.settings, agreed["lean"])
+        elsewhere = comm._tuner and comm._tuner.profile.calibrated_elsewhere()
+        if elsewhere and comm.rank == 0 and elsewhere not in _WARNED:
+            _WARNED.add(elsewhere)   # once a process: a job may make many communicators
+            warnings.warn(f"ringlet: the profile {agreed['choosing'].where} was {elsewhere}",
+                          stacklevel=3)
     return comm
+
+
+_WARNED: set[str] = set()
 
 
 def _aligned(comm: Communicator) -> Communicator:

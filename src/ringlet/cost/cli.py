@@ -235,9 +235,12 @@ def _resolve_links(args: argparse.Namespace) -> Links:
         prof = Profile.load(args.profile) if args.profile else \
             local_profile(Settings.from_env().profile)
         named = f"{prof.name}: " if prof.name and prof.name != "local" else ""
-        where = f"local: {named}{prof.source}"
+        where = [f"local: {named}{prof.source}"]
+        elsewhere = prof.calibrated_elsewhere()
+        if elsewhere:
+            where.append(f"note: this profile was {elsewhere}")
         line = prof.intra.bandwidth if prof.inter is None else None
-        return _with_nodes(args, Links(prof, [where], prof.intra.bandwidth,
+        return _with_nodes(args, Links(prof, where, prof.intra.bandwidth,
                                        prof.inter.bandwidth if prof.inter else 0.0, line))
     spec = link_spec(name)
     return _with_nodes(args, Links(

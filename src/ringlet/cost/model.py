@@ -109,6 +109,10 @@ from .units import bus_factor_of
 #: the default of the ``RINGLET_PROFILE`` setting.
 DEFAULT_PROFILE_PATH = Path(DEFAULT_PROFILE)
 
+#: The profile file's format (its ``"format"`` key): a file without the key was written
+#: before ringlet wrote one and reads the same; a later format is refused, not guessed at.
+PROFILE_FORMAT = "ringlet-profile/1"
+
 #: nccl-tests' bus-bandwidth factors, busbw = algbw * factor (nccl-tests doc/PERFORMANCE.md;
 #: gather and scatter as in its gather.cu and scatter.cu).
 BUS_FACTORS: dict[str, str] = {
@@ -301,8 +305,24 @@ class Profile:
         """Whether predictions at ``nranks`` ranks use the host model."""
         return self.host is not None and self.levels_for(nranks) == 1
 
+    def calibrated_elsewhere(self) -> str | None:
+        """Why this calibrated profile may not describe this machine, or None: it was
+        calibrated on another host (a home directory shared between machines).  The reason
+        reads after "the profile ... was"."""
+        import socket
+
+        cal = self.calibration
+        if cal is None or not cal.host or cal.host == socket.gethostname():
+            return None
+        return (f"calibrated on {cal.host} ({cal.cores} cores), not on this "
+                f"host {socket.gethostname()} ({os.cpu_count()} cores): the automatic choice "
+                f"may be off here; calibrate this host (`ringlet predict --calibrate --out "
+                f"PATH`, then RINGLET_PROFILE=PATH), or set RINGLET_PROFILE='' to choose by "
+                f"the built-in size rules")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "gpus_per_node": self.gpus_per_node,
+        return {"format": PROFILE_FORMAT,
+                "name": self.name, "source": self.source, "gpus_per_node": self.gpus_per_node,
                 "intra": asdict(self.intra),
                 "inter": None if self.inter is None else asdict(self.inter),
                 "host": None if self.host is None else self.host.to_dict(),
@@ -310,6 +330,14 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
+        fmt = data.get("format", PROFILE_FORMAT)
+        if fmt != PROFILE_FORMAT:
+            from .. import __version__
+
+            raise ArgumentError(
+                f"a profile in format {fmt!r}, and this ringlet ({__version__}) reads "
+                f"{PROFILE_FORMAT!r}: written by another version of ringlet? recalibrate "
+                f"with `ringlet predict --calibrate`")
         try:
             inter = data.get("inter")
             host = data.get("host")
