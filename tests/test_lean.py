@@ -144,6 +144,9 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
     comm.all_reduce(x.copy())   # on a fresh communicator: the call that makes this its thread
     comm.all_reduce(x.copy())   # the size's first call: the automatic choice is asked
     took("plain", lambda: comm.all_reduce(np.ones(4, np.float32)), np.full(4, n, np.float32))
+    took("op=ReduceOp.SUM", lambda: comm.all_reduce(np.ones(4, np.float32),
+                                                    op=ringlet.ReduceOp.SUM),
+         np.full(4, n, np.float32))
     took("op=max", lambda: comm.all_reduce(np.ones(4, np.float32), op="max"),
          np.ones(4, np.float32))
     took("algorithm=ring", lambda: comm.all_reduce(np.ones(4, np.float32), algorithm="ring"),
@@ -167,7 +170,8 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
 def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
     res = get_world(n).run(_what_it_takes)
     for took in res:
-        assert took == {"plain": True, "op=max": False, "algorithm=ring": False,
+        assert took == {"plain": True, "op=ReduceOp.SUM": True, "op=max": False,
+                        "algorithm=ring": False,
                         "algorithm=oneshot": True,
                         "float16": False, "2-d": True, "read-only x with out=": True,
                         "async": False}, took

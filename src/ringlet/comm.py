@@ -30,10 +30,7 @@ from .bucket import Buckets
 from .buffers import Buffer, as_buffer, check_out, new_buffer
 from .calls import NATIVE, _collective, _configure_logging
 from .config import Settings
-from .errors import (
-    ArgumentError,
-    RingletError,
-)
+from .errors import ArgumentError, RingletError
 from .executor import compile_program, execute
 from .groups import Groups
 from .ops import ReduceOp, check_op, finish, reducer
@@ -207,9 +204,10 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", out: Any = None,  # type: ignore[no-redef]  # noqa: F811
                    algorithm: str | None = None, async_op: bool = False) -> Any:
         lean_ = self._lean   # the compiled path first, where it applies (see ringlet.lean)
-        if lean_ is not None and op == "sum" and (algorithm is None or algorithm == "oneshot") \
-                and async_op is False and not self._inflight and self._pending_reject is None \
-                and self._api is None and self._owner_id == _get_ident():
+        if lean_ is not None and (op == "sum" or op is ReduceOp.SUM) and async_op is False \
+                and (algorithm is None or algorithm == "oneshot") and not self._inflight \
+                and self._pending_reject is None and self._api is None \
+                and self._owner_id == _get_ident():
             seq = self._seq + 1
             done = lean_.all_reduce(x, seq) if out is None and algorithm is None else \
                 lean_.all_reduce(x, seq, out, algorithm is not None)

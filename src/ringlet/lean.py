@@ -12,8 +12,8 @@ path pair up, agree and get the same bits:
   writable (or with ``out=``, a writable array of the same element type and count that
   does not overlap it), of float32, float64, int32 or int64, whose size the automatic
   choice runs one-shot through the post area (:func:`approve`, asked once per size) or
-  that fits the post area with ``algorithm="oneshot"``, called with ``op="sum"`` and
-  no other ``algorithm`` and no ``async_op``, on a communicator of
+  that fits the post area with ``algorithm="oneshot"``, called with ``op="sum"`` (or
+  ``ReduceOp.SUM``) and no other ``algorithm`` and no ``async_op``, on a communicator of
   one host with the fused paths on, from its thread, with nothing queued, nothing
   rejected before, not inside a compound call, and neither tracing, logging nor a
   profiler's ranges on;
