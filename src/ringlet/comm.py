@@ -52,9 +52,9 @@ log = logging.getLogger("ringlet")
 _PATH_CODE = {"generic": GENERIC, "post": POST, "staged": STAGE}
 #: every live communicator, closed at interpreter exit so that peers see "closed", not "died"
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
-#: numbers communicators in the order they were made (a dump lists them so)
 _get_ident = threading.get_ident
 _SUM = ReduceOp.SUM   # what the compiled all_reduce takes besides "sum" (a global: 20 ns)
+#: numbers communicators in the order they were made (a dump lists them so)
 _MADE = itertools.count()
 
 
