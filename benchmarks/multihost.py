@@ -479,18 +479,18 @@ def _job_env() -> dict[str, str | None]:
 
 def torch_job(script: str, args: list[str], rate: str, who: str,
               during: Callable[[Any], AbstractContextManager[Any]] | None = None,
-              own_cpus: bool = False) -> dict[str, Any] | None:
+              own_cpus: bool = False, mtu: int = 1500) -> dict[str, Any] | None:
     """Run ``script --rank ARGS`` under torchrun on a fresh 2-host bed shaped to ``rate``
-    (2 ranks per host) and return the JSON object its ranks printed on a line of their
-    own (rank 0 prints it), or None after saying why on stderr (``who`` names the
-    script).  ``during(bed)``, a context manager, is entered around the job (a sampler
-    of the link, say)."""
+    (2 ranks per host; links of MTU ``mtu``) and return the JSON object its ranks
+    printed on a line of their own (rank 0 prints it), or None after saying why on
+    stderr (``who`` names the script).  ``during(bed)``, a context manager, is entered
+    around the job (a sampler of the link, say)."""
     netbed = _netbed()
     why = netbed.check().why_not(rate=rate)
     if why:
         print(f"{who}: cannot run here: {why}", file=sys.stderr)
         return None
-    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus) as bed, \
+    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus, mtu=mtu) as bed, \
             (during(bed) if during is not None else contextlib.nullcontext()):
         job = bed.torchrun(script, ["--rank", *args], nproc_per_node=2, env=_job_env())
         codes = job.wait(timeout=900)
@@ -581,15 +581,16 @@ def combine(jobs: list[dict[str, Any]], planned: int = 0) -> dict[str, Any]:
 
 
 def run_rate(rate: str, sizes: list[int], limit: float,
-             phase_sizes: list[int] | None, own_cpus: bool = False, jobs: int = 1
-             ) -> dict[str, Any]:
+             phase_sizes: list[int] | None, own_cpus: bool = False, jobs: int = 1,
+             mtu: int = 1500) -> dict[str, Any]:
     """Build a 2-host bed shaped to ``rate``, measure the link, run ``jobs`` sweep jobs per
     engine, the engines taking turns (:func:`combine`), and the phase breakdown at
     ``phase_sizes``, if given."""
     netbed = _netbed()
     out: dict[str, Any] = {"rate": rate, "rate_bps": netbed.parse_rate(rate), "sizes": sizes}
-    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus) as bed:
+    with netbed.NetBed(2, rate=rate, own_cpus=own_cpus, mtu=mtu) as bed:
         out["cpus"] = bed.cpus
+        out["mtu"] = bed.mtu
         fwd = bed.measure_throughput(0, 1, seconds=1.0)
         back = bed.measure_throughput(1, 0, seconds=1.0)
         both = _two_flows(bed)
@@ -822,6 +823,8 @@ def machine(load: tuple[float, float], data: dict[str, Any]) -> list[str]:
         for eng in ("mpi", "torch"):
             vers.update(run.get(eng, {}).get("versions", {}))
     cpus = next((run["cpus"] for run in data["runs"] if run.get("cpus")), None)
+    mtu = next((run["mtu"] for run in data["runs"] if run.get("mtu")), 1500)
+    frames = "jumbo frames, `--mtu`" if mtu > 1500 else "Ethernet's"
     where = (f"each \"host\" has CPUs of its own (`--own-cpus`: "
              f"{'; '.join(f'host{i} on {c}' for i, c in enumerate(cpus))}, taskset), as on "
              f"separate machines: a host's 2 ranks and their threads share its CPUs"
@@ -838,10 +841,10 @@ def machine(load: tuple[float, float], data: dict[str, Any]) -> list[str]:
               if data.get("cpu_us") else []),
             f"- ringlet: commit {data['commit']}",
             "- " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())),
-            "- hosts: network namespaces on a Linux bridge (tests/netbed.py), each host's "
-            "veth shaped with HTB in both directions (burst ~50 us of the rate, GSO "
-            "packets of ~100 us: nothing crosses faster than the rate, see the 64 KiB "
-            "message below); no added delay: this kernel lacks "
+            "- hosts: network namespaces on a Linux bridge (tests/netbed.py), links of MTU "
+            f"{mtu} ({frames}), each host's veth shaped with HTB in both directions "
+            "(burst ~50 us of the rate, GSO packets of ~100 us: nothing crosses faster "
+            "than the rate, see the 64 KiB message below); no added delay: this kernel lacks "
             "sch_netem (CONFIG_NET_SCH_NETEM is not set), so the inter-host latency is the "
             "bed's own (RTT below)"]
 
@@ -1136,13 +1139,15 @@ def write_md(path: Path, text: str) -> None:
 def bed_job_args(ap: argparse.ArgumentParser, calls: int, calls_help: str | None = None
                  ) -> None:
     """The options of a script that runs one torchrun job on the bed (rails_timeline.py,
-    rails_ab.py, rails_cpu.py): ``--rate``, ``--bytes``, ``--calls``, and the hidden
-    ``--rank`` its ranks run with."""
+    rails_ab.py, rails_cpu.py): ``--rate``, ``--bytes``, ``--calls``, ``--own-cpus``,
+    ``--mtu``, and the hidden ``--rank`` its ranks run with."""
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--bytes", default="4M", help="the vector's bytes (K/M suffixes)")
     ap.add_argument("--calls", type=int, default=calls, help=calls_help)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--own-cpus", action="store_true", help=OWN_CPUS_HELP)
+    ap.add_argument("--mtu", type=int, default=1500,
+                    help="the links' MTU (default 1500, Ethernet's; 9000: jumbo frames)")
 
 
 def parse_size(text: str) -> int:
@@ -1219,6 +1224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the breakdown of where the time goes (at the first rate)")
     ap.add_argument("--own-cpus", action="store_true", help=OWN_CPUS_HELP)
+    ap.add_argument("--mtu", type=int, default=1500,
+                    help="the links' MTU (default 1500, Ethernet's; 9000: jumbo frames)")
     ap.add_argument("--jobs", type=int, default=3,
                     help="sweep jobs per engine and rate, the engines taking turns; each "
                          "figure is the median of the jobs' (default 3; see combine)")
@@ -1243,6 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
     shown += [x for r in (a.rate or DEFAULT_RATES) for x in ("--rate", r)]
     shown += ["--no-predict"] * a.no_predict + ["--no-phases"] * a.no_phases
     shown += ["--own-cpus"] * a.own_cpus + ["--jobs", str(a.jobs)] * (a.jobs != 3)
+    shown += ["--mtu", str(a.mtu)] * (a.mtu != 1500)
     shown += ["--out", os.path.relpath(a.out, ROOT)]
     data: dict[str, Any] = {
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -1255,7 +1263,8 @@ def main(argv: list[str] | None = None) -> int:
         data["cpu_us"].append(cpu_probe())
         sizes = [s for s in SIZES if s <= top]
         phases = None if a.no_phases or i else [s for s in PHASE_SIZES if s <= top]
-        data["runs"].append(run_rate(rate, sizes, a.limit, phases, a.own_cpus, a.jobs))
+        data["runs"].append(run_rate(rate, sizes, a.limit, phases, a.own_cpus, a.jobs,
+                                     a.mtu))
     if not a.no_predict:
         data["intra"] = calibrate()
         for run in data["runs"]:

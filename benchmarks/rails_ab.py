@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     times = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls),
                                            *a.names], a.rate, "rails_ab",
-                                own_cpus=a.own_cpus)
+                                own_cpus=a.own_cpus, mtu=a.mtu)
     if times is None:
         return 1
     netbed = multihost._netbed()

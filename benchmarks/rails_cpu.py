@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_main(nbytes, a.calls)
         return 0
     data = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls)],
-                               a.rate, "rails_cpu", own_cpus=a.own_cpus)
+                               a.rate, "rails_cpu", own_cpus=a.own_cpus, mtu=a.mtu)
     if data is None:
         return 1
     print(report(data, nbytes, a.rate, a.calls))

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     data = multihost.torch_job(__file__, ["--bytes", str(nbytes), "--calls", str(a.calls)],
                                a.rate, "rails_timeline",
                                None if a.no_link else lambda bed: _link(bed, samples),
-                               own_cpus=a.own_cpus)
+                               own_cpus=a.own_cpus, mtu=a.mtu)
     if data is None:
         return 1
     netbed = multihost._netbed()

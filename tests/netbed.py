@@ -116,6 +116,10 @@ PREFIX = "rlnb"
 IFNAME = "eth0"
 BRIDGE = "br0"
 SWITCH_HOST = 254  # the switch's address in the subnet: <subnet>.254, named "launcher"
+#: the links' MTU unless a bed is given another (``NetBed(mtu=...)``): Ethernet's
+MTU = 1500
+#: the Ethernet header a frame adds to a packet of the MTU (HTB counts whole frames)
+ETH_HEADER = 14
 ETC_NETNS = Path("/etc/netns")
 _NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]{{6}})-(sw|probe|h\d+)$")
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
@@ -463,9 +467,14 @@ class NetBed:
 
     def __init__(self, k: int = 2, *, rate: str | float | None = None,
                  delay: str | float | None = None, subnet: str = "10.77.0",
-                 own_cpus: bool = False) -> None:
+                 own_cpus: bool = False, mtu: int = MTU) -> None:
         if not 1 <= k <= 200:
             raise ValueError(f"k must be in 1..200, not {k}")
+        if not 1280 <= mtu <= 65535:
+            raise ValueError(f"mtu must be in 1280..65535 (IPv6's least, a veth's most), "
+                             f"not {mtu}")
+        #: every link's MTU: 1500 (Ethernet's), or jumbo frames (9000, as in AWS's VPCs)
+        self.mtu = mtu
         why = check().why_not(rate, delay)
         if why:
             raise NetbedError(why)
@@ -511,8 +520,8 @@ class NetBed:
             _sh(argv)
         for h in self.hosts:
             self._add_ns(h.ns)
-            for argv in ([ip, "-n", sw, "link", "add", h.port, "type", "veth", "peer", "name",
-                          h.ifname, "netns", h.ns],
+            for argv in ([ip, "-n", sw, "link", "add", h.port, "mtu", str(self.mtu), "type",
+                          "veth", "peer", "name", h.ifname, "mtu", str(self.mtu), "netns", h.ns],
                          [ip, "-n", sw, "link", "set", h.port, "master", BRIDGE, "up"],
                          [ip, "-n", h.ns, "link", "set", "lo", "up"],
                          [ip, "-n", h.ns, "addr", "add", f"{h.ip}/24", "dev", h.ifname],
@@ -601,7 +610,7 @@ class NetBed:
         for i in (range(len(self.hosts)) if hosts is None else hosts):
             h = self.hosts[i]
             for ns, dev in ((h.ns, h.ifname), (self.switch_ns, h.port)):
-                why = _shape_dev(ns, dev, bps, secs)
+                why = _shape_dev(ns, dev, bps, secs, self.mtu)
                 if why and bps is not None:
                     self.burst_reason = why
 
@@ -838,22 +847,21 @@ exec {_ip()} netns exec "$ns" {pin}/bin/sh -c "$*"
         return Rtt(min=rtts[0], median=statistics.median(rtts), samples=len(rtts))
 
 
-#: an Ethernet frame of a full TCP segment (MTU 1500 + header)
-FRAME_BYTES = 1514
 #: the kernel's default limit of segments in one GSO packet
 GSO_MAX_SEGS = 65535
 
 
-def gso_segments(bps: float) -> int:
+def gso_segments(bps: float, mtu: int = MTU) -> int:
     """Segments one GSO packet may carry on a link shaped to ``bps``: about 100 us of the
-    rate (1 at 200 Mbit/s, 8 at 1 Gbit/s, 82 at 10 Gbit/s).
+    rate (1 at 200 Mbit/s, 8 at 1 Gbit/s, 82 at 10 Gbit/s; with jumbo frames, ``mtu``
+    9000, 1, 1 and 13).
 
     HTB lets a packet go whenever its bucket is not empty and charges it after, so a
     64 KB GSO packet (what TCP hands a veth) left at once: with GSO unbounded and a 16 KB
     burst, 16 KiB crossed a 200 Mbit/s link in 0.26 ms (0.39x its 0.66 ms at the rate)
     and 64 KiB in 0.73x, faster than the link.  One segment per packet at 1 Gbit/s costs
     the 2 cores too much (610 Mbit/s of goodput, against 953 with 8)."""
-    return max(1, int(bps / 8 * 100e-6) // FRAME_BYTES)
+    return max(1, int(bps / 8 * 100e-6) // (mtu + ETH_HEADER))
 
 
 def _gso_segments(ns: str, dev: str, segs: int | None) -> str | None:
@@ -868,22 +876,23 @@ def _gso_segments(ns: str, dev: str, segs: int | None) -> str | None:
             f"({(p.stderr or p.stdout).strip()}): GSO packets of up to 64 KB cross at once")
 
 
-def burst_bytes(bps: float) -> int:
+def burst_bytes(bps: float, mtu: int = MTU) -> int:
     """What a shaped link lets leave at once after an idle gap: ~50 us of the rate, at
-    least two frames."""
-    return max(2 * FRAME_BYTES, int(bps / 8 * 50e-6))
+    least two frames (of ``mtu`` bytes and the header)."""
+    return max(2 * (mtu + ETH_HEADER), int(bps / 8 * 50e-6))
 
 
-def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None) -> str | None:
+def _shape_dev(ns: str, dev: str, bps: float | None, secs: float | None,
+               mtu: int = MTU) -> str | None:
     """Shape one end of a link; returns why it may still burst (see _gso_segments)."""
     tc = _tc()
     _sh([tc, "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-    bursts = _gso_segments(ns, dev, None if bps is None else gso_segments(bps))
+    bursts = _gso_segments(ns, dev, None if bps is None else gso_segments(bps, mtu))
     if bps is None and secs is None:
         return bursts
     if bps is not None:
         rate = f"{int(bps)}bit"
-        burst = burst_bytes(bps)
+        burst = burst_bytes(bps, mtu)
         _sh([tc, "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
              "default", "1"])
         _sh([tc, "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",

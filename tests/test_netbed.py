@@ -58,6 +58,13 @@ def test_units() -> None:
         netbed.parse_rate("fast")
     # GSO packets of ~100 us of the rate: one segment at 200 Mbit/s, more on faster links
     assert [netbed.gso_segments(b) for b in (1e8, 2e8, 1e9, 1e10)] == [1, 1, 8, 82]
+    # jumbo frames: a 9014-byte frame is 72 us at 1 Gbit/s already
+    assert [netbed.gso_segments(b, 9000) for b in (2e8, 1e9, 1e10)] == [1, 1, 13]
+    # a burst of ~50 us of the rate, at least two whole frames
+    assert [netbed.burst_bytes(b) for b in (2e8, 1e9)] == [3028, 6250]
+    assert [netbed.burst_bytes(b, 9000) for b in (2e8, 1e9, 1e10)] == [18028, 18028, 62500]
+    with pytest.raises(ValueError, match="mtu must be in 1280..65535"):
+        netbed.NetBed(2, mtu=576)
 
 
 @needs_bed
@@ -206,6 +213,40 @@ def test_own_cpus_puts_each_hosts_processes_on_its_cpus(bed: netbed.NetBed) -> N
         job = b.mpiexec([sys.executable, str(SCRIPTS / "netbed_mpi.py")], ppn=1)
         ranks = sorted(records(job.check(timeout=60)), key=lambda r: int(str(r["rank"])))
         assert [r["cpus"] for r in ranks] == b.cpus, ranks
+
+
+_MSS = """
+import socket, sys
+if sys.argv[1] == "serve":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 7001)); s.listen(1); print("listening", flush=True)
+    c, _ = s.accept(); c.recv(1)
+else:
+    c = socket.create_connection((sys.argv[2], 7001), timeout=20)
+    print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); c.sendall(b"x")
+"""
+
+
+def _mss(b: netbed.NetBed) -> int:
+    """The payload bytes of a full TCP segment between host 0 and host 1 of ``b``."""
+    server = b.popen(0, [sys.executable, "-c", _MSS, "serve"], stdout=subprocess.PIPE,
+                     text=True)
+    assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+    client = b.run(1, [sys.executable, "-c", _MSS, "connect", b.hosts[0].ip], check=True)
+    server.wait(timeout=20)
+    return int(client.stdout)
+
+
+@needs_bed
+def test_jumbo_frames_carry_larger_tcp_segments() -> None:
+    """``mtu=9000``: every link of the bed takes jumbo frames, and TCP between hosts sends
+    segments of 8948 payload bytes (9000 less 40 of headers and 12 of timestamps) where
+    Ethernet's MTU gives 1448: 99.3 % of each frame's bytes on the wire, not 95.6 %."""
+    for mtu, mss in ((netbed.MTU, 1448), (9000, 8948)):
+        with netbed.NetBed(2, rate=RATE if SUPPORT.rate_reason is None else None, mtu=mtu,
+                           subnet="10.79.0") as b:
+            assert b.mtu == mtu
+            assert _mss(b) == mss
 
 
 @needs_bed
