@@ -473,7 +473,7 @@ class NetBed:
         if not 1280 <= mtu <= 65535:
             raise ValueError(f"mtu must be in 1280..65535 (IPv6's least, a veth's most), "
                              f"not {mtu}")
-        #: every link's MTU: 1500 (Ethernet's), or jumbo frames (9000, as in AWS's VPCs)
+        #: every link's MTU: 1500 (Ethernet's), or jumbo frames (9000, as inside many data centres)
         self.mtu = mtu
         why = check().why_not(rate, delay)
         if why:
