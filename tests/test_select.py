@@ -249,3 +249,30 @@ def test_across_nodes_all_reduce_pipelined_from_two_pieces() -> None:
     assert pick(4, 64 * MiB, 2, "all_reduce:hierarchical") == "hierarchical"
     assert choose("all_reduce", 4, 64 * MiB, requested="hierarchical", setting="", nodes=2,
                   ranks_per_node=2) == "hierarchical"
+
+
+def test_past_the_post_area_the_automatic_oneshot_becomes_direct_and_nothing_else() -> None:
+    """A call too large for the fused paths' post area (``post_fits=False``): the automatic
+    choice of oneshot (which runs fused or not at all) becomes the staged direct path, but
+    an algorithm the user asked for, or forced or excluded with RINGLET_ALGO, is honoured
+    (the communicator ran direct for ``all_reduce:oneshot`` and ``all_reduce:^direct``)."""
+    small = 1 << 10
+    assert choose("all_reduce", 2, small, requested=None, setting="") == "oneshot"
+    assert choose("all_reduce", 2, small, requested=None, setting="",
+                  post_fits=False) == "direct"
+    assert choose("all_reduce", 2, small, requested="auto", setting="",
+                  post_fits=False) == "direct"
+    assert choose("all_reduce", 2, small, requested="oneshot", setting="",
+                  post_fits=False) == "oneshot"
+    assert choose("all_reduce", 2, small, requested=None, setting="all_reduce:oneshot",
+                  post_fits=False) == "oneshot"
+    for setting in ("all_reduce:^direct", "all_reduce:^direct,^ring"):
+        excluded = parse_algo_setting(setting)["all_reduce"][1]
+        name = choose("all_reduce", 2, small, requested=None, setting=setting,
+                      post_fits=False)
+        assert name not in excluded | {"oneshot"}, (setting, name)
+        assert name == heuristic("all_reduce", 2, small,
+                                 frozenset(algorithms("all_reduce")) - excluded - {"oneshot"})
+    only = ",".join(f"^{a}" for a in algorithms("all_reduce") if a != "oneshot")
+    assert choose("all_reduce", 2, small, requested=None, setting=f"all_reduce:{only}",
+                  post_fits=False) == "oneshot"   # nothing else is allowed

@@ -504,12 +504,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             name = choose(collective, self.size, nbytes, requested=algorithm,
                           setting=self.settings.algo, nodes=len(topo.nodes),
                           ranks_per_node=topo.ranks_per_node,
-                          tuner=self._tuner if len(topo.nodes) == 1 else None)
-            if name == "oneshot" and algorithm in (None, "auto") and self._fused is not None \
-                    and not self._fused.fits_post(nbytes):
-                # the automatic choice runs oneshot fused or not at all: past the post area
-                # the staged direct path is the fast one (every rank has the same settings)
-                name = "direct"
+                          tuner=self._tuner if len(topo.nodes) == 1 else None,
+                          post_fits=self._fused is None or self._fused.fits_post(nbytes))
             if len(self._chosen) > 4096:
                 self._chosen.clear()
             self._chosen[key] = name

@@ -413,11 +413,16 @@ def _profile(path: str, mtime_ns: int, size: int) -> Profile:
 
 def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
            setting: str, tuner: Tuner | None = None, nodes: int = 1,
-           ranks_per_node: int | None = None) -> str:
+           ranks_per_node: int | None = None, post_fits: bool = True) -> str:
     """The canonical name of the algorithm to run (see the module docs for the precedence).
 
     ``tuner`` (see :func:`tuner_for`) makes the automatic choice by predicted
     time; without it, :func:`heuristic` does.
+
+    ``post_fits`` False (the call is too large for the fused paths' post area): an
+    automatic choice of ``oneshot``, which runs fused or not at all, becomes
+    ``direct`` (the staged fused path), or, where ``RINGLET_ALGO`` excludes that, the
+    choice among the rest.  An algorithm asked for or forced by the setting stays.
 
     ``nodes`` > 1 (a job across nodes, :func:`multinode`): the automatic
     choice leaves out the one-host algorithms and puts the two-level one first
@@ -444,6 +449,18 @@ def choose(collective: str, nranks: int, nbytes: int, *, requested: str | None,
     if forced is not None:
         return forced
     allowed = frozenset(algorithms(collective)) - excluded
+    name = _automatic(collective, nranks, nbytes, allowed, tuner, nodes, ranks_per_node)
+    if name == "oneshot" and not post_fits:
+        if "direct" in allowed:
+            return "direct"
+        if allowed - {"oneshot"}:
+            return _automatic(collective, nranks, nbytes, allowed - {"oneshot"}, tuner, nodes,
+                              ranks_per_node)
+    return name
+
+
+def _automatic(collective: str, nranks: int, nbytes: int, allowed: frozenset[str],
+               tuner: Tuner | None, nodes: int, ranks_per_node: int | None) -> str:
     if nodes > 1:
         return multinode(collective, nranks, nbytes, allowed, ranks_per_node)
     if tuner is not None:
