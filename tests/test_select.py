@@ -276,3 +276,23 @@ def test_past_the_post_area_the_automatic_oneshot_becomes_direct_and_nothing_els
     only = ",".join(f"^{a}" for a in algorithms("all_reduce") if a != "oneshot")
     assert choose("all_reduce", 2, small, requested=None, setting=f"all_reduce:{only}",
                   post_fits=False) == "oneshot"   # nothing else is allowed
+
+
+def test_docstring_examples() -> None:
+    import doctest
+    import importlib
+
+    # the module, not the package's function of the same name
+    result = doctest.testmod(importlib.import_module("ringlet.algorithms.select"))
+    assert result.attempted and not result.failed
+
+
+def test_settings_that_mean_the_same_compare_equal() -> None:
+    from ringlet.algorithms.select import canonical_setting
+
+    same = ["all_reduce:tree;broadcast:^chain", "broadcast: ^chain ; all_reduce: binomial",
+            "all_reduce:binomial;;broadcast:^chain;"]
+    assert len({canonical_setting(s) for s in same}) == 1
+    assert canonical_setting("all_reduce:ring") != canonical_setting("all_reduce:binomial")
+    assert canonical_setting("all_reduce:^ring") != canonical_setting("all_reduce:ring")
+    assert canonical_setting("") == canonical_setting(" ; ")

@@ -222,6 +222,15 @@ def test_ranks_that_would_choose_differently_fail_at_start_up(tmp_path: Path, va
         assert "rank 1 has none (RINGLET_PROFILE='')" in res[0][1], res[0][1]
 
 
+def test_ranks_whose_settings_mean_the_same_agree_at_start_up() -> None:
+    """RINGLET_ALGO is compared by what it means: an alias, spaces or another order of
+    its entries failed every rank with a ConfigError."""
+    base = Settings(timeout=20.0, profile="", algo="all_reduce:tree;broadcast:^chain")
+    res = _job([base, base.replace(algo="broadcast: ^chain; all_reduce:binomial"), base],
+               _choices, [8])
+    assert res == [("ok", ["binomial"])] * 3, res
+
+
 def _recalibrated(comm: ringlet.Communicator, path: str, sizes: list[int]) -> list[str]:
     """The profile is replaced after the first call, before the others reach a new size."""
     comm.all_reduce(np.ones(2, np.float32))

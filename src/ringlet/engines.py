@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .algorithms.select import canonical_setting
 from .config import Settings
 from .env import LaunchInfo
 from .errors import CommTimeoutError, ConfigError, PeerError, RingletError
@@ -236,7 +237,7 @@ def start(engine: str, rank: int, size: int, settings: Settings, job_id: str | N
     # RINGLET_ALGO steers every rank's choice: ranks on different nodes must share it (the
     # ranks of a node compare the rest at their own start-up)
     algos = boot.allgather(settings.algo, "algo")
-    if len(set(algos)) > 1:
+    if len({canonical_setting(a) for a in algos}) > 1:
         raise ConfigError("ranks must use the same RINGLET_ALGO (they would choose "
                           "different algorithms): " + "; ".join(
                               f"rank {q} has {a!r}" for q, a in enumerate(algos)))

@@ -76,7 +76,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from .algorithms.select import agreed_tuner, choosing
+from .algorithms.select import agreed_tuner, canonical_setting, choosing
 from .comm import Communicator
 from .config import Settings
 from .errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
@@ -470,7 +470,7 @@ def _settings_of(hello: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     out: dict[str, tuple[Any, str]] = {f"RINGLET_{n.upper()}": (v, str(v))
                                        for n, v in zip(_SHAPE, hello["shm"], strict=True)}
     algo, fused, digest, where = hello["choice"]
-    out["RINGLET_ALGO"] = (algo, repr(algo))
+    out["RINGLET_ALGO"] = (canonical_setting(algo), repr(algo))
     out["RINGLET_FUSED"] = (fused, fused)
     out["RINGLET_PROFILE"] = (digest, where + (f" (contents {digest})" if digest else ""))
     return out

@@ -118,6 +118,22 @@ def parse_algo_setting(text: str) -> Setting:
     return {c: (f, e) for c, f, e in _parse(text)}
 
 
+def canonical_setting(text: str) -> str:
+    """``RINGLET_ALGO`` as ranks compare it: what it means, not how it is written (aliases
+    resolved, spaces and the entries' order left out), so that ``all_reduce:tree`` and
+    ``all_reduce: binomial`` agree.  Text that does not parse is compared as it is.
+
+    >>> canonical_setting("broadcast:tree; all_reduce:^naive") == \\
+    ...     canonical_setting("all_reduce: ^naive;broadcast:binomial")
+    True
+    """
+    try:
+        parsed = parse_algo_setting(text)
+    except ArgumentError:
+        return text
+    return repr(sorted((c, f or "", sorted(e)) for c, (f, e) in parsed.items()))
+
+
 #: Algorithms the automatic choice never picks (the user may still ask for them).
 #: Recursive doubling all_reduce was left out because its partners reduced a (op) b and
 #: b (op) a (not bit-identical for MIN/MAX of signed zeros or NaN payloads); since issue 8
