@@ -503,6 +503,25 @@ def test_torch_and_mpi4py_ops_are_accepted() -> None:
     assert out == [[5.0, 3.0, 5.0, 6.0]] * 2
 
 
+def test_every_torch_and_mpi4py_op_parses_to_ringlets() -> None:
+    """Every op of mpi4py's with a ringlet counterpart (the logical ones and MINLOC/MAXLOC
+    were "unknown reduction op"), and torch's ReduceOp objects as well as its names."""
+    torch_dist = pytest.importorskip("torch.distributed")
+    mpi = pytest.importorskip("mpi4py.MPI")
+    from ringlet.ops import ReduceOp
+
+    for op in ReduceOp:
+        if op is not ReduceOp.AVG:
+            assert ReduceOp.parse(getattr(mpi, op.name)) is op
+    for name, op in (("SUM", ReduceOp.SUM), ("PRODUCT", ReduceOp.PROD),
+                     ("MAX", ReduceOp.MAX), ("AVG", ReduceOp.AVG), ("BXOR", ReduceOp.BXOR)):
+        red = getattr(torch_dist.ReduceOp, name)
+        assert ReduceOp.parse(red) is op
+        assert ReduceOp.parse(torch_dist.ReduceOp(red)) is op
+    with pytest.raises(ringlet.ArgumentError, match="unknown reduction op"):
+        ReduceOp.parse(mpi.REPLACE)
+
+
 def _recv_wrong_tag(c: ringlet.Communicator, src: int = 0) -> str:
     x = np.ones(4)
     if c.rank == 0:

@@ -65,6 +65,7 @@ def _foreign_op(op: object) -> ReduceOp | None:
     what the caller passed (neither library is imported here)."""
     module = type(op).__module__ or ""
     if module.startswith("torch"):
+        op = getattr(op, "op", op)   # a ReduceOp object (dist.ReduceOp(...)): its RedOpType
         name = _TORCH_NAMES.get(str(getattr(op, "name", "")))
         return ReduceOp[name] if name else None
     if module.startswith("mpi4py"):
@@ -73,7 +74,8 @@ def _foreign_op(op: object) -> ReduceOp | None:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None:
             return None
-        for name in ("SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        for name in ("SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR", "LAND", "LOR",
+                     "LXOR", "MINLOC", "MAXLOC"):
             if op == getattr(mpi, name, None):
                 return ReduceOp[name]
     return None
