@@ -147,6 +147,20 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
     took("op=ReduceOp.SUM", lambda: comm.all_reduce(np.ones(4, np.float32),
                                                     op=ringlet.ReduceOp.SUM),
          np.full(4, n, np.float32))
+    took("op='SUM'", lambda: comm.all_reduce(np.ones(4, np.float32), op="SUM"),
+         np.full(4, n, np.float32))
+    took("algorithm='auto'", lambda: comm.all_reduce(np.ones(4, np.float32), algorithm="auto"),
+         np.full(4, n, np.float32))
+    took("async_op=np.False_", lambda: comm.all_reduce(np.ones(4, np.float32),
+                                                       async_op=np.False_),
+         np.full(4, n, np.float32))
+
+    def same_out() -> np.ndarray:
+        y = np.ones(4, np.float32)
+        assert comm.all_reduce(y, out=y) is y   # out= itself, in place
+        return y
+
+    took("out=x", same_out, np.full(4, n, np.float32))
     took("op=max", lambda: comm.all_reduce(np.ones(4, np.float32), op="max"),
          np.ones(4, np.float32))
     took("algorithm=ring", lambda: comm.all_reduce(np.ones(4, np.float32), algorithm="ring"),
@@ -170,7 +184,9 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
 def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
     res = get_world(n).run(_what_it_takes)
     for took in res:
-        assert took == {"plain": True, "op=ReduceOp.SUM": True, "op=max": False,
+        assert took == {"plain": True, "op=ReduceOp.SUM": True, "op='SUM'": True,
+                        "algorithm='auto'": True, "async_op=np.False_": True, "out=x": True,
+                        "op=max": False,
                         "algorithm=ring": False,
                         "algorithm=oneshot": True,
                         "float16": False, "2-d": True, "read-only x with out=": True,

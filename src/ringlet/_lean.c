@@ -402,8 +402,8 @@ static PyMethodDef module_methods[] = {
 
 /* all_reduce(x, seq[, out[, oneshot]]) -> NOT_LEAN, DONE, PUBLISHED or UNAPPROVED (see the
  * top of this file); with out (None: in place), x is read only and the result goes to out
- * (the same element type and count, any shape, not overlapping x: else NOT_LEAN, and
- * Python says what is wrong); oneshot: the call asked for algorithm="oneshot", which runs
+ * (the same element type and count, any shape, x's own elements or none of them: else
+ * NOT_LEAN, and Python says what is wrong); oneshot: the call asked for algorithm="oneshot", which runs
  * through the post area whenever the vector fits it (no automatic choice to ask) */
 static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 2 || nargs > 4) {
@@ -437,8 +437,10 @@ static PyObject *Lean_all_reduce(Lean *self, PyObject *const *args, Py_ssize_t n
             return PyLong_FromLong(NOT_LEAN);
         }
         char *a = v.buf, *b = ov.buf;
+        /* out= overlapping x is the Python path's error; out= with x's very elements (x
+         * itself, or another view of them) is in place, as there */
         if (kind_of(ov.format, ov.itemsize) != kind || ov.len != v.len
-                || (a < b + ov.len && b < a + v.len)) {
+                || (a != b && a < b + ov.len && b < a + v.len)) {
             PyBuffer_Release(&ov);
             PyBuffer_Release(&v);
             return PyLong_FromLong(NOT_LEAN);

@@ -217,6 +217,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                 return x if out is None else out
             if done == lean.UNAPPROVED:
                 lean.approve(self, lean_, x.nbytes)
+        elif lean_ is not None and (spelled := lean.respelled(op, out, algorithm, async_op)):
+            return self.all_reduce(x, *spelled)   # "SUM", MPI.SUM, "auto"...
         return self._all_reduce(x, op, out, algorithm, async_op)
 
     all_reduce.__doc__ = _all_reduce.__doc__

@@ -10,11 +10,13 @@ path pair up, agree and get the same bits:
 * it takes only what the Python path would run as the fused one-shot all_reduce (sum)
   and publish the same descriptor for: an exact ``numpy.ndarray``, C-contiguous and
   writable (or with ``out=``, a writable array of the same element type and count that
-  does not overlap it), of float32, float64, int32 or int64, whose size the automatic
-  choice runs one-shot through the post area (:func:`approve`, asked once per size) or
-  that fits the post area with ``algorithm="oneshot"``, called with ``op="sum"`` (or
-  ``ReduceOp.SUM``) and no other ``algorithm`` and no ``async_op``, on a communicator of
-  one host with the fused paths on, from its thread, with nothing queued, nothing
+  is x's own elements or shares none of them), of float32, float64, int32 or int64,
+  whose size the automatic choice runs one-shot through the post area (:func:`approve`,
+  asked once per size) or that fits the post area with ``algorithm="oneshot"``, called
+  with ``op="sum"`` (or ``ReduceOp.SUM``; any other spelling of SUM,
+  ``algorithm="auto"`` and ``async_op=numpy.False_`` are taken as those,
+  :func:`respelled`) and no other ``algorithm`` and no ``async_op``, on a communicator
+  of one host with the fused paths on, from its thread, with nothing queued, nothing
   rejected before, not inside a compound call, and neither tracing, logging nor a
   profiler's ranges on;
 * anything else, and anything that goes wrong (a peer that is not there within a
@@ -38,6 +40,7 @@ import numpy as np
 
 from .agreement import COLL_CODE, POST, Desc, algo_code
 from .cost.host import LEAN_DTYPES as TAKEN
+from .errors import ArgumentError
 from .ops import DTYPES, ReduceOp
 from .transport.shm import DESC_WORDS, ShmTransport
 
@@ -96,6 +99,31 @@ def approve(comm: Communicator, lean: Any, nbytes: int) -> None:
     if comm._choose("all_reduce", None, nbytes) == ONESHOT and \
             comm._path("all_reduce", ONESHOT, nbytes) == comm._path("all_reduce", ONESHOT, 8):
         lean.approve(nbytes)
+
+
+# bound once: an enum class's attributes take 0.1-0.2 us to look up
+_parse, _SUM, _FALSE = ReduceOp.parse, ReduceOp.SUM, np.False_
+
+
+def respelled(op: Any, out: Any, algorithm: str | None, async_op: Any
+              ) -> tuple[str, Any, str | None, bool] | None:
+    """``op``, ``out``, ``algorithm`` and ``async_op`` of an all_reduce the compiled call did
+    not take, spelled as it takes them, where the spelling alone stood in its way: any
+    spelling of SUM (``"SUM"``, torch's and mpi4py's), ``algorithm="auto"`` (None) and
+    ``async_op=numpy.False_``.  None where they mean something else, or are spelled so
+    already (the call goes to the Python path)."""
+    try:
+        if _parse(op) is not _SUM:
+            return None
+    except ArgumentError:
+        return None
+    algo = None if algorithm == "auto" else algorithm
+    flag = False if async_op is _FALSE else async_op
+    if algo not in (None, ONESHOT) or flag is not False:
+        return None
+    if op == "sum" and algo is algorithm and flag is async_op:
+        return None
+    return "sum", out, algo, False
 
 
 def oneshot_reducer(op: ReduceOp, dtype_name: str) -> Any:

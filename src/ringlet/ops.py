@@ -37,16 +37,18 @@ class ReduceOp(enum.IntEnum):
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
-        if isinstance(op, ReduceOp):
-            return op
-        hit = _OP_NAMES.get(op) if isinstance(op, str) else None
-        if hit is not None:
-            return hit
         if isinstance(op, str):
+            hit = _OP_NAMES.get(op)
+            if hit is not None:
+                return hit
             name = op.strip().upper()
             name = {"PRODUCT": "PROD", "MEAN": "AVG", "AVERAGE": "AVG"}.get(name, name)
             if name in cls.__members__:
+                if len(_OP_NAMES) < 256:   # "SUM", " Sum "...: the next call's a lookup
+                    _OP_NAMES[op] = cls[name]
                 return cls[name]
+        elif isinstance(op, ReduceOp):
+            return op
         foreign = _foreign_op(op)
         if foreign is not None:
             return foreign
