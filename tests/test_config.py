@@ -241,3 +241,14 @@ def test_spawn_refuses_the_mpi_and_torch_engines() -> None:
                                           r"RINGLET_ENGINE=torch: .* torchrun \(or `ringlet "
                                           r"run`, which makes a store"):
         ringlet.spawn(_returns_rank, 2, settings=Settings(engine="torch"))
+
+
+def test_named_values_in_any_case_and_spacing() -> None:
+    """RINGLET_DEBUG=info worked; RINGLET_ENGINE=MPI, RINGLET_RAILS=Native and
+    RINGLET_START_METHOD=' fork' were ConfigErrors (and ranks compare the values after)."""
+    s = Settings.from_env({"RINGLET_DEBUG": "info", "RINGLET_ENGINE": "MPI",
+                           "RINGLET_RAILS": " Native", "RINGLET_START_METHOD": "Fork "})
+    assert (s.debug, s.engine, s.rails, s.start_method) == ("INFO", "mpi", "native", "fork")
+    assert Settings(engine="Torch").engine == "torch"
+    assert s == Settings.from_env({"RINGLET_DEBUG": "INFO", "RINGLET_ENGINE": "mpi",
+                                   "RINGLET_RAILS": "native", "RINGLET_START_METHOD": "fork"})

@@ -210,6 +210,9 @@ class Settings:
         if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
             raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
         object.__setattr__(self, "debug", self.debug.upper())
+        for name in ("engine", "rails", "start_method"):   # MPI, Native, " fork": as meant
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, getattr(self, name).strip().lower())
         if self.engine not in ("auto", "mpi", "torch", "none"):
             raise ConfigError(f"engine must be auto, mpi, torch or none, got {self.engine!r}")
         if self.rails not in ("auto", "ring", "native"):
