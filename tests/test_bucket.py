@@ -104,6 +104,11 @@ def _bad(c: ringlet.Communicator) -> str:
         ringlet.Bucketer(c, cap_bytes=0)
     except ringlet.ArgumentError as exc:
         out.append(str(exc))
+    try:
+        ringlet.Bucketer(c, cap_bytes=True)   # a bool is not a size (it was taken as 1)
+    except ringlet.ArgumentError as exc:
+        out.append(str(exc))
+    assert ringlet.Bucketer(c, cap_bytes=np.int64(64)).cap == 64   # numpy's ints are
     x = [np.ones(4)]
     c.all_reduce_coalesced(x)          # the communicator still works
     out.append(str(x[0].tolist()))
@@ -114,6 +119,7 @@ def test_bad_arguments_are_argument_errors() -> None:
     n = 2
     for text in get_world(n).run(_bad):
         assert "item 0 is a list" in text and "read-only" in text and "cap_bytes" in text
+        assert "cap_bytes must be a positive whole number, got True" in text
         assert text.endswith(str([float(n)] * 4))
 
 

@@ -259,10 +259,11 @@ class Bucketer:
 
     def __init__(self, comm: Communicator, cap_bytes: int = DEFAULT_CAP,
                  op: ReduceOp | str = "sum", algorithm: str | None = None) -> None:
-        if not isinstance(cap_bytes, int) or cap_bytes < 1:
+        if not isinstance(cap_bytes, (int, np.integer)) or isinstance(cap_bytes, bool) \
+                or cap_bytes < 1:   # np.int64 as int does; True is not a size
             raise ArgumentError(f"Bucketer: cap_bytes must be a positive whole number, got "
                                 f"{cap_bytes!r}")
-        self.comm, self.cap, self.op, self.algorithm = comm, cap_bytes, op, algorithm
+        self.comm, self.cap, self.op, self.algorithm = comm, int(cap_bytes), op, algorithm
         self._rop = ReduceOp.parse(op)
         self._pending: list[Any] = []
         self._bytes = 0
