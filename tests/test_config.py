@@ -252,3 +252,15 @@ def test_named_values_in_any_case_and_spacing() -> None:
     assert Settings(engine="Torch").engine == "torch"
     assert s == Settings.from_env({"RINGLET_DEBUG": "INFO", "RINGLET_ENGINE": "mpi",
                                    "RINGLET_RAILS": "native", "RINGLET_START_METHOD": "fork"})
+
+
+def test_numpy_bools_are_bools() -> None:
+    """Settings(fused=np.True_) was refused with "fused must be True or False, got
+    np.True_ (bool)", while numpy's integers are taken for whole-number settings."""
+    import numpy as np
+
+    s = Settings(fused=np.False_, lean=np.True_, shm_slots=np.int64(8))
+    assert (s.fused, s.lean, s.shm_slots) == (False, True, 8)
+    assert type(s.fused) is bool and type(s.lean) is bool and type(s.shm_slots) is int
+    with pytest.raises(ConfigError, match=r"fused must be True or False, got np.str_"):
+        Settings(fused=np.str_("yes"))  # type: ignore[arg-type]

@@ -183,6 +183,10 @@ class Settings:
                     raise ConfigError(f"{f.name} must be a finite number, got an integer "
                                       f"of {len(str(v))} digits") from None
                 object.__setattr__(self, f.name, v)
+            if kind == "bool" and type(v).__module__ == "numpy" \
+                    and type(v).__name__ in ("bool", "bool_"):   # numpy 2's name, and 1's
+                v = bool(v)   # numpy.True_, as an int setting takes numpy's integers
+                object.__setattr__(self, f.name, v)
             want = {"float": float, "int": int, "bool": bool, "str": str}[kind]
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
                 raise ConfigError(f"{f.name} must be {_KINDS[kind]}, got {v!r} "
