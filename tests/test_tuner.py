@@ -364,18 +364,12 @@ def test_a_job_on_another_hosts_profile_warns_once(tmp_path: Path) -> None:
                                  f"(2 cores), not on this host") == warned, proc.stderr
 
 
-def _chosen_at(comm: ringlet.Communicator, nbytes: int) -> tuple[str, float]:
-    x = np.full(nbytes // 4, comm.rank + 1.0, np.float32)
-    comm.all_reduce(x)
-    return comm._choose("all_reduce", None, nbytes), float(x[-1])
-
-
 @pytest.mark.parametrize("algo,want", [("all_reduce:oneshot", "oneshot"),
                                        ("all_reduce:^direct", None), ("", "direct")])
 def test_the_setting_holds_past_the_post_area(algo: str, want: str | None) -> None:
     """Past the fused post area the communicator turned an automatic oneshot into direct,
     also where RINGLET_ALGO forced oneshot or excluded direct."""
-    got = ringlet.spawn(_chosen_at, 2, MiB,
+    got = ringlet.spawn(_chosen, 2, MiB,
                         settings=Settings(timeout=60.0, profile="", algo=algo))
     for name, value in got:
         assert value == 3.0
