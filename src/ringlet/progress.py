@@ -101,16 +101,21 @@ def callback(what: str, unit: str = "steps",
 
 
 @contextlib.contextmanager
-def from_ranks(step: Callable[[Any], None], start_method: str, name: str) -> Iterator[Any]:
-    """A queue for the ranks of a job started with ``start_method`` to put what they
-    finished on (small items: each is one write to a pipe, whole or not at all), and a
-    thread that calls ``step`` with each until the block ends.  The thread is stopped by
-    an event, never by a message on the queue: a rank killed inside ``put`` (at a
-    timeout, by a signal) keeps the queue's write lock for good, and a last ``put`` of
-    ours waited for it forever."""
+def from_ranks(step: Callable[[Any], None], settings: Any, name: str
+               ) -> Iterator[tuple[Any, Any]]:
+    """A queue for the ranks of a job to put what they finished on (small items: each is
+    one write to a pipe, whole or not at all), and a thread that calls ``step`` with each
+    until the block ends; yields the queue and ``settings`` with the start method the
+    queue was made for, to start the ranks with (the watcher thread would change
+    ``auto``'s answer).  The thread is stopped by an event, never by a message on the
+    queue: a rank killed inside ``put`` (at a timeout, by a signal) keeps the queue's
+    write lock for good, and a last ``put`` of ours waited for it forever."""
     from multiprocessing import get_context
 
-    q = get_context(start_method).SimpleQueue()
+    from .launch import start_method
+
+    settings = settings.replace(start_method=start_method(settings))
+    q = get_context(settings.start_method).SimpleQueue()
     done = threading.Event()
 
     def follow() -> None:
@@ -125,7 +130,7 @@ def from_ranks(step: Callable[[Any], None], start_method: str, name: str) -> Ite
     watcher = threading.Thread(target=follow, name=name, daemon=True)
     watcher.start()
     try:
-        yield q
+        yield q, settings
     finally:
         done.set()
         watcher.join(timeout=5.0)

@@ -249,13 +249,11 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_ringlet(job: Job, settings: Settings, timeout: float, progress: Progress) -> list[Row]:
     """ringlet's sweep on ``job.nranks`` ranks started by :func:`ringlet.spawn`."""
-    from ..launch import spawn, start_method
+    from ..launch import spawn
     from .suite import run_rank
 
-    # one method for the queue and the ranks (the watcher thread would change auto's answer)
-    settings = settings.replace(start_method=start_method(settings))
     with from_ranks(lambda size: progress.step(f"ringlet {human_bytes(size)}"),
-                    settings.start_method, "ringlet-bench-progress") as q:
+                    settings, "ringlet-bench-progress") as (q, settings):
         rows = spawn(run_rank, job.nranks, job.to_json(), q, settings=settings,
                      timeout=timeout)[0]
     if not isinstance(rows, list):

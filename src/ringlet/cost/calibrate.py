@@ -720,7 +720,6 @@ def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,
     :class:`~ringlet.cost.model.Profile` (not saved; see ``Profile.save``).
 
     ``progress``: draw a progress bar on stderr (None: when it is a terminal)."""
-    from ..launch import start_method
     from ..progress import Progress, from_ranks
 
     started = time.perf_counter()
@@ -729,12 +728,8 @@ def calibrate(nranks: int = 2, *, quick: bool = False, reps: int = 5,
     bar = Progress(steps(p), "ringlet predict --calibrate", "parts", progress)
     try:
         if bar.enabled:
-            # one start method for the queue and the ranks (the watcher thread would change
-            # auto's answer)
-            settings = settings.replace(start_method=start_method(settings))
-            with from_ranks(bar.step, settings.start_method,
-                            "ringlet-calibrate-progress") as done:
-                raw = _jobs(p, settings, done)
+            with from_ranks(bar.step, settings, "ringlet-calibrate-progress") as (done, ranks):
+                raw = _jobs(p, ranks, done)
         else:
             raw = _jobs(p, settings, None)
     finally:
