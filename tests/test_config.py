@@ -132,6 +132,9 @@ def test_invalid_values_are_rejected(env: dict[str, str], message: str) -> None:
     ({"algo": 5}, r"algo must be a string, got 5 \(int\)"),
     ({"node": 3}, r"node must be a string"),
     ({"dump_dir": None}, r"dump_dir must be a string"),
+    ({"shm_post_bytes": "lots"}, r"shm_post_bytes: 'lots' is not a byte size"),
+    ({"cma_bytes": "-4K"}, r"cma_bytes: '-4K' is not a whole, non-negative number"),
+    ({"shm_slots": "8"}, r"shm_slots must be a whole number, got '8' \(str\)"),
 ])
 def test_settings_made_in_code_are_checked_too(given: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -145,6 +148,15 @@ def test_whole_seconds_and_numpy_numbers_are_numbers() -> None:
     assert s.timeout == 10.0 and type(s.timeout) is float and s.grace == 0.0
     assert s.shm_slots == 8 and type(s.shm_slots) is int
     assert s.liveness_s == 0.5 and type(s.liveness_s) is float
+
+
+def test_byte_sizes_made_in_code_take_the_variables_spelling() -> None:
+    # RINGLET_SHM_POST_BYTES=64K worked and Settings(shm_post_bytes="64K") did not
+    s = Settings(shm_post_bytes="64K", shm_stage_bytes=" 1M ", cma_bytes="8MiB")
+    assert (s.shm_post_bytes, s.shm_stage_bytes, s.cma_bytes) == (65536, 1 << 20, 8 << 20)
+    assert Settings().replace(shm_slot_bytes="64K").shm_slot_bytes == 65536
+    with pytest.raises(ConfigError, match=r"shm_post_bytes must be a multiple of 64 and >= 4096"):
+        Settings(shm_post_bytes="1K")
 
 
 def test_replace_validates() -> None:

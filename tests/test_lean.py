@@ -121,12 +121,12 @@ def test_every_rank_or_every_other_on_the_compiled_path(n: int, every: int) -> N
             assert x["lean"] == 0, x
 
 
-def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
-    """Which calls the compiled path takes (each answer checked too)."""
+def _taker(comm: ringlet.Communicator, out: dict[str, bool]) -> Any:
+    """took(label, call, want): calls ``call`` (checking its answer) and records in
+    ``out[label]`` whether every rank did it on the compiled path."""
     keep = comm._lean
     assert keep is not None
     n = comm.size
-    out: dict[str, bool] = {}
 
     def took(label: str, call: Any, want: Any) -> None:
         # tries: a call the compiled path takes still goes to the Python path when a peer
@@ -140,6 +140,14 @@ def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
                 out[label] = True   # every rank took it, in the same try
                 break
 
+    return took
+
+
+def _what_it_takes(comm: ringlet.Communicator) -> dict[str, bool]:
+    """Which calls the compiled path takes (each answer checked too)."""
+    n = comm.size
+    out: dict[str, bool] = {}
+    took = _taker(comm, out)
     x = np.ones(4, np.float32)
     comm.all_reduce(x.copy())   # on a fresh communicator: the call that makes this its thread
     comm.all_reduce(x.copy())   # the size's first call: the automatic choice is asked
@@ -191,6 +199,55 @@ def test_what_the_compiled_path_takes_and_leaves(n: int) -> None:
                         "algorithm=oneshot": True,
                         "float16": False, "2-d": True, "read-only x with out=": True,
                         "async": False}, took
+
+
+def _tensors_it_takes(comm: ringlet.Communicator) -> dict[str, Any]:
+    """Which torch tensors the compiled path takes, through the arrays that share their
+    memory (each answer checked too), and that one numpy cannot view still gets the Python
+    path's error, with the next call running."""
+    import torch
+
+    n = comm.size
+    out: dict[str, Any] = {}
+    took = _taker(comm, out)
+    full = np.full(4, n, np.float32)
+    comm.all_reduce(torch.ones(4))
+    comm.all_reduce(torch.ones(4))
+    took("tensor", lambda: comm.all_reduce(torch.ones(4)), full)
+    took("float64", lambda: comm.all_reduce(torch.ones(4, dtype=torch.float64)), full)
+    took("int64 2-d", lambda: comm.all_reduce(torch.ones(2, 2, dtype=torch.int64)),
+         np.full((2, 2), n))
+
+    def into_out() -> Any:
+        x, o = torch.ones(4), torch.zeros(4)
+        assert comm.all_reduce(x, out=o) is o and x[0] == 1
+        return o
+
+    took("out=tensor", into_out, full)
+    took("Parameter", lambda: comm.all_reduce(torch.nn.Parameter(torch.ones(4))).detach(), full)
+    took("requires_grad", lambda: comm.all_reduce(torch.ones(4, requires_grad=True)).detach(),
+         full)
+    took("bfloat16", lambda: comm.all_reduce(torch.ones(4, dtype=torch.bfloat16)).float(), full)
+    took("float16", lambda: comm.all_reduce(torch.ones(4, dtype=torch.float16)).float(), full)
+    took("array x, tensor out=", lambda: comm.all_reduce(np.ones(4, np.float32),
+                                                         out=torch.zeros(4)), full)
+    try:
+        comm.all_reduce(torch._neg_view(torch.ones(4)))
+        out["neg view"] = "no error"
+    except ringlet.ArgumentError as exc:
+        out["neg view"] = str(exc).split(": ", 1)[1][:31]
+    took("after", lambda: comm.all_reduce(torch.ones(4)), full)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_tensors_take_the_compiled_path(n: int) -> None:
+    pytest.importorskip("torch")
+    for took in get_world(n).run(_tensors_it_takes):
+        assert took == {"tensor": True, "float64": True, "int64 2-d": True, "out=tensor": True,
+                        "Parameter": True, "requires_grad": True, "bfloat16": False,
+                        "float16": False, "array x, tensor out=": False,
+                        "neg view": "x has a lazy conjugate/negation", "after": True}, took
 
 
 def _overlap_and_bad_out(comm: ringlet.Communicator) -> list[str]:

@@ -212,6 +212,8 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
             seq = self._seq + 1
             done = lean_.all_reduce(x, seq) if out is None and algorithm is None else \
                 lean_.all_reduce(x, seq, out, algorithm is not None)
+            if done == lean.NOT_LEAN and type(x) is not np.ndarray:   # a torch tensor?
+                done = lean.tensor_call(lean_, x, seq, out, algorithm is not None)
             if done == lean.DONE:
                 self._seq = seq
                 return x if out is None else out

@@ -174,6 +174,12 @@ class Settings:
         for f in fields(self):   # types first: Settings(fused="no") would be on
             v = getattr(self, f.name)
             kind = f.type if isinstance(f.type, str) else f.type.__name__
+            if kind == "int" and isinstance(v, str) and f.name.endswith("_bytes"):
+                try:   # "64K", as RINGLET_SHM_POST_BYTES=64K
+                    v = parse_bytes(v)
+                except ConfigError as exc:
+                    raise ConfigError(f"{f.name}: {exc}") from None
+                object.__setattr__(self, f.name, v)
             number = {"float": numbers.Real, "int": numbers.Integral}.get(kind)
             if number is not None and isinstance(v, number) and not isinstance(v, bool) \
                     and type(v) is not (float if kind == "float" else int):

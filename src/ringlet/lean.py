@@ -8,8 +8,9 @@ same shared memory and in the same order as the Python path, so that ranks on ei
 path pair up, agree and get the same bits:
 
 * it takes only what the Python path would run as the fused one-shot all_reduce (sum)
-  and publish the same descriptor for: an exact ``numpy.ndarray``, C-contiguous and
-  writable (or with ``out=``, a writable array of the same element type and count that
+  and publish the same descriptor for: an exact ``numpy.ndarray`` or a torch CPU tensor
+  (through the array that shares its memory, :func:`tensor_call`), C-contiguous and
+  writable (or with ``out=``, a writable one of the same kind, element type and count that
   is x's own elements or shares none of them), of float32, float64, int32 or int64,
   whose size the automatic choice runs one-shot through the post area (:func:`approve`,
   asked once per size) or that fits the post area with ``algorithm="oneshot"``, called
@@ -34,6 +35,7 @@ path pair up, agree and get the same bits:
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -124,6 +126,32 @@ def respelled(op: Any, out: Any, algorithm: str | None, async_op: Any
     if op == "sum" and algo is algorithm and flag is async_op:
         return None
     return "sum", out, algo, False
+
+
+#: torch's tensor types, once torch is imported (tensor_call)
+_TENSORS: tuple[type, ...] = ()
+
+
+def tensor_call(lean: Any, x: Any, seq: int, out: Any, oneshot: bool) -> int:
+    """The compiled call for a torch CPU tensor ``x`` (and ``out=``, None or a tensor too),
+    through the numpy arrays that share their memory, as the Python path views them
+    (``detach().numpy()``; torch's bfloat16 has no numpy twin and is not taken); NOT_LEAN
+    for anything else, or for a tensor numpy cannot view (on another device, sparse, with a
+    lazy conjugate or negation bit)."""
+    global _TENSORS
+    if not _TENSORS:
+        torch = sys.modules.get("torch")
+        if torch is None:   # not imported: x cannot be a tensor
+            return NOT_LEAN
+        _TENSORS = (torch.Tensor, torch.nn.Parameter)
+    if type(x) not in _TENSORS or (out is not None and type(out) not in _TENSORS):
+        return NOT_LEAN
+    try:
+        a = (x.detach() if x.requires_grad else x).numpy()   # detach() costs 1 us
+        o = None if out is None else (out.detach() if out.requires_grad else out).numpy()
+    except (TypeError, RuntimeError):
+        return NOT_LEAN
+    return int(lean.all_reduce(a, seq, o, oneshot))
 
 
 def oneshot_reducer(op: ReduceOp, dtype_name: str) -> Any:
