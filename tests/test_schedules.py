@@ -114,7 +114,8 @@ def test_other_aliases() -> None:
 
 def test_unknown_algorithm_lists_the_valid_ones() -> None:
     with pytest.raises(ArgumentError, match=r"unknown algorithm 'bruck' for broadcast; "
-                                            r"valid: binomial, chain, direct, hierarchical, "
+                                            r"valid: binomial \(or tree\), chain, direct, "
+                                            r"hierarchical, "
                                             r"naive, scatter_allgather"):
         build("broadcast", "bruck", 4)
 

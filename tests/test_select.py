@@ -44,12 +44,13 @@ def test_parse_returns_a_fresh_dict() -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("allreduce:ring", r"unknown collective 'allreduce'; valid: all_reduce, broadcast, reduce, "
                        r"all_gather, reduce_scatter, all_to_all, scatter, gather"),
-    ("all_reduce:rng", r"all_reduce has no algorithm 'rng'; valid: binomial, direct, "
-                       r"double_binary_tree, hierarchical, hierarchical_pipelined, naive, oneshot, "
+    ("all_reduce:rng", r"all_reduce has no algorithm 'rng'; valid: binomial \(or tree\), direct, "
+                       r"double_binary_tree \(or dbtree\), hierarchical, hierarchical_pipelined, "
+                       r"naive, oneshot, "
                        r"rabenseifner, "
                        r"recursive_doubling, ring"),
-    ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial, chain, direct, "
-                        r"hierarchical, naive, scatter_allgather"),
+    ("broadcast:^ring", r"broadcast has no algorithm 'ring'; valid: binomial \(or tree\), "
+                        r"chain, direct, hierarchical, naive, scatter_allgather"),
     ("all_reduce", r"write collective:algorithm, e.g. all_reduce:ring"),
     ("all_reduce:", r"write collective:algorithm"),
     ("all_reduce:ring,tree", r"forces both 'ring' and 'tree'; force at most one"),

@@ -72,7 +72,9 @@ class Settings:
                "take long; raise it if ranks do slow work (loading data) before init."})
     debug: str = field(default="", metadata={
         "doc": "Logging, like NCCL_DEBUG: '' (quiet), WARN, INFO (one line per "
-               "collective: algorithm, count, bytes), TRACE (also every round)."})
+               "collective: algorithm, count, bytes), TRACE (also every round the step "
+               "executor runs, and a two-level call's engine calls across nodes; the fused "
+               "shared-memory paths run a call in one step and log only its INFO line)."})
     algo: str = field(default="", metadata={
         "doc": "Algorithm overrides per collective, e.g. 'all_reduce:ring;broadcast:tree'; "
                "'^name' excludes an algorithm from the automatic choice."})

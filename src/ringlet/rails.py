@@ -47,12 +47,14 @@ does, and it lacks several types); everything else keeps the ring.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
 
-from .executor import Program, compile_steps, execute, writes
+from .executor import Program, compile_steps, execute, log, writes
 from .ops import DType, ReduceOp, Reducer
 from .schedule import Buf, Schedule, Step
 from .transport.base import NativeCall, Transport
@@ -138,11 +140,19 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
     parts = phases(sched, rank, m, g)
     started: list[NativeCall] = []
     rail: Transport | None = None
+    trace = log.isEnabledFor(logging.DEBUG)
+    begun: list[float] = []
+
+    def phase(p: int, which: str) -> Callable[[], str]:
+        """``what``, and under RINGLET_DEBUG=TRACE which piece and phase a round is of"""
+        return (lambda: f"{what()}, piece {p + 1} of {len(parts)}, {which}") if trace else what
+
     try:
-        for p1, _, lo, hi in parts:
+        for p, (p1, _, lo, hi) in enumerate(parts):
+            w1 = phase(p, "inside the node (reduce-scatter)")
             if agreed is not None:
                 kept = [(a, b, out[a:b].copy()) for _, a, b in writes(p1)]
-                execute(p1, transport, bufs, red, what)
+                execute(p1, transport, bufs, red, w1)
                 try:
                     agreed()
                 except BaseException:
@@ -151,16 +161,32 @@ def run(sched: Schedule, rank: int, m: int, g: int, transport: Transport,
                     raise
                 agreed = None
             else:
-                execute(p1, transport, bufs, red, what)
+                execute(p1, transport, bufs, red, w1)
             if rail is None:
                 rail = rail_of()
+            begun.append(time.perf_counter())
             started.append(rail.native_start("all_reduce", 0, hi - lo,
                                               {int(Buf.OUT): out[lo:hi]}, ReduceOp.SUM,
                                               what, dt))
-        for (_, p3, _, _), call in zip(parts, started, strict=True):
+        for p, ((_, p3, lo, hi), call) in enumerate(zip(parts, started, strict=True)):
             call.wait()
-            execute(p3, transport, bufs, red, what)
+            if trace and rail is not None:
+                _trace_rail(rank, phase(p, "across the nodes")(), rank % g, g, rail.size,
+                            (hi - lo) * out.itemsize, time.perf_counter() - begun[p])
+            execute(p3, transport, bufs, red, phase(p, "inside the node (all-gather)"))
     except BaseException:
         for call in started:
             call.abandon()
         raise
+
+
+def _trace_rail(rank: int, where: str, local: int, g: int, members: int, nbytes: int,
+                seconds: float) -> None:
+    """The TRACE line of a piece's inter-node phase: the engine's all_reduce on this rank's
+    rail, from its start (before the next piece's phase 1) to its end as this rank saw it.
+    Its record carries it as data too, ``record.rail``, not as ``record.round``: the
+    engine's rounds are its own."""
+    peers = [q * g + local for q in range(members) if q * g + local != rank]
+    log.debug("rank %d: %s: the engine's all_reduce of %d B with ranks %s (this rank's "
+              "rail); %.1f us from its start", rank, where, nbytes, peers, seconds * 1e6,
+              extra={"rail": {"peers": peers, "bytes": nbytes, "seconds": seconds}})

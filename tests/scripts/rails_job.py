@@ -22,9 +22,13 @@ One JSON line per rank: ``{"rank", "ok", "bad", "native"}``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import re
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -39,6 +43,50 @@ def data(rank: int, count: int, dtype: str) -> np.ndarray:
     if dtype.startswith("int"):
         return rng.integers(-1000, 1000, count).astype(dtype)
     return rng.normal(0, 10, count).astype(dtype)
+
+
+@contextlib.contextmanager
+def traced() -> Iterator[list[logging.LogRecord]]:
+    """The records ringlet logs at DEBUG (RINGLET_DEBUG=TRACE) inside the block."""
+    got: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record)
+
+    log = logging.getLogger("ringlet")
+    level, keep = log.level, Keep()
+    log.addHandler(keep)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield got
+    finally:
+        log.setLevel(level)
+        log.removeHandler(keep)
+
+
+def trace_faults(lines: list[logging.LogRecord], comm: ringlet.Communicator, pieces: int,
+                 on_rails: bool) -> list[str]:
+    """A rails call's TRACE: each piece's rounds inside the node and its engine all_reduce
+    across the nodes, named by piece and phase, in the order this rank ran them."""
+    if not on_rails:
+        return [] if not any(hasattr(r, "rail") for r in lines) else ["a rail traced"]
+    said = [re.sub(r", round \d+: .*|: the engine's.*", "", r.getMessage().split("), ", 1)[1])
+            for r in lines if r.levelno == logging.DEBUG]
+    want = [f"piece {p} of {pieces}, inside the node (reduce-scatter)" for p in
+            range(1, pieces + 1)] + [
+        w for p in range(1, pieces + 1) for w in
+        (f"piece {p} of {pieces}, across the nodes",
+         f"piece {p} of {pieces}, inside the node (all-gather)")]
+    g, r = comm.topology.ranks_per_node, comm.rank
+    rails_of = [rec.rail for rec in lines if hasattr(rec, "rail")]  # type: ignore[attr-defined]
+    peers = [q for q in range(r % g, comm.size, g) if q != r]
+    if [w for i, w in enumerate(said) if i == 0 or said[i - 1] != w] != want:
+        return [f"trace: {said}"]
+    if len(rails_of) != pieces or any(d["peers"] != peers or d["bytes"] <= 0
+                                      or d["seconds"] <= 0 for d in rails_of):
+        return [f"rail records: {rails_of}"]
+    return []
 
 
 def main() -> int:
@@ -140,7 +188,10 @@ def main() -> int:
             got_alg = comm._choose("all_reduce", None, x.nbytes)
             if got_alg != want_alg:
                 bad.append(f"automatic choice at {x.nbytes} B: {got_alg}, not {want_alg}")
-            comm.all_reduce(x)
+            with traced() as lines:
+                comm.all_reduce(x)
+            bad += trace_faults(lines, comm, pieces, comm._rail_group(
+                got_alg, ReduceOp.SUM, DTYPES["float32"]))
             if not np.allclose(x, np.sum(big, axis=0, dtype=np.float64), rtol=1e-4,
                                atol=1e-3):
                 bad.append(f"automatic all_reduce at {x.nbytes} B")

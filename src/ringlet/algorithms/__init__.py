@@ -101,9 +101,20 @@ def entry(collective: str, name: str) -> Entry:
     e = _REGISTRY[collective].get(key)
     if e is None:
         raise ArgumentError(
-            f"unknown algorithm {name!r} for {collective}; valid: "
-            f"{', '.join(sorted(_REGISTRY[collective]))}")
+            f"unknown algorithm {name!r} for {collective}; valid: {valid(collective)}")
     return e
+
+
+def valid(collective: str) -> str:
+    """The names ``collective``'s algorithms take, for a message: each algorithm with its
+    aliases beside it (``binomial (or tree), chain, ...``)."""
+    _load()
+    _check_collective(collective)
+    also: dict[str, list[str]] = {}
+    for alias, name in _ALIASES[collective].items():
+        also.setdefault(name, []).append(alias)
+    return ", ".join(n + (f" (or {', '.join(sorted(also[n]))})" if n in also else "")
+                     for n in sorted(_REGISTRY[collective]))
 
 
 def canonical(collective: str, name: str) -> str:

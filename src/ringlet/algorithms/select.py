@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ArgumentError, ConfigError
 from ..schedule import COLLECTIVES
-from . import algorithms, canonical
+from . import algorithms, canonical, valid
 from .hierarchical import pipeline_pieces
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def _resolve(collective: str, name: str, where: str) -> str:
     except ArgumentError:
         raise ArgumentError(
             f"{where}: {collective} has no algorithm {name!r}; valid: "
-            f"{', '.join(algorithms(collective))}") from None
+            f"{valid(collective)}") from None
 
 
 @lru_cache(maxsize=64)
