@@ -165,30 +165,21 @@ def test_a_traced_round_carries_its_peers_bytes_and_time_as_data() -> None:
     """The executor's DEBUG line for a round also carries it as data (``record.round``),
     which ``benchmarks/multihost.py`` reads to time a call's rounds inside a node: the
     peers of its steps, the bytes it sends and its seconds, as the line says them."""
-    import logging
     import re
+    import sys
+    from pathlib import Path
 
     from ringlet.executor import _trace, compile_program
+
+    sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+    from rails_job import traced  # the rails job's own catch of the DEBUG records
 
     sched = build("all_reduce", "hierarchical", 4, 0, group=2)
     prog = compile_program(sched, 1, 1000)
     bufs = {int(b): np.zeros(1000, np.float32) for b in sched.layouts}
-    got: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            got.append(record)
-
-    log = logging.getLogger("ringlet")
-    level, keep = log.level, Keep()
-    log.addHandler(keep)
-    log.setLevel(logging.DEBUG)
-    try:
+    with traced() as got:
         for i, ops in enumerate(prog.rounds):
             _trace(1, f"round {i}", ops, bufs, 0.25 + i)
-    finally:
-        log.setLevel(level)
-        log.removeHandler(keep)
     assert len(got) == len(prog.rounds) == 4
     for i, record in enumerate(got):
         data = record.round  # type: ignore[attr-defined]
