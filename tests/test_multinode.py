@@ -184,14 +184,16 @@ def test_mpi_rank_dead_inside_a_call_is_a_peer_error_at_once(case: str) -> None:
 def test_mpi_recv_from_a_dead_rank_times_out_and_the_rank_exits() -> None:
     """A receive from a rank on another node that died: over MPI a dead rank and a late
     one look the same, so the receive times out, and says that MPI cannot tell (not
-    "though it is alive"); the failed wait arms the exit alarm, so the rank ends though
-    MPI_Finalize waits for the dead one (before, it waited for ever)."""
+    "though it is alive"); the failed wait aborts the communicator, which arms the exit
+    alarm, so the rank ends though MPI_Finalize waits for the dead one (before, it waited
+    for ever)."""
     proc, took, reports = _left_running(NODE_DEAD, "recv", RINGLET_TIMEOUT="2")
     out = proc.stdout + proc.stderr
     assert list(reports) == [0] and reports[0]["error"] == "CommTimeoutError", out
     assert "MPI cannot tell whether it is alive" in reports[0]["message"], out
-    assert "recv from rank 1" in proc.stderr and "this process ends in 2 s (SIGALRM)" \
-        in proc.stderr, out
+    assert "recv from rank 1" in reports[0]["message"], out
+    assert "rank 0's MPI communicator failed" in proc.stderr and \
+        "this process ends in 2 s (SIGALRM)" in proc.stderr, out
     assert took < 30, out
 
 

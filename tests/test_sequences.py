@@ -550,6 +550,96 @@ def test_p2p_timeout_says_what_is_pending() -> None:
     assert "tag 3 (32 B)" in out[1] and "same tag" in out[1], out[1]
 
 
+def _late_message(c: ringlet.Communicator) -> list[str]:
+    """Rank 1's receive times out; rank 0's message comes after it.  The receive that
+    raised must not fill its buffer then (it stayed posted), and the communicator is
+    aborted on both ranks, as after a collective's timeout."""
+    if c.rank == 0:
+        time.sleep(1.6)
+        c.send(np.full(4, 7.0), 1, tag=1)   # eager: into the channel, after the timeout
+        time.sleep(1.0)
+        return [outcome(c.barrier)]
+    x = np.zeros(4)
+    first = outcome(lambda: c.recv(x, 0, tag=1))
+    time.sleep(1.5)   # the message is in the channel by now
+    again = outcome(lambda: c.recv(np.zeros(4), 0, tag=1))
+    return [first, str(x.tolist()), again]
+
+
+@pytest.mark.waits
+def test_a_p2p_timeout_aborts_the_communicator_and_a_late_message_fills_nothing() -> None:
+    out = ringlet.spawn(_late_message, 2, settings=ringlet.Settings(timeout=1.0))
+    first, x, again = out[1]
+    assert first.startswith("CommTimeoutError: timed out after 1 s in recv from rank 0"), first
+    assert x == "[0.0, 0.0, 0.0, 0.0]", x   # the late message went nowhere
+    assert again.startswith("PeerError: the communicator was aborted earlier: rank 1: timed "
+                            "out after 1 s in recv from rank 0 (tag 1)"), again
+    assert "CommTimeoutError" in out[0][0] and "rank 1: timed out" in out[0][0], out[0]
+
+
+def _poll_is_completed(c: ringlet.Communicator) -> str:
+    """A receive nobody sends to, polled with is_completed() instead of waited for: the
+    polling ends at the operation's deadline, and wait() raises the timeout."""
+    if c.rank == 0:
+        time.sleep(2.5)
+        return ""
+    w = c.irecv(np.zeros(2), 0, tag=5)
+    t0 = time.monotonic()
+    while not w.is_completed():
+        if time.monotonic() - t0 > 10:
+            return "still polling after 10 s"
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    return f"{took < 2.0} {outcome(w.wait)}"
+
+
+@pytest.mark.waits
+def test_polling_is_completed_keeps_the_deadline() -> None:
+    out = ringlet.spawn(_poll_is_completed, 2, settings=ringlet.Settings(timeout=1.0))
+    assert out[1].startswith("True CommTimeoutError: timed out after 1 s in recv from rank 0 "
+                             "(tag 5): rank 0 has not sent this rank a message"), out[1]
+
+
+def _second_thread_p2p(c: ringlet.Communicator) -> str:
+    """A receive waits in one thread while another sends the message its reply answers:
+    the send goes at once (it used to wait behind the receive's lock until the
+    deadline), and the reply comes."""
+    if c.rank == 1:
+        x = c.recv(np.zeros(1), 0, tag=1)
+        c.send(x + 1, 0, tag=2)
+        return ""
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(float(c.recv(np.zeros(1), 1, tag=2)[0])))
+    t.start()
+    time.sleep(0.3)   # the receive is waiting
+    t0 = time.monotonic()
+    c.send(np.ones(1), 1, tag=1)
+    quick = time.monotonic() - t0 < 1.0
+    t.join()
+    return f"{quick} {got}"
+
+
+@pytest.mark.waits
+def test_point_to_point_on_two_threads_does_not_wait_for_each_other() -> None:
+    out = ringlet.spawn(_second_thread_p2p, 2, settings=ringlet.Settings(timeout=5.0))
+    assert out[0] == "True [2.0]", out[0]
+
+
+def _probe_wrong_tag(c: ringlet.Communicator) -> str:
+    if c.rank == 0:
+        c.send(np.ones(2), 1, tag=3)
+        time.sleep(2.0)
+        return ""
+    return outcome(lambda: c.probe(0, tag=2))
+
+
+@pytest.mark.waits
+def test_probe_timeout_says_what_is_pending() -> None:
+    out = ringlet.spawn(_probe_wrong_tag, 2, settings=ringlet.Settings(timeout=1.0))
+    assert "probe for a message from rank 0 (tag 2)" in out[1], out[1]
+    assert "tag 3 (16 B)" in out[1] and "collective order" not in out[1], out[1]
+
+
 def _recv_nothing(c: ringlet.Communicator) -> str:
     if c.rank == 0:
         return ""

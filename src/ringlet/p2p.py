@@ -118,7 +118,7 @@ class P2PEngine:
         if not self._busy or not self.lock.acquire(blocking=False):
             return False
         try:
-            if self.c._closed or self._failed is not None:
+            if self.c._closed or self._failed is not None or self.c._broken is not None:
                 BACKGROUND.discard(self.background)
                 return False
             # the sends, and the receives from sources a receive is posted or a payload
@@ -341,17 +341,23 @@ class P2PEngine:
         t = self.c._t
         watch = [] if src == ANY_SOURCE else [src]
         with self.lock:
+            probe = Work(what, None if src == ANY_SOURCE else src)   # for the advice only
             waiter = Waiter(t.settings, lambda: what, lambda: watch,
                             lambda: self._check_any(what) if src == ANY_SOURCE
-                            else t.check(watch, what))
+                            else t.check(watch, what),
+                            advice=lambda: self._advice(probe, True))
             peers = functools.partial(self._in_flight, None if src == ANY_SOURCE else src)
-            while True:
-                seen = t.events()
-                got = self.iprobe(src, tag)
-                if got is not None:
-                    return got
-                if not self._progress():
-                    t.idle(seen, waiter, peers)
+            try:
+                while True:
+                    seen = t.events()
+                    got = self.iprobe(src, tag)
+                    if got is not None:
+                        return got
+                    if not self._progress():
+                        self._idle(seen, waiter, peers)
+            except (CommTimeoutError, PeerError) as exc:
+                self._abort(exc)
+                raise
 
     def _deliver(self, xb: Buffer, src: int, tag: int, code: int, nbytes: int, w: Work,
                  data: np.ndarray | None) -> Request | None:
@@ -470,10 +476,17 @@ class P2PEngine:
                 w._finish(error=RingletError(
                     f"{w._what}: the communicator was closed before it completed"))
                 return
+            if self.c._broken is not None:   # a failure aborted the communicator since
+                w._finish(error=PeerError(f"{w._what}: the communicator was aborted "
+                                          f"earlier: {self.c._broken}"))
+                return
             self._progress()
-            if w._done.is_set() or timeout == 0.0:
+            if w._done.is_set():
                 return
             watch = [] if w._peer is None or w._peer == self.c.rank else [w._peer]
+            if timeout == 0.0:   # is_completed(): nobody blocks, the deadline still holds
+                self._poll(w, watch)
+                return
             # the caller's bound, if shorter than the operation's own deadline (which
             # still ends it, with its diagnosis: it ended the wait at the caller's bound)
             bounded = timeout is not None and timeout < t.settings.timeout
@@ -481,30 +494,70 @@ class P2PEngine:
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: self._check(watch, w),
                             timeout=timeout if bounded else None,
-                            advice=lambda: self._advice(w, True))
+                            advice=lambda: self._advice(w, True), start=w._start)
             peers = functools.partial(self._in_flight, w._peer)
             try:
                 while not w._done.is_set():
                     seen = t.events()
                     if not self._progress():
                         try:
-                            t.idle(seen, waiter, peers)
+                            self._idle(seen, waiter, peers)
                         except CommTimeoutError as exc:
                             if bounded:   # the caller's bound: Work.wait says so
                                 return
                             recorder.failed(w._rec, exc)
-                            recorder.dump(f"timeout: {exc}")
-                            t.failed_wait(f"rank {self.c.rank}'s {w._what} timed out")
+                            self._abort(exc)
                             raise
             except PeerError as exc:
                 recorder.failed(w._rec, exc)
-                recorder.dump(f"abort: {exc}")
-                t.failed_wait(f"rank {self.c.rank}'s {w._what} failed")
+                self._abort(exc)
                 raise
             except KeyboardInterrupt as exc:
                 # a message may be half sent or received: the channels are out of step
                 self.c._fail(exc)
                 raise
+
+    def _idle(self, seen: Any, waiter: Waiter, peers: Callable[[], list[int] | None]) -> None:
+        """Wait for the transport's next event without this engine's lock: another thread's
+        point-to-point call goes on meanwhile (a send on one thread while a receive waits
+        on another, as MPI_THREAD_MULTIPLE has it; it waited behind the lock until the
+        receive's deadline).  Every change to the engine's state is made under the lock,
+        and the caller checks its operation again once it has the lock back."""
+        self.lock.release()
+        try:
+            self.c._t.idle(seen, waiter, peers)
+        finally:
+            self.lock.acquire()
+
+    def _poll(self, w: Work, watch: list[int]) -> None:
+        """``is_completed()`` of an operation nobody waits for: its deadline (from its
+        start) and its peer's liveness hold as in a wait, checked every liveness interval;
+        a failure finishes the Work with its error, which ``wait()`` raises, and aborts
+        the communicator (a polling loop ends: is_completed() is True)."""
+        if w._poller is None:
+            w._poller = Waiter(self.c._t.settings, lambda: w._what,
+                               lambda: [] if w._peer is None or w._done.is_set()
+                               else [w._peer], lambda: self._check(watch, w),
+                               advice=lambda: self._advice(w, True), start=w._start)
+        try:
+            w._poller.tick()
+        except (CommTimeoutError, PeerError) as exc:
+            w._finish(error=exc)
+            self._abort(exc)
+
+    def _abort(self, exc: RingletError) -> None:
+        """A point-to-point operation failed at its deadline or with its peer: the
+        communicator is aborted on every rank, as after a collective's failure (its
+        receive stays posted, and must not fill a buffer its caller gave up on with a
+        message that comes later); every later call raises, naming this failure."""
+        with self.lock:
+            failed = RingletError(f"the communicator was aborted: {exc}")
+            for posted in [*self.posted, self.posted_any]:
+                while posted:
+                    left = posted.popleft()[2]
+                    if not left._done.is_set():
+                        left._finish(error=failed)
+        self.c._fail(type(exc)(f"rank {self.c.rank}: {exc}"))
 
     def _in_flight(self, peer: int | None) -> list[int] | None:
         """The peers a wait for ``peer`` (None: any rank) needs polled: ``peer`` and
@@ -549,7 +602,13 @@ class P2PEngine:
             raise type(exc)(f"{text} ({advice})" if advice else text) from None
 
     def _advice(self, w: Work, timed_out: bool = False) -> str:
-        """Why a point-to-point wait may never end: what is pending from or to the peer."""
+        """Why a point-to-point wait may never end: what is pending from or to the peer
+        (read under the lock: the wait asks while idle, when another thread may move
+        messages)."""
+        with self.lock:
+            return self._pending_advice(w, timed_out)
+
+    def _pending_advice(self, w: Work, timed_out: bool) -> str:
         q = w._peer
         if q is None:   # a receive from any rank
             if not timed_out:
@@ -602,8 +661,12 @@ class PointToPoint:
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dst``; returns once ``x`` may be reused.
 
-        On shared memory small messages are buffered (eager); a message larger
-        than the channel waits for the receiver, as MPI's rendezvous does.  Across
+        On shared memory a send the channel to ``dst`` has room for returns at once
+        (eager): up to ``RINGLET_SHM_SLOTS`` (4) small messages that ``dst`` has not
+        received yet, fewer larger ones (768 KiB in all by default); beyond that a
+        send waits for the receiver, as MPI's rendezvous does.  A send that returned
+        at once does not know whether ``dst`` is alive: a dead receiver is found by
+        this rank's next wait.  Across
         nodes on torch.distributed every send waits for the receiver to run
         point-to-point (gloo's sends are rendezvous): as with MPI, a correct
         program never counts on a send being buffered.  To a rank on this node,
@@ -717,7 +780,9 @@ def _mismatch(xb: Buffer, src: int, tag: int, code: int, nbytes: int) -> Argumen
     n = nbytes // d.itemsize if d else nbytes
     return ArgumentError(f"message from rank {src} (tag {tag}) holds {n} x "
                          f"{d.name if d else code}, but the receive buffer holds {xb.count} x "
-                         f"{xb.dt.name}")
+                         f"{xb.dt.name}; the message was taken (a receive takes a message "
+                         f"of its own size and dtype only: probe() first for one of "
+                         f"unknown size)")
 
 
 def _nothing() -> None:

@@ -62,7 +62,7 @@ class Waiter:
                  check: Callable[[], None] | None = None,
                  timeout: float | None = None,
                  advice: Callable[[], str] | None = None,
-                 absent: str = "did not arrive") -> None:
+                 absent: str = "did not arrive", start: float | None = None) -> None:
         self._what = what
         #: what the ranks still missing at the deadline did not do
         self._absent = absent
@@ -70,8 +70,8 @@ class Waiter:
         self._check = check
         self.timeout = settings.timeout if timeout is None else timeout
         now = time.monotonic()
-        self._start = now
-        self._deadline = now + self.timeout
+        self._start = now if start is None else start   # an operation started earlier
+        self._deadline = self._start + self.timeout
         self._spin_end = now + settings.spin_us * 1e-6
         self._yield_end = self._spin_end + (0.0 if _background.on else settings.yield_us * 1e-6)
         #: past the spin and the yield: every poll that found nothing sleeps (a wait whose

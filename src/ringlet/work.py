@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +21,14 @@ class Work:
     #: the thread that runs the operation, if another (a communicator's worker): Ctrl-C
     #: during wait() is raised there too (wait.INTERRUPTS), to fail the call on every rank
     _runner: int | None = None
+    #: the wait that is_completed() polls (point-to-point: its deadline holds there too)
+    _poller: Any = None
 
     def __init__(self, what: str, peer: int | None = None) -> None:
         self._what = what
         self._peer = peer
+        #: when the operation started: its deadline counts from here
+        self._start = time.monotonic()
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -57,7 +62,10 @@ class Work:
         fn(self)
 
     def is_completed(self) -> bool:
-        """True once the operation finished (successfully or not)."""
+        """True once the operation finished (successfully or not: ``wait()`` then returns
+        its result or raises its error).  Polling it keeps the operation's deadline and
+        watches its peer, as ``wait()`` does: a point-to-point operation whose deadline
+        passed or whose peer died is finished with that error."""
         if not self._done.is_set() and self._driver is not None:
             self._driver(self, 0.0)
         return self._done.is_set()

@@ -409,12 +409,6 @@ class Transport(ABC):
         same (the MPI engine, unless MPI reports an error)."""
         return True
 
-    def failed_wait(self, message: str) -> None:  # noqa: B027 - optional, nothing by default
-        """A wait of this rank failed without aborting the communicator (a point-to-point
-        message that timed out, or whose peer died): ``message`` says why.  Nothing by
-        default; the MPI engine arms its exit alarm, as after an abort (a rank waited
-        for may be dead, and MPICH's ``MPI_Finalize`` would wait for it for ever)."""
-
     @abstractmethod
     def mark_closed(self) -> None:
         """Tell the peers this rank closed the communicator, and how many calls it had

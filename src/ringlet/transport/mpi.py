@@ -796,9 +796,6 @@ class MpiTransport(Transport):
     def sees_death(self, q: int) -> bool:
         return q == self.rank
 
-    def failed_wait(self, message: str) -> None:
-        _failed_unsure(message, self.settings.timeout)
-
     def abort(self, message: str, timeout: bool = False, tell: bool = True,
               unsure: bool = False) -> None:
         """Tell every remote peer to fail with ``message``; this rank's own ``check``

@@ -309,9 +309,6 @@ class RoutedTransport(Transport):
     def sees_death(self, q: int) -> bool:
         return q in self.lidx or self.engine.sees_death(q)
 
-    def failed_wait(self, message: str) -> None:
-        self.engine.failed_wait(message)
-
     def mark_closed(self) -> None:
         told = None if self.local is None else self.local.aborted()
         if self.local is not None:
