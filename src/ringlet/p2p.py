@@ -494,7 +494,7 @@ class P2PEngine:
                             lambda: [] if w._peer is None else [w._peer],
                             lambda: self._check(watch, w),
                             timeout=timeout if bounded else None,
-                            advice=lambda: self._advice(w, True), start=w._start)
+                            advice=lambda: self._advice(w, True))
             peers = functools.partial(self._in_flight, w._peer)
             try:
                 while not w._done.is_set():
@@ -531,7 +531,8 @@ class P2PEngine:
 
     def _poll(self, w: Work, watch: list[int]) -> None:
         """``is_completed()`` of an operation nobody waits for: its deadline (from its
-        start) and its peer's liveness hold as in a wait, checked every liveness interval;
+        start; a ``wait()`` has one of its own from its own start, as before) and its
+        peer's liveness hold as in a wait, checked every liveness interval;
         a failure finishes the Work with its error, which ``wait()`` raises, and aborts
         the communicator (a polling loop ends: is_completed() is True)."""
         if w._poller is None:
