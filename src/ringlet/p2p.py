@@ -558,7 +558,10 @@ class P2PEngine:
                     left = posted.popleft()[2]
                     if not left._done.is_set():
                         left._finish(error=failed)
-        self.c._fail(type(exc)(f"rank {self.c.rank}: {exc}"))
+        # a peer's death or close is named as it is (the others hear "rank 1 died", as
+        # after a collective), this rank's own timeout with this rank's number
+        self.c._fail(exc if str(exc).startswith("rank ") else
+                     type(exc)(f"rank {self.c.rank}: {exc}"))
 
     def _in_flight(self, peer: int | None) -> list[int] | None:
         """The peers a wait for ``peer`` (None: any rank) needs polled: ``peer`` and
@@ -600,7 +603,8 @@ class P2PEngine:
             # is its waiter's): say what failed here first
             text = str(exc) if w._what in str(exc) else f"{w._what} failed: {exc}"
             advice = self._advice(w) if isinstance(exc, PeerError) else ""
-            raise type(exc)(f"{text} ({advice})" if advice else text) from None
+            raise type(exc)(f"{text} ({advice})" if advice and advice not in text
+                            else text) from None
 
     def _advice(self, w: Work, timed_out: bool = False) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer
