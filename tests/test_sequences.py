@@ -668,6 +668,23 @@ def test_a_peer_that_closed_is_not_reported_as_dead() -> None:
         assert "rank 0 closed the communicator" in m and "died" not in m, m
 
 
+def _split_peer_returns(c: ringlet.Communicator) -> str:
+    sub = c.split(0)
+    if c.rank == 1:
+        return ""    # returns without closing sub: spawn closes it with the world
+    return outcome(lambda: sub.all_reduce(np.ones(4)))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_spawned_rank_that_returned_closed_its_split_communicators(method: str) -> None:
+    """A spawned rank whose function returns closes every communicator it made, as a
+    program that ends does: its peers on a split are told it closed, not that it died."""
+    out = ringlet.spawn(_split_peer_returns, 3,
+                        settings=ringlet.Settings(timeout=10.0, start_method=method))
+    for m in (out[0], out[2]):
+        assert "rank 1 closed the communicator" in m and "died" not in m, m
+
+
 def _closed_after_three(c: ringlet.Communicator) -> Any:
     """Rank 1 makes three calls and closes; rank 0 then asks its transport whether that
     is an error while it is in call 3 (no: rank 1 finished it), in call 4 and between

@@ -1380,6 +1380,8 @@ def _rank_main(init: Callable[..., Any], fn: Callable[..., Any], rank: int, size
             _send(conn, _failure(exc, "comm.close() failed: "))
             failed = True
         finally:   # a forked rank ends with os._exit: no exit handler does this
+            from .comm import _close_all
+            _close_all()   # its other communicators (splits): peers see "closed", not "died"
             recorder.finish()
     conn.close()
     if failed:
