@@ -72,7 +72,24 @@ def _batch(comm: ringlet.Communicator) -> list[str]:
     return [] if y.tolist() == [float(left)] * 5 and works[0].source == left else [str(y)]
 
 
-@pytest.mark.parametrize("body", [_gather_any, _batch])
+def _sendrecv(comm: ringlet.Communicator) -> list[str]:
+    """A ring shift by sendrecv, small and larger than a channel holds (a send that
+    waits for its receiver), then from any source; each checked."""
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    bad = []
+    for count in (3, 300_000):   # 2.4 MB: beyond the eager channel
+        x, y = np.full(count, float(r)), np.empty(count)
+        got = comm.sendrecv(x, right, y, left, sendtag=4, recvtag=4)
+        if got is not y or not (y == left).all():
+            bad.append(f"{count}: {y[:3]}")
+    z = comm.sendrecv(np.full(2, r, np.int32), right, np.empty(2, np.int32))
+    if z.tolist() != [left] * 2:
+        bad.append(f"any source: {z}")
+    return bad
+
+
+@pytest.mark.parametrize("body", [_gather_any, _batch, _sendrecv])
 def test_any_source_probe_and_batch(world: Any, body: Any) -> None:
     for r, bad in enumerate(world.run(body)):
         assert not bad, f"rank {r}: {bad}"
@@ -204,7 +221,9 @@ def _bad(comm: ringlet.Communicator) -> list[str]:
                lambda: comm.isend(np.ones(1), 0, ANY_TAG),
                lambda: comm.probe(comm.size),
                lambda: comm.batch_isend_irecv([("put", np.ones(1), 0)]),
-               lambda: comm.batch_isend_irecv([("recv", np.ones(1), 0, -5)])):
+               lambda: comm.batch_isend_irecv([("recv", np.ones(1), 0, -5)]),
+               lambda: comm.sendrecv(np.ones(1), ANY_SOURCE, np.ones(1), 0),
+               lambda: comm.sendrecv(z := np.ones(4), 0, z[1:3], 0)):
         try:
             fn()
         except ringlet.ArgumentError as exc:
@@ -223,6 +242,8 @@ def test_bad_arguments() -> None:
     assert "or ringlet.ANY_SOURCE" in msgs[2]
     assert "must be (" in msgs[3]
     assert "or ringlet.ANY_TAG, got -5" in msgs[4]
+    assert msgs[5].startswith("dst -1 is not a rank"), msgs[5]
+    assert "x and out overlap" in msgs[6], msgs[6]
 
 
 def _objects_any(comm: ringlet.Communicator) -> list[str]:

@@ -650,7 +650,7 @@ class P2PEngine:
 
 
 class PointToPoint:
-    """send, recv, isend, irecv, probe, iprobe and batch_isend_irecv (a mixin of
+    """send, recv, isend, irecv, sendrecv, probe, iprobe and batch_isend_irecv (a mixin of
     :class:`~ringlet.comm.Communicator`)."""
 
     size: int
@@ -719,6 +719,29 @@ class PointToPoint:
         except RingletError as exc:
             self._name_group(exc)
             raise
+
+    def sendrecv(self, x: Any, dst: int, out: Any, src: int = ANY_SOURCE, sendtag: int = 0,
+                 recvtag: int = 0) -> Any:
+        """Send ``x`` to ``dst`` and receive a message from ``src`` into ``out`` at once, as
+        MPI's ``Sendrecv``; returns ``out`` once both are done.  Both start before either
+        waits, so a ring shift (every rank sending right and receiving from the left)
+        never waits on itself, whatever the message size.  ``x`` and ``out`` must not
+        overlap.  Both are checked before either starts."""
+        xb = as_buffer(x, "x", writable=False)
+        ob = as_buffer(out, "out", writable=True)
+        try:
+            d, s = self._peer(dst, "dst"), self._peer(src, "src", True)
+            st, rt = self._tag(sendtag), self._tag(recvtag, True)
+            if np.shares_memory(xb.flat, ob.flat):
+                raise ArgumentError("sendrecv: x and out overlap; receive into a buffer of "
+                                    "its own")
+            sent = self._p2p.isend(xb, d, st)
+            self._p2p.irecv(ob, s, rt).wait()
+            sent.wait()
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
+        return ob.obj
 
     def probe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
         """Wait for a message a receive of (src, tag) would take, and say what it is
