@@ -558,8 +558,8 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                 o.copy_(r.reshape(o.shape))
             return outputs
 
-        if len({*send, *recv}) == 1:   # one block size: the even collective
-            return self._async(lambda a: self.comm.all_to_all(x, async_op=a), finish, opts)
+        # always the uneven collective: a rank whose blocks happen to be one size cannot
+        # know that the others' are too, and every rank must make the same call
         return self._async(lambda a: self.comm.all_to_all_v(x, send, recv, async_op=a),
                            finish, opts)
 
@@ -581,7 +581,10 @@ class ProcessGroupRinglet(dist.ProcessGroup):
             splits[name] = list(given) if given else [rows // n] * n
         x, out = _dense(input), _dense(output)
         finish = _back(lambda _: [output], (output, out))
-        if len({*splits["input"], *splits["output"]}) == 1:   # one block size: even
+        # the even collective only without split sizes (torch's even form, which a program
+        # uses on every rank): a rank whose given splits happen to be one size must still
+        # make the uneven call its peers make
+        if not output_split_sizes and not input_split_sizes:
             return self._async(lambda a: self.comm.all_to_all(x, out=out, async_op=a),
                                finish, opts)
         return self._async(lambda a: self.comm.all_to_all_v(

@@ -98,23 +98,26 @@ def operations(r: int, n: int, bad: list[str]) -> None:
                                             for _ in range(2)]))
     check(bad, o.tolist() == [10.0 * q + r for q in range(n) for _ in range(2)],
           f"all_to_all_single {o}")
-    # uneven: rank q sends (q + j) % 3 rows of 2 to rank j (MoE token routing)
-    cnt = [[(q + j) % 3 for j in range(n)] for q in range(n)]
-    x = torch.cat([torch.full((cnt[r][j], 2), float(10 * r + j)) for j in range(n)])
-    o = torch.empty(sum(cnt[q][r] for q in range(n)), 2)
-    dist.all_to_all_single(o, x, [cnt[q][r] for q in range(n)], cnt[r])
-    want = torch.cat([torch.full((cnt[q][r], 2), float(10 * q + r)) for q in range(n)])
-    check(bad, torch.equal(o, want), f"uneven all_to_all_single {o.tolist()}")
+    # uneven: rank q sends (q + j) % 3 rows of 2 to rank j (MoE token routing); then
+    # rank 0's splits all 2 (even on that rank alone) while the others' are not
+    uneven = [[(q + j) % 3 for j in range(n)] for q in range(n)]
+    for cnt in (uneven, [[2 if 0 in (q, j) else 1 + (q + j) % 2 for j in range(n)]
+                         for q in range(n)]):
+        x = torch.cat([torch.full((cnt[r][j], 2), float(10 * r + j)) for j in range(n)])
+        o = torch.empty(sum(cnt[q][r] for q in range(n)), 2)
+        dist.all_to_all_single(o, x, [cnt[q][r] for q in range(n)], cnt[r])
+        want = torch.cat([torch.full((cnt[q][r], 2), float(10 * q + r)) for q in range(n)])
+        check(bad, torch.equal(o, want), f"uneven all_to_all_single {cnt} {o.tolist()}")
+        outs = [torch.empty(cnt[q][r]) for q in range(n)]
+        dist.all_to_all(outs, [torch.full((cnt[r][j],), float(10 * r + j)) for j in range(n)])
+        check(bad, all(torch.equal(outs[q], torch.full((cnt[q][r],), float(10 * q + r)))
+                       for q in range(n)), f"uneven all_to_all {cnt} {outs}")
     sizes = [q % 3 + 1 for q in range(n)]   # all_gather of tensors of different sizes
     parts = [torch.empty(k) for k in sizes]
     dist.all_gather(parts, torch.full((sizes[r],), float(r)))
     check(bad, all(torch.equal(p, torch.full((k,), float(q)))
                    for q, (p, k) in enumerate(zip(parts, sizes, strict=True))),
           f"uneven all_gather {parts}")
-    outs = [torch.empty(cnt[q][r]) for q in range(n)]
-    dist.all_to_all(outs, [torch.full((cnt[r][j],), float(10 * r + j)) for j in range(n)])
-    check(bad, all(torch.equal(outs[q], torch.full((cnt[q][r],), float(10 * q + r)))
-                   for q in range(n)), f"uneven all_to_all {outs}")
     g = [torch.empty(2) for _ in range(n)] if r == root else None
     dist.gather(torch.full((2,), float(r)), g, root)
     if g is not None:
