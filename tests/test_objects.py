@@ -117,3 +117,75 @@ def test_objects_that_do_not_unpickle_on_some_ranks_fail_every_rank() -> None:
             assert kind == "ArgumentError", (r, res)
             assert "rank 1 could not unpickle the objects received" in msg, (r, res)
             assert ("No module named 'only_on_even_ranks'" in msg) == (r == 1), (r, res)
+
+
+def _p2p_objects_that_fail(comm: ringlet.Communicator) -> list[tuple[str, str]]:
+    """send_object of an object that does not pickle, then one the receiver cannot
+    unpickle: an ArgumentError on both ranks at once (not the receiver's deadline); the
+    next object goes through."""
+    r = comm.rank
+    _ME[0] = r + 1   # rank 0 cannot unpickle a _Fussy
+    out = []
+    for obj in (threading.Lock(), _Fussy(3)):
+        try:
+            if r == 1:
+                comm.send_object(obj, 0, tag=2)
+            else:
+                comm.recv_object(1, tag=2)
+        except ringlet.RingletError as exc:
+            out.append((type(exc).__name__, str(exc)))
+        else:
+            out.append(("", ""))
+    if r == 1:
+        comm.send_object("next", 0)
+    elif comm.recv_object(1) != "next":
+        out.append(("the next object", "did not arrive"))
+    return out
+
+
+def test_point_to_point_objects_that_fail_fail_the_receiver_too() -> None:
+    from conftest import get_world
+
+    got = get_world(2).run(_p2p_objects_that_fail)
+    recv, send = got
+    assert recv[0][0] == send[0][0] == "ArgumentError", got
+    assert "rank 1's send_object could not pickle its object (TypeError" in recv[0][1], got
+    assert "the object does not pickle" in send[0][1] and "rank 0's recv_object" in \
+        send[0][1], got
+    assert recv[1][0] == "ArgumentError" and "could not unpickle the object from rank 1 " \
+        "(ModuleNotFoundError" in recv[1][1], got
+    assert send[1] == ("", ""), got   # its object pickled and was sent
+    assert len(recv) == 2, got
+
+
+class _Interrupting:
+    """Pickling it is interrupted by Ctrl-C (SIGINT to this process)."""
+
+    def __reduce__(self) -> Any:
+        import signal
+
+        signal.raise_signal(signal.SIGINT)
+        return (str, ("never",))
+
+
+def _interrupted_while_pickling(comm: ringlet.Communicator) -> tuple[str, str]:
+    """Ctrl-C on rank 1 while it pickles its object, before the call's first part: rank 1
+    raises KeyboardInterrupt and its peers a PeerError naming it and the call, not the
+    wrong call's data (or their deadline)."""
+    try:
+        comm.all_gather_object(_Interrupting() if comm.rank == 1 else comm.rank)
+        comm.all_gather_object(comm.rank)
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt", ""
+    except ringlet.RingletError as exc:
+        return type(exc).__name__, str(exc)
+    return "", ""
+
+
+def test_ctrl_c_while_an_object_call_pickles_fails_its_peers() -> None:
+    got = ringlet.spawn(_interrupted_while_pickling, 3, settings=ringlet.Settings(timeout=20))
+    assert got[1][0] == "KeyboardInterrupt", got
+    for kind, msg in (got[0], got[2]):
+        assert kind == "PeerError", got
+        assert msg.startswith("rank 1 was interrupted (KeyboardInterrupt) in "
+                              "all_gather_object (call #"), got

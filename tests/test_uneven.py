@@ -368,7 +368,7 @@ def _local_failures(comm: ringlet.Communicator, case: str) -> tuple[str, str, bo
             comm.all_to_all_v(np.ones((0, 2)) if r == 0 else np.ones((n, 2)),
                               [2 ** 63 - 1, 2 ** 63 - 1] + [2] * (n - 2) if r == 0 else
                               [1] * n)
-        elif case == "object":
+        elif case in ("object", "scatter_object"):
             if r == 1:
                 import ringlet.groups as groups
 
@@ -386,7 +386,10 @@ def _local_failures(comm: ringlet.Communicator, case: str) -> tuple[str, str, bo
 
                 groups.np = Tight()   # type: ignore[assignment]
             try:
-                comm.broadcast_object({"big": "object"}, 0)
+                if case == "object":
+                    comm.broadcast_object({"big": "object"}, 0)
+                else:
+                    comm.scatter_object([{"big": q} for q in range(n)] if r == 0 else None)
             finally:
                 if r == 1:
                     groups.np = real_np
@@ -395,7 +398,7 @@ def _local_failures(comm: ringlet.Communicator, case: str) -> tuple[str, str, bo
     return err[0], err[1], _good(comm)
 
 
-@pytest.mark.parametrize("case", ["async", "memory", "wrap", "object"])
+@pytest.mark.parametrize("case", ["async", "memory", "wrap", "object", "scatter_object"])
 def test_a_rank_that_fails_alone_after_the_exchange_fails_every_rank(case: str) -> None:
     from conftest import get_world
 
@@ -406,8 +409,9 @@ def test_a_rank_that_fails_alone_after_the_exchange_fails_every_rank(case: str) 
     want = {"async": ("async_op must be True or False", "ArgumentError"),
             "memory": ("no room for the result", "MemoryError"),
             "wrap": ("at most 2**62", "ArgumentError"),
-            "object": ("no room for the pickle", "MemoryError")}[case]
-    failing = {"async": 1, "memory": 0, "wrap": 0, "object": 1}[case]
+            "object": ("no room for the pickle", "MemoryError"),
+            "scatter_object": ("no room for the pickle", "MemoryError")}[case]
+    failing = {"async": 1, "memory": 0, "wrap": 0, "object": 1, "scatter_object": 1}[case]
     for r, (kind, text, _) in enumerate(res):
         assert want[0] in text, res
         assert kind == (want[1] if r == failing else "MismatchError"), res

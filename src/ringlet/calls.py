@@ -106,6 +106,11 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
             # rank, as an interrupted inline call does (and Work.wait for its own wait)
             if self._inflight and self._worker_ident is not None:
                 INTERRUPTS[self._worker_ident] = exc
+            elif self._broken is None and not self._closed:
+                # outside any wait (pickling an object call's argument, between a compound
+                # call's parts): abort, or the peers wait for this rank to their deadline
+                # and the calls after it pair up wrongly
+                self._fail(exc, f"{name} (call #{seq + 1})")
             raise
         finally:
             if outer:
@@ -439,12 +444,14 @@ class Calls:
             raise exc
         raise PeerError(self._broken) from exc
 
-    def _fail(self, exc: BaseException) -> None:
-        """Abort the communicator on every rank after ``exc`` (this rank's own failure)."""
+    def _fail(self, exc: BaseException, where: str | None = None) -> None:
+        """Abort the communicator on every rank after ``exc`` (this rank's own failure) in
+        the call in progress (``where`` if it never started a part)."""
         if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
             msg = str(exc)  # already names the rank it started on
         elif isinstance(exc, KeyboardInterrupt):
-            msg = f"rank {self.rank} was interrupted (KeyboardInterrupt) in {self._current}"
+            msg = (f"rank {self.rank} was interrupted (KeyboardInterrupt) in "
+                   f"{where or self._current}")
         elif isinstance(exc, RingletError):
             msg = f"rank {self.rank} failed in {self._current}: {exc}"
         else:

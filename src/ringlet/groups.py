@@ -125,7 +125,7 @@ class Groups(Calls):
             self.broadcast(why, root)
             raise ArgumentError(f"rank {root} could not pickle an object for scatter_object "
                                 f"({why.tobytes().decode(errors='replace')})")
-        out = np.empty(int(sizes[self.rank]), np.uint8)
+        out = self._between(lambda: np.empty(int(sizes[self.rank]), np.uint8))
         got = self.scatter_v(blob if self.rank == root else None,
                              sizes if self.rank == root else None, root, out=out)
         return self._unpickled(lambda: pickle.loads(got.tobytes()))
@@ -153,23 +153,35 @@ class Groups(Calls):
         """Send a picklable ``obj`` to ``dst`` (its size, then its pickle; trusted peers
         only).  The receiver calls :meth:`recv_object` with the same tag."""
         data, ok = _pickled(obj)
+        # an object that does not pickle is sent as why (its size negative), so that the
+        # receiver raises too instead of waiting for it to its deadline
+        self.send(np.array([data.size if ok else -1 - data.size], np.int64), dst, tag)
+        self.send(data, dst, tag)
         if not ok:
             raise ArgumentError(f"send_object: the object does not pickle "
-                                f"({data.tobytes().decode(errors='replace')})")
-        self.send(np.array([data.size], np.int64), dst, tag)
-        self.send(data, dst, tag)
+                                f"({data.tobytes().decode(errors='replace')}); rank {dst}'s "
+                                f"recv_object raises too")
 
     def recv_object(self, src: int, tag: int = 0) -> Any:
-        """The object ``src`` sent with :meth:`send_object` and this tag."""
+        """The object ``src`` sent with :meth:`send_object` and this tag.  ArgumentError if
+        the sender's object did not pickle or this rank cannot unpickle it."""
         n = np.empty(1, np.int64)
         w = self.irecv(n, src, tag)
         w.wait()
         # the pickle from the sender (and with the tag) the size came with: with ANY_SOURCE
         # or ANY_TAG another sender's size message may otherwise be taken as the pickle
-        data = np.empty(int(n[0]), np.uint8)
-        self.recv(data, w.source if w.source is not None else src,
-                  w.tag if w.tag is not None else tag)
-        return pickle.loads(data.tobytes())
+        sender = w.source if w.source is not None else src
+        data = np.empty(int(n[0]) if n[0] >= 0 else -1 - int(n[0]), np.uint8)
+        self.recv(data, sender, w.tag if w.tag is not None else tag)
+        if n[0] < 0:
+            raise ArgumentError(f"rank {sender}'s send_object could not pickle its object "
+                                f"({data.tobytes().decode(errors='replace')})")
+        try:
+            return pickle.loads(data.tobytes())
+        except Exception as exc:
+            raise ArgumentError(f"recv_object could not unpickle the object from rank "
+                                f"{sender} ({type(exc).__name__}: {exc}): this rank must be "
+                                f"able to import what it is made of") from exc
 
     # --- groups -------------------------------------------------------------------------
 

@@ -278,8 +278,9 @@ class Uneven(Calls):
         """Rows ``x[sum(send_counts[:j]) : sum(send_counts[:j+1])]`` go to rank j; the
         result holds rank j's rows for this rank in rank order: shape
         ``(sum(recv_counts), *x.shape[1:])``.  ``recv_counts`` is optional (the ranks'
-        send counts say it); if given it must agree with them (else MismatchError on
-        every rank).  MoE token dispatch and combine."""
+        send counts say it); if given it must agree with them (else ArgumentError on the
+        rank whose recv_counts disagree, MismatchError quoting it on the others).  MoE
+        token dispatch and combine."""
         n = self.size
         xb = as_buffer(x, "x", writable=False)
         rows, rest = _rows(xb, "x")
