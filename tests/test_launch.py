@@ -228,6 +228,39 @@ def test_signals_to_the_launcher_are_forwarded(sig: signal.Signals) -> None:
     assert f"ranks 1, 2 ended on the forwarded {sig.name} (exit code 5)" in err
 
 
+@pytest.mark.parametrize("program, why", [
+    (["syntax_error.py"], "SyntaxError: invalid syntax"),
+    (["-m", "no_such_module_here"], "No module named no_such_module_here")])
+def test_the_summary_quotes_errors_printed_without_a_traceback(
+        program: list[str], why: str, tmp_path: Path) -> None:
+    """A script that does not compile, a module that is not there: Python says so
+    without a "Traceback" line, and the summary still quotes it."""
+    if program[0].endswith(".py"):
+        (tmp_path / program[0]).write_text("def f(:\n")
+        program = [str(tmp_path / program[0])]
+    proc = ringlet_run("-n", "2", *program)
+    assert proc.returncode == 1, proc.stderr
+    assert re.match(rf"ringlet run: rank [01] failed first \(exit code 1: {why}",
+                    summary(proc)), proc.stderr
+
+
+def test_ranks_interrupted_by_the_forwarded_ctrl_c_did_not_fail_first() -> None:
+    """Each rank reports the KeyboardInterrupt the forwarded SIGINT raised, before it
+    exits: the launcher's own doing, not a rank's failure (it once said "rank 0 failed
+    first (KeyboardInterrupt)" when a report came before the exit)."""
+    launcher = subprocess.Popen([*CLI, "run", "-n", "3", "interrupted.py"], cwd=SCRIPTS,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    ready = [launcher.stdout.readline() for _ in range(3)]
+    assert all(line.endswith("ready\n") for line in ready), ready
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=20)
+    assert launcher.returncode == 130, err
+    assert summary(subprocess.CompletedProcess([], 130, "", err)) == (
+        "ringlet run: interrupted by SIGINT, forwarded to the ranks; ranks 0-2 ended on the "
+        "forwarded SIGINT"), err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-n", "0", "rank_env.py"], r"-n must be a whole number of ranks >= 1, got 0"),
     (["-n", "2", "missing.py"], r"no such script: 'missing.py' \(to run a module, use -m\)"),

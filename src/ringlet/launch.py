@@ -341,7 +341,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         now = time.monotonic()
         if errors is not None:   # before the exits: a rank reports before it exits
             for rank in errors.read():
-                if not errors.echo(rank):
+                if not errors.echo(rank, stops.get(rank, ("", 0))[1]):
                     raised = rank if raised is None else raised
             if event and not settled and raised is not None:
                 out.first_failed, settled = raised, True
@@ -952,10 +952,13 @@ class _ErrorPipes:
     def _raised(self, rank: int) -> bool:
         return (b"\n" + self._data[rank]).find(b"\nerror ") >= 0
 
-    def echo(self, rank: int) -> bool:
-        """Whether the rank's uncaught exception is a PeerError: another rank's failure
-        heard of, not a failure of its own."""
+    def echo(self, rank: int, signalled: int = 0) -> bool:
+        """Whether the rank's uncaught exception is not a failure of its own: a PeerError
+        (another rank's failure heard of), or the KeyboardInterrupt of a SIGINT the
+        launcher forwarded to it (``signalled``: the signal it last sent the rank)."""
         why = self.reported(rank) or ""
+        if signalled == signal.SIGINT and why.startswith("KeyboardInterrupt"):
+            return True
         return why.startswith(("ringlet.errors.PeerError:", "PeerError:"))
 
     def reported(self, rank: int) -> str | None:
@@ -1021,7 +1024,9 @@ class _Pump(threading.Thread):
     """Copy a rank's output to the launcher's, each line whole and prefixed with ``[rank] ``.
 
     On the rank's stderr it also remembers the last exception the rank printed
-    (the line that ends a traceback), which the launcher's summary quotes.
+    (the line that ends a traceback, or a compile error's location block), or what
+    the interpreter itself said (``python: No module named ...``), which the
+    launcher's summary quotes.
     """
 
     def __init__(self, src: IO[bytes], dst: IO[bytes], prefix: bytes,
@@ -1029,17 +1034,23 @@ class _Pump(threading.Thread):
         super().__init__(daemon=True, name=f"ringlet-pump-{prefix.decode().strip()}")
         self.src, self.dst, self.prefix, self.lock = src, dst, prefix, lock
         self.error = ""
+        #: how the interpreter starts what it says of the command line (python -m no.such)
+        self.interpreter = f"{sys.executable}: ".encode()
 
     def run(self) -> None:
         broken = False  # the launcher's output is gone: keep draining so the rank never blocks
         in_traceback = False
         with self.src:
             for line in iter(self.src.readline, b""):
-                if line.startswith(b"Traceback (most recent call last):"):
-                    in_traceback = True
+                if line.startswith(b"Traceback (most recent call last):") or (
+                        not in_traceback and line.startswith(b'  File "')):
+                    in_traceback = True   # (a SyntaxError prints its File line alone)
                 elif in_traceback and line.strip() and not line[:1].isspace():
                     in_traceback = False
                     self.error = line.decode(errors="replace").strip()[:_REASON_CHARS]
+                elif line.startswith(self.interpreter):
+                    self.error = line[len(self.interpreter):].decode(
+                        errors="replace").strip()[:_REASON_CHARS]
                 if broken:
                     continue
                 if not line.endswith(b"\n"):
