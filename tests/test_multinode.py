@@ -319,11 +319,13 @@ def test_a_peer_killed_after_the_last_call_does_not_hold_the_store_host() -> Non
     """Rank 3 dies (SIGKILL) after the job's last call: rank 0, which hosts the torch store
     and waits at exit for the others to leave it, sees that its process is gone (its beat
     would take RINGLET_HEARTBEAT_S to stop) and exits normally, before ringlet run's grace
-    ends it with SIGTERM (which it did)."""
+    ends it with SIGTERM (which it did).  The grace is 10 s here, not 3 (a loaded machine
+    took longer than 3 s to end rank 0 once), and the beat's 30 s: still only the gone
+    process lets rank 0 out in time."""
     _torch()
-    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "4",
-                           str(PEER_KILLED)], capture_output=True, text=True, timeout=LIMIT,
-                          env=_env(KILL="3"))
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--grace", "10", "--nodes",
+                           "2", "-n", "4", str(PEER_KILLED)], capture_output=True, text=True,
+                          timeout=LIMIT, env=_env(KILL="3", RINGLET_HEARTBEAT_S="30"))
     out = proc.stdout + proc.stderr
     assert "ranks 0-2 finished (exit code 0)" in proc.stderr, out
     assert all(f"rank {r}: done 4" in proc.stdout for r in range(3)), out
