@@ -118,6 +118,20 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
     bad.write_text('{"rows": 1}')
     p = _ringlet("report", "--bench", str(bad), "--out", str(tmp_path / "r.html"))
     assert p.returncode == 2 and "not a `ringlet bench --json` file" in p.stderr, p.stderr
+    # rows and a job without the fields the report reads: one line, not a KeyError
+    job = '"job": {"collective": "all_reduce", "nranks": 2, "dtype": "float32"}'
+    for text, want in [
+            ('{"rows": [{}], "job": {}}', "its 'job' has no 'collective'"),
+            ('{"rows": [{}], ' + job + '}', "row 1 has no 'size' (a number of bytes)"),
+            ('{"rows": [{"size": 8}], ' + job + '}', "row 1 has no 'algorithm'"),
+            ('{"rows": [{"size": 8, "algorithm": "ring", "in-place": {"busbw": 1}}], '
+             + job + '}', "row 1's 'in-place' has no 'time_us'"),
+            ('{"rows": [], "peers": {"mpi": 1}, ' + job + '}', "its 'peers' is not")]:
+        bad.write_text(text)
+        p = _ringlet("report", "--bench", str(bad), "--out", str(tmp_path / "r.html"))
+        assert p.returncode == 2 and want in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    bad.write_text('{"rows": 1}')
     p = _ringlet("report", "--trace", str(tmp_path), "--out", str(tmp_path / "r.html"))
     assert p.returncode == 2 and "no trace.json and no rank-R.trace.jsonl" in p.stderr
     p = _ringlet("report", "--trace", str(tmp_path), "--vs", "mpi")

@@ -82,7 +82,44 @@ def load_bench(path: str) -> dict[str, Any]:
             and isinstance(data.get("job"), dict)):
         raise ArgumentError(f"--bench {path}: not a `ringlet bench --json` file (it has no "
                             f"'rows' and 'job')")
+    lack = _bench_lacks(data)
+    if lack:
+        raise ArgumentError(f"--bench {path}: not a `ringlet bench --json` file: {lack}")
     return data
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _bench_lacks(data: dict[str, Any]) -> str:
+    """What ``data`` (with 'rows' and 'job') lacks of the fields the report reads, or ''."""
+    job = data["job"]
+    for key, kind, ok in (("collective", "a name", lambda v: isinstance(v, str)),
+                          ("nranks", "a number of ranks",
+                           lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                          ("dtype", "a type name", lambda v: isinstance(v, str))):
+        if not ok(job.get(key)):
+            return f"its 'job' has no '{key}' ({kind})"
+    if "root" in job and not (isinstance(job["root"], int) and not isinstance(job["root"], bool)):
+        return "its 'job' has a 'root' that is not a rank"
+    peers = data.get("peers") or {}
+    if not (isinstance(peers, dict) and all(isinstance(d, dict) and isinstance(
+            d.get("error") or "", str) for d in peers.values())):
+        return "its 'peers' is not an object of peers"
+    for i, r in enumerate(data["rows"], 1):
+        if not isinstance(r, dict):
+            return f"row {i} is not an object"
+        if not (_number(r.get("size")) and r["size"] >= 0):
+            return f"row {i} has no 'size' (a number of bytes)"
+        if not isinstance(r.get("algorithm"), str):
+            return f"row {i} has no 'algorithm' (a name)"
+        for form in (*FORMS, *peers):
+            t = r.get(form)
+            if t and not (isinstance(t, dict) and _number(t.get("time_us"))
+                          and (t.get("busbw") is None or _number(t["busbw"]))):
+                return f"row {i}'s '{form}' has no 'time_us' and 'busbw' (numbers)"
+    return ""
 
 
 def load_trace(path: str) -> dict[str, Any]:
