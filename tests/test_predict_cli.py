@@ -404,3 +404,39 @@ def test_simulate_takes_whole_elements_as_predict_does(capsys: pytest.CaptureFix
         out = capsys.readouterr().out
         assert f"7 B is not a size all_reduce moves in whole float32 elements on 3 ranks: " \
                f"{done} at 8 B" in out and "not simulated" not in out, out
+
+
+# --- the command line's own rules (a review's findings) ---------------------------------------
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "-5GB/s"],
+     "--bandwidth '-5GB/s' must be > 0"),
+    (["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s",
+      "--overhead", "-1us"], "--overhead '-1us' is negative; a time is >= 0"),
+    (["predict", "all_reduce", "--bytes", "-.5MB", "--ranks", "4"], "--bytes '-.5MB'"),
+    (["plan", "--params", "-7e9", "--ranks", "8"], "--params '-7e9' must be"),
+    (["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "4", *LINK, "--gap", "-1us"],
+     "--gap '-1us' is negative"),
+])
+def test_a_negative_value_after_an_option_is_its_value(
+        argv: list[str], want: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--option -5GB/s`` is checked as ``--option=-5GB/s`` is (argparse took the value for
+    an option: "expected one argument" under the usage)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert want in err and "usage:" not in err, err
+
+
+def test_negative_values_are_joined_only_to_options_that_take_one() -> None:
+    from ringlet.cli import _join_negative_values, _subparser, build_parser
+
+    predict = _subparser(build_parser("predict"), "predict")
+    run = _subparser(build_parser("run"), "run")
+    assert predict is not None and run is not None
+    assert _join_negative_values(["--latency", "-1us", "--rails", "-1", "--", "--call", "-1"],
+                                 predict) == ["--latency=-1us", "--rails", "-1", "--", "--call",
+                                              "-1"]
+    # ringlet run passes its program's arguments on untouched
+    argv = ["-n", "2", "x.py", "--latency", "-1us"]
+    assert _join_negative_values(argv, run) == argv

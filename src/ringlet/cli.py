@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -64,10 +65,51 @@ def _version() -> str:
         return __version__
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    """The parser of subcommand ``name`` in ``parser`` (None if there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(name)
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
+#: a value that argparse would take for an option: ``-5GB/s``, ``-1us``, ``-7e9``, ``-.5``
+_NEGATIVE = re.compile(r"-[0-9.]")
+
+
+def _join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--option -5GB/s`` as ``--option=-5GB/s``, for ``parser``'s long options that take
+    one value, so that a negative value reaches the option's own check (argparse takes
+    ``-5GB/s`` for an option and says only "expected one argument").  Nothing after
+    ``--``, and nothing for a parser that passes its arguments on (``ringlet run``'s
+    program and its arguments)."""
+    if any(a.nargs == argparse.REMAINDER for a in parser._actions):
+        return argv
+    takes = {o for a in parser._actions if a.nargs is None
+             for o in a.option_strings if o.startswith("--")}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] in takes and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else "")
+    sub = _subparser(parser, command) if command in COMMANDS else None
+    if command is not None and sub is not None:
+        at = argv.index(command) + 1
+        argv[at:] = _join_negative_values(argv[at:], sub)
     args = parser.parse_args(argv)
     mod = importlib.import_module(args._module)
     try:
