@@ -107,10 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else "")
     sub = _subparser(parser, command) if command in COMMANDS else None
-    if command is not None and sub is not None:
-        at = argv.index(command) + 1
+    at = argv.index(command) + 1 if command is not None and sub is not None else 0
+    if sub is not None:
         argv[at:] = _join_negative_values(argv[at:], sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if sub is not None:   # the subcommand's usage and error, if they are its
+            sub.parse_args(argv[at:])
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     mod = importlib.import_module(args._module)
     try:
         return int(getattr(mod, args._entry)(args) or 0)
