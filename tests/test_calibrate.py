@@ -424,8 +424,12 @@ def test_calibrate_end_to_end_quick(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["predict", "--calibrate", "all_reduce"], r"--calibrate takes no a collective"),
-    (["predict", "--calibrate", "--bytes", "4"], r"--calibrate takes no --bytes"),
+    (["predict", "--calibrate", "all_reduce"],
+     r"--calibrate takes no collective \(given: all_reduce\); it measures this host"),
+    (["predict", "--calibrate", "--bytes", "4"], r"--calibrate takes no --bytes \(given: "
+                                                 r"--bytes 4\)"),
+    (["predict", "all_reduce", "--calibrate", "--bytes", "1MB"],
+     r"--calibrate takes no collective and no --bytes \(given: all_reduce --bytes 1MB\)"),
     (["predict", "all_reduce", "--bytes", "4", "--ranks", "2", "-n", "2"],
      r"-n go with --calibrate"),
     (["predict", "all_reduce", "--ranks", "2"], r"give a collective and --bytes"),

@@ -427,11 +427,14 @@ def calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate as run_calibration
     from .calibrate import report
 
-    given = [n for n, v in (("a collective", args.collective), ("--bytes", args.nbytes))
+    given = [(n, t) for n, t, v in (("collective", args.collective, args.collective),
+                                    ("--bytes", f"--bytes {args.nbytes}", args.nbytes))
              if v is not None]
     if given:
-        raise ArgumentError(f"--calibrate takes no {' or '.join(given)}; it measures this "
-                            f"host (ringlet predict --calibrate [-n N] [--out PATH])")
+        raise ArgumentError(
+            f"--calibrate takes {' and '.join(f'no {n}' for n, _ in given)} (given: "
+            f"{' '.join(t for _, t in given)}); it measures this host (ringlet predict "
+            f"--calibrate [-n N] [--out PATH])")
     settings = Settings.from_env()
     if args.quick and not args.out:
         raise ArgumentError("--quick makes rough figures for smoke tests: give --out PATH (it "
