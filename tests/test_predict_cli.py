@@ -279,6 +279,13 @@ def test_a_rail_call_needs_a_two_level_all_reduce(
     (["--bytes", "1GB", "--link", "nvlink4"], "give --ranks"),
     (["--bytes", "1GB", "--link", "nvlink4", "--nodes", "2", "--gpus-per-node", "8"],
      "--nodes > 1 needs a link between nodes"),
+    # --latency's own value, named as --latency (was "--bandwidth latency '-1us'")
+    (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s", "--latency=-1us"],
+     "ringlet predict: --latency '-1us' is negative; a time is >= 0"),
+    (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s", "--latency", "fast"],
+     "--latency 'fast' is not a time"),
+    (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s,1us", "--latency", "2us"],
+     "--bandwidth '5GB/s,1us' gives a latency, and so does --latency '2us': give it once"),
 ])
 def test_errors(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
     assert main(["predict", "all_reduce", *argv]) == 2

@@ -127,10 +127,18 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
                         f"exists, else a conservative default)")
 
 
-def _custom_link(text: str, what: str, gamma: float) -> tuple[Link, float, str]:
+def _custom_link(text: str, what: str, gamma: float, latency: str | None = None
+                 ) -> tuple[Link, float, str]:
+    """BW[,LATENCY] (``latency``: ``--latency``'s text, which takes the place of LATENCY)."""
     bw_text, _, lat_text = text.partition(",")
     bw = parse_bandwidth(bw_text, what)
-    lat = parse_time(lat_text, f"{what} latency") if lat_text.strip() else 0.0
+    if latency is not None and lat_text.strip():
+        raise ArgumentError(f"{what} {text!r} gives a latency, and so does --latency "
+                            f"{latency!r}: give it once")
+    if latency is not None:
+        lat = parse_time(latency, "--latency")
+    else:
+        lat = parse_time(lat_text, f"{what} latency") if lat_text.strip() else 0.0
     label = f"{format_bandwidth(bw)} per direction, alpha {format_seconds(lat)} (given)"
     return Link.from_bandwidth(bw, lat, gamma, f"given: {label}"), bw, label
 
@@ -195,9 +203,8 @@ def _resolve_links(args: argparse.Namespace) -> Links:
         raise ArgumentError("--latency goes with --bandwidth (presets have their own)")
     hints: list[str] = []
     if args.bandwidth:
-        link, bw, label = _custom_link(
-            args.bandwidth + ("," + args.latency if args.latency else ""), "--bandwidth",
-            gamma_s)
+        link, bw, label = _custom_link(args.bandwidth, "--bandwidth", gamma_s,
+                                       args.latency or None)
         for spec in spec_for_bandwidth(bw):
             hints.append(
                 f"{format_bandwidth(bw)} is {spec.name}'s headline figure, which counts both "
