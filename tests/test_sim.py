@@ -289,7 +289,9 @@ def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None
     (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: directory /nonexistent"),
     (["--trace", "/tmp"], "--trace /tmp: is a directory"),
     (["--root", "8"], "--root 8 is out of range for 8 ranks"),
-    (["--bytes", "0"], "--bytes must be at least 1 byte"),
+    (["--bytes", "0"], "--bytes '0' must be at least 1 byte"),
+    (["--bytes=-5"], "--bytes '-5' must be at least 1 byte"),   # was "a size is >= 0 bytes"
+    (["--bytes", "0.5"], "--bytes '0.5' must be at least 1 byte"),
     (["--algorithm", "rign"], "unknown algorithm 'rign' for all_reduce; valid: "),
     (["--param", "pices=2"], "--param pices: none of the algorithms of all_reduce takes it"),
     (["--algorithm", "binomial", "--param", "pieces=2"],

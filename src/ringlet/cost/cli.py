@@ -299,9 +299,7 @@ def resolve_ranks(args: argparse.Namespace, links: Links, limit: int = MAX_RANKS
 
 def size_and_root(args: argparse.Namespace, n: int) -> int:
     """``--bytes`` (at least 1) in bytes, after checking ``--root`` against ``n`` ranks."""
-    nbytes = parse_size(args.nbytes, "--bytes")
-    if nbytes < 1:
-        raise ArgumentError("--bytes must be at least 1 byte")
+    nbytes = parse_size(args.nbytes, "--bytes", least=1)
     if not 0 <= args.root < n:
         raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
     return nbytes

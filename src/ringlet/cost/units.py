@@ -70,11 +70,12 @@ def _quantity_bytes(text: str) -> float | None:
 MAX_BYTES = 1 << 53
 
 
-def parse_size(text: str | int | float, what: str = "") -> int:
+def parse_size(text: str | int | float, what: str = "", least: int = 0) -> int:
     """A byte count from ``"14GB"``, ``"1.5GiB"``, ``"400Gb"`` (bits) or ``"4096"``.
 
     Raises :class:`~ringlet.errors.ArgumentError` with examples if ``text``
-    is not a size, is negative or is not a whole number of bytes.
+    is not a size, is less than ``least`` bytes (negative, by default) or is not a
+    whole number of bytes.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value: float | None = float(text)
@@ -84,6 +85,9 @@ def parse_size(text: str | int | float, what: str = "") -> int:
         raise ArgumentError(
             f"{_label(what)}{text!r} is not a size; write e.g. {SIZE_EXAMPLES}. "
             f"GB = 10^9 bytes, GiB = 2^30 bytes, a lower-case b is a bit")
+    if least > 0 and value < least:
+        raise ArgumentError(f"{_label(what)}{text!r} must be at least {least} "
+                            f"byte{'s' if least != 1 else ''}")
     if value < 0:
         raise ArgumentError(f"{_label(what)}{text!r} is negative; a size is >= 0 bytes")
     if value > MAX_BYTES:   # beyond, a float no longer holds every whole number of bytes

@@ -129,9 +129,7 @@ def main(args: argparse.Namespace) -> int:
     links = resolve_links(args)
     ranks = resolve_ranks(args, links)
     par = parse_strategy(args.strategy, ranks)
-    bucket = parse_size(args.bucket, "--bucket")
-    if bucket < 1:
-        raise ArgumentError("--bucket must be at least 1 byte")
+    bucket = parse_size(args.bucket, "--bucket", least=1)
     model = ModelShape(
         params=parse_count(args.params, "--params", positive=True), dtype=args.dtype,
         layers=args.layers,
