@@ -284,6 +284,9 @@ def test_a_rail_call_needs_a_two_level_all_reduce(
      "ringlet predict: --latency '-1us' is negative; a time is >= 0"),
     (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s", "--latency", "fast"],
      "--latency 'fast' is not a time"),
+    # a root where there is none was ignored; ringlet show's rule
+    (["--bytes", "1MB", "--ranks", "4", "--root", "2"],
+     "--root 2: all_reduce has no root; only broadcast, gather, reduce, scatter do"),
     (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s,1us", "--latency", "2us"],
      "--bandwidth '5GB/s,1us' gives a latency, and so does --latency '2us': give it once"),
 ])
@@ -447,3 +450,19 @@ def test_negative_values_are_joined_only_to_options_that_take_one() -> None:
     # ringlet run passes its program's arguments on untouched
     argv = ["-n", "2", "x.py", "--latency", "-1us"]
     assert _join_negative_values(argv, run) == argv
+
+
+def test_a_root_only_where_the_collective_has_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_to_all_v", "--bytes", "1MB", "--ranks", "4", *LINK,
+                 "--root", "1"]) == 2
+    assert "--root 1: all_to_all_v has no root" in capsys.readouterr().err
+    assert main(["simulate", "all_gather", "--bytes", "1MB", "--ranks", "4", *LINK,
+                 "--root", "1"]) == 2
+    assert "--root 1: all_gather has no root" in capsys.readouterr().err
+    for cmd in ("predict", "simulate"):
+        assert main([cmd, "gather", "--bytes", "1MB", "--ranks", "4", *LINK, "--root", "1",
+                     "--json"]) == 0
+        capsys.readouterr()
+        assert main([cmd, "gather", "--bytes", "1MB", "--ranks", "4", *LINK, "--root",
+                     "4"]) == 2
+        assert "--root 4 is out of range for 4 ranks" in capsys.readouterr().err

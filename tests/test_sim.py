@@ -288,7 +288,7 @@ def test_cli_is_quiet_without_a_terminal_and_skips_what_it_cannot_hold() -> None
     (["--seed", "-1"], "--seed must be >= 0"),                # was numpy's ValueError
     (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: directory /nonexistent"),
     (["--trace", "/tmp"], "--trace /tmp: is a directory"),
-    (["--root", "8"], "--root 8 is out of range for 8 ranks"),
+    (["--root", "8"], "--root 8: all_reduce has no root"),   # it was ignored below 8 ranks
     (["--bytes", "0"], "--bytes '0' must be at least 1 byte"),
     (["--bytes=-5"], "--bytes '-5' must be at least 1 byte"),   # was "a size is >= 0 bytes"
     (["--bytes", "0.5"], "--bytes '0.5' must be at least 1 byte"),

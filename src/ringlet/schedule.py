@@ -165,6 +165,14 @@ UNIT = {
 }
 
 ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})
+
+
+def check_root(collective: str, root: int) -> None:
+    """An :class:`ArgumentError` for a ``--root`` other than 0 given with a collective
+    that has no root (it would be ignored)."""
+    if root and collective not in ROOTED:
+        raise ArgumentError(f"--root {root}: {collective} has no root; only "
+                            f"{', '.join(sorted(ROOTED))} do")
 REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "scan", "exscan"})
 
 

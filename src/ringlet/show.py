@@ -36,7 +36,18 @@ from .algorithms import MAX_RANKS as MOST_RANKS
 from .algorithms import algorithms, build, entry, parse_params
 from .errors import ArgumentError, VerificationError
 from .progress import Progress
-from .schedule import COLLECTIVES, REDUCING, ROOTED, UNIT, Buf, Kind, Ref, Schedule, Step
+from .schedule import (
+    COLLECTIVES,
+    REDUCING,
+    ROOTED,
+    UNIT,
+    Buf,
+    Kind,
+    Ref,
+    Schedule,
+    Step,
+    check_root,
+)
 from .verify import State, Value, expected_final, initial_state, verify
 
 #: How the diagrams name a buffer's chunks: ``c3`` is OUT chunk 3.
@@ -884,10 +895,7 @@ def main_show(args: argparse.Namespace) -> int:
         return 0
     n = args.ranks
     drawable(n)
-    if args.root and collective not in ROOTED:
-        raise ArgumentError(
-            f"--root {args.root}: {collective} has no root; only "
-            f"{', '.join(sorted(ROOTED))} do")
+    check_root(collective, args.root)
     if args.count < 1 or args.itemsize < 1:
         raise ArgumentError(
             f"--count {args.count} --itemsize {args.itemsize}: both must be >= 1")

@@ -30,7 +30,7 @@ from ..errors import ArgumentError
 from ..jsonout import dumps
 from ..ops import DType
 from ..rails import SCHEDULES as RAIL_SCHEDULES
-from ..schedule import COLLECTIVES, UNIT
+from ..schedule import COLLECTIVES, UNIT, check_root
 from .host import Paths
 from .model import (
     DEFAULT_PROFILE_PATH,
@@ -298,8 +298,10 @@ def resolve_ranks(args: argparse.Namespace, links: Links, limit: int = MAX_RANKS
 
 
 def size_and_root(args: argparse.Namespace, n: int) -> int:
-    """``--bytes`` (at least 1) in bytes, after checking ``--root`` against ``n`` ranks."""
+    """``--bytes`` (at least 1) in bytes, after checking ``--root`` against ``n`` ranks
+    and the collective."""
     nbytes = parse_size(args.nbytes, "--bytes", least=1)
+    check_root(args.collective, args.root)
     if not 0 <= args.root < n:
         raise ArgumentError(f"--root {args.root} is out of range for {n} ranks")
     return nbytes
@@ -492,6 +494,7 @@ def main(args: argparse.Namespace) -> int:
     if args.collective is None or args.nbytes is None:
         raise ArgumentError("give a collective and --bytes (e.g. ringlet predict all_reduce "
                             "--bytes 1MiB --ranks 4), or --calibrate")
+    check_root(args.collective, args.root)   # as given: all_to_all_v, not all_to_all
     uneven = args.collective if args.collective in UNEVEN else None
     if uneven:   # the even schedule it runs, among the algorithms that take uneven blocks
         from ..uneven import listed
