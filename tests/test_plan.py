@@ -351,6 +351,8 @@ def test_plan_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     (["--params=-5"], "--params '-5' must be a finite number > 0"),   # it said >= 0
     (["--bucket=-1"], "--bucket '-1' must be at least 1 byte"),   # it said >= 0 bytes
     (["--bucket", "0"], "--bucket '0' must be at least 1 byte"),
+    # the textbook counts no schedule: --algorithm was ignored
+    (["--textbook", "--algorithm", "ring"], "--algorithm ring: --textbook counts no algorithm"),
 ])
 def test_plan_refuses_inputs_that_are_not_numbers_it_can_use(
         capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:

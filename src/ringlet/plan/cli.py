@@ -76,7 +76,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the seeds' approximation: all-reduce 2S/B, reduce-scatter and "
                         "all-gather S/B, B the link's headline figure, no latency")
     p.add_argument("--algorithm", metavar="NAME",
-                   help="use this algorithm for every collective (default: the fastest)")
+                   help="use this algorithm for every collective (default: the fastest; "
+                        "not with --textbook, which counts none)")
     m = p.add_argument_group("model shape (needed by tp, pp and ep)")
     m.add_argument("--layers", type=int, default=0, help="transformer layers")
     m.add_argument("--hidden", type=int, default=0, help="hidden size")
@@ -126,6 +127,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``ringlet plan``."""
+    if args.textbook and args.algorithm:
+        raise ArgumentError(f"--algorithm {args.algorithm}: --textbook counts no algorithm "
+                            f"(volume x S / bandwidth, no schedule); give one or the other")
     links = resolve_links(args)
     ranks = resolve_ranks(args, links)
     par = parse_strategy(args.strategy, ranks)
