@@ -356,6 +356,17 @@ def test_c_0_turns_the_check_off(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(r[8] == "n/a" for r in _rows(capsys.readouterr().out))
 
 
+@pytest.mark.parametrize("flags", [["-c", "0", "--check"], ["--check", "-c", "0"],
+                                   ["--no-check", "-c", "1"]])
+def test_c_and_check_are_one_or_the_other(flags: list[str],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The last of them won, whatever the other said."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "all_gather", *TINY, *flags])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_shared_buffers(capsys: pytest.CaptureFixture[str]) -> None:
     """--buffers shared: ringlet's buffers from comm.empty, one pool reused by every row."""
     assert main(["bench", "all_reduce", *TINY, "-e", "64K", "--buffers", "shared"]) == 0

@@ -106,10 +106,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "paths (all_reduce in place); the peers always use private arrays")
     p.add_argument("--vs", metavar="PEERS",
                    help="also measure these peers at the same sizes: gloo, mpi or gloo,mpi")
-    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
-                   help="check every size against numpy (default: on)")
-    p.add_argument("-c", dest="check", type=lambda v: _flag(v, "-c"), metavar="0|1",
-                   help="nccl-tests' spelling of --check / --no-check")
+    check = p.add_mutually_exclusive_group()   # one of them: the last one won
+    check.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                       help="check every size against numpy (default: on)")
+    check.add_argument("-c", dest="check", type=lambda v: _flag(v, "-c"), metavar="0|1",
+                       help="nccl-tests' spelling of --check / --no-check (not with them)")
     p.add_argument("--json", metavar="FILE", help="write every row and the environment here")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size here")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
