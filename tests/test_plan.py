@@ -393,3 +393,12 @@ def test_the_textbook_divides_a_group_across_nodes_by_the_link_between_them(
     assert per_byte["dp"] == pytest.approx(2 / 50e9)
     assert textbook_seconds("tp=2,ddp", 32)["dp"] == pytest.approx(2 / 50e9)  # 4 per node
     assert textbook_seconds("tp=2,ddp", 8)["dp"] == pytest.approx(2 / 900e9)  # one node
+
+
+@pytest.mark.parametrize("rate, said", [("1", "at 1 step/s:"), ("2", "at 2 steps/s:"),
+                                        ("0.5", "at 0.5 steps/s:")])
+def test_steps_per_second_is_said_in_the_right_number(
+        rate: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SEED[:-2], rate, "--bandwidth", "900GB/s"]) == 0
+    out = capsys.readouterr().out
+    assert said in out and "1 steps" not in out, out

@@ -466,3 +466,10 @@ def test_a_root_only_where_the_collective_has_one(capsys: pytest.CaptureFixture[
         assert main([cmd, "gather", "--bytes", "1MB", "--ranks", "4", *LINK, "--root",
                      "4"]) == 2
         assert "--root 4 is out of range for 4 ranks" in capsys.readouterr().err
+
+
+def test_one_piece_is_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_reduce", "--bytes", "1KB", "--link", "dgx_h100", "--nodes",
+                 "2", "--algorithm", "hierarchical_pipelined"]) == 0
+    out = capsys.readouterr().out
+    assert "one-level optimum on the slower link: 1 piece;" in out and "1 pieces" not in out

@@ -847,6 +847,11 @@ def path_bytes(collective: str, m: int, nranks: int, itemsize: int) -> int:
     return m * itemsize * (nranks if _scaled(collective) else 1)
 
 
+def _pieces(k: int) -> str:
+    """``1 piece``, ``4 pieces``."""
+    return f"{k} piece{'s' if k != 1 else ''}"
+
+
 @dataclass(frozen=True)
 class _Fit:
     """``rounds = r0 + r1*k``, ``bytes = m*(b0 + b1/k)``, ``reduced = m*(g0 + g1/k)`` and
@@ -1054,7 +1059,7 @@ class Estimator:
                     < self._counted_seconds(best, size, profile):
                 best *= 2
                 tried.append(best)
-            return best, (f"one-level optimum on the slower link: {k0} pieces; counted on "
+            return best, (f"one-level optimum on the slower link: {_pieces(k0)}; counted on "
                           f"both links at {' and '.join(map(str, tried))} (powers of two"
                           f"{', within the counting budget' if k < k0 / 1.5 else ''})")
         # No closed form: search 1, 2, 4, ...; time is convex in k in practice (alpha grows
@@ -1069,7 +1074,9 @@ class Estimator:
             k *= 2
         if k == 1:
             return 1, "1 (more pieces would be too many rounds to count)"
-        return best_k, f"searched pieces 1, 2, 4, ... {k // 2} (counted)"
+        searched = ", ".join(map(str, [1, 2, 4][:(k // 2).bit_length()]))
+        return best_k, (f"searched pieces {searched}"
+                        f"{f', ... {k // 2}' if k // 2 > 4 else ''} (counted)")
 
     def _seconds(self, t: Tally, size: float, profile: Profile
                  ) -> tuple[float, float, float, float, float]:
@@ -1122,7 +1129,7 @@ class Estimator:
             total, a, b, g, o = f.seconds(k, size, profile.intra)
             rounds, sent, crit = f.rounds(k), f.sent * size, f.critical(k) * size
             how = (f"closed form fitted to the counts at {f.k_from}, {2 * f.k_from} and "
-                   f"{4 * f.k_from} pieces ({k} pieces not counted)")
+                   f"{4 * f.k_from} pieces ({_pieces(k)} not counted)")
         else:
             t = self.tally(k)
             if f is not None and k >= f.k_from and not f.agrees(k, t):

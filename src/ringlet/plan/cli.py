@@ -267,7 +267,8 @@ def _print(step: StepPlan, link: list[str], notes: list[str], tb_bw: float, tb_i
         print(f"money at ${step.usd_per_gpu_hour:g}/GPU-hour x {step.ranks} GPUs: "
               f"{format_usd(step.usd_per_step_comm)} per step in communication "
               f"({format_usd(step.usd_per_step_exposed or 0)} exposed)"
-              + (f"; at {sps:.3g} steps/s: {format_usd(day)} per day" if day is not None
+              + (f"; at {sps:.3g} step{'s' if f'{sps:.3g}' != '1' else ''}/s: "
+                 f"{format_usd(day)} per day" if day is not None
                  else ""), file=out)
     if step.explanation:
         print("\nhow this differs from the textbook:", file=out)
