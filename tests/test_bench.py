@@ -388,6 +388,17 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     assert "# #wrong in total: 0  OK" in out
 
 
+def test_help_lists_every_op_the_bench_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    from ringlet.bench.cli import BENCH_OPS
+    from ringlet.ops import ReduceOp
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "reduction: sum prod min max avg band bor bxor land lor lxor " in text
+    assert set(BENCH_OPS) == {op.name.lower() for op in ReduceOp} - {"minloc", "maxloc"}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["allreduce"], "unknown collective 'allreduce'; ringlet bench measures all_reduce"),
     (["all_reduce", "-b", "1X"], "-b/--minbytes '1X' is not a byte count"),
@@ -397,6 +408,9 @@ def test_vs_peers(capsys: pytest.CaptureFixture[str]) -> None:
     (["all_reduce", "-d", "bfloat16", "--vs", "gloo"], "bfloat16 is measured for ringlet only"),
     (["all_reduce", "--op", "avg", "--dtype", "int32"], "AVG is defined for floating"),
     (["all_reduce", "--op", "nope"], "unknown reduction op 'nope'"),
+    # it said to make pairs with ringlet.pairs(...), which a bench user cannot call
+    (["all_reduce", "-o", "maxloc"], "-o/--op maxloc: ringlet bench does not measure MINLOC "
+                                     "or MAXLOC .*; use one of sum, .*, land, lor, lxor$"),
     (["broadcast", "--root", "2"], "--root 2 is not a rank of 2"),
     (["all_reduce", "--algo", "nope"], "--algo nope: all_reduce has no algorithm 'nope'"),
     (["all_reduce", "--iters", "0"], "--iters must be at least 1"),

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..config import Settings
 from ..errors import ArgumentError, RingletError
 from ..jsonout import dumps
-from ..ops import DTYPES, ReduceOp, check_op
+from ..ops import DTYPES, LOC, ReduceOp, check_op
 from ..outputs import FIGURE_SUFFIXES, check_file, writing
 from ..progress import Progress, from_ranks
 from .core import (
@@ -43,6 +43,9 @@ from .core import (
 )
 from .peers import INSTALL, PeerRun, check_supported, parse_vs, run_peer
 from .report import Result, environment, human_bytes, table, to_json, write_plot
+
+#: the reductions -o takes (every ReduceOp but MINLOC and MAXLOC, which reduce pairs)
+BENCH_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor", "lxor")
 
 DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "iters": 20,
             "warmup": 5, "budget": 0.5, "dtype": "float32", "op": "sum", "root": 0,
@@ -86,7 +89,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="ringlet's algorithm (see ringlet.algorithms(collective)), or auto "
                         "(default: ringlet's choice per size)")
     p.add_argument("-o", "--op", default=DEFAULTS["op"],
-                   help="reduction: sum prod min max avg band bor bxor (default %(default)s)")
+                   help=f"reduction: {' '.join(BENCH_OPS)} (band bor bxor land lor lxor on "
+                        f"bool and integer -d; default %(default)s)")
     p.add_argument("-d", "--dtype", default=DEFAULTS["dtype"],
                    help=f"element type: {', '.join(BENCH_DTYPES)} (default %(default)s)")
     p.add_argument("-r", "--root", type=int, default=DEFAULTS["root"],
@@ -150,6 +154,10 @@ def make_job(args: argparse.Namespace) -> Job:
     op = "none"
     if coll.reduces:
         rop = ReduceOp.parse(args.op)
+        if rop in LOC:   # check_op would point at ringlet.pairs, which a bench user cannot call
+            raise ArgumentError(f"-o/--op {args.op}: ringlet bench does not measure MINLOC or "
+                                f"MAXLOC (they reduce (value, index) pairs, which it does not "
+                                f"make); use one of {', '.join(BENCH_OPS)}")
         check_op(rop, DTYPES[args.dtype])
         op = rop.name.lower()
     if coll.rooted and not 0 <= args.root < n:
