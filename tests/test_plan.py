@@ -338,8 +338,16 @@ def test_plan_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--compute-ms", "nan"], "compute time must be a finite number > 0, got nan"),
-    (["--compute-ms", "inf"], "compute time must be a finite number > 0, got inf"),
+    (["--compute-ms", "nan"], "--compute-ms must be a finite number of milliseconds > 0, "
+                              "got nan"),
+    (["--compute-ms", "inf"], "--compute-ms must be a finite number of milliseconds > 0, "
+                              "got inf"),
+    # it said "compute time must be ... > 0, got -0.005": no flag, and in seconds
+    (["--compute-ms", "-5"], "--compute-ms must be a finite number of milliseconds > 0, got -5"),
+    (["--compute-ms", "0"], "--compute-ms must be a finite number of milliseconds > 0, got 0"),
+    (["--backward-fraction", "2"], "--backward-fraction must be between 0 and 1 (a share of the "
+                                   "compute), got 2"),
+    (["--backward-fraction", "nan", "--simulate"], "--backward-fraction must be between 0"),
     (["--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be a finite number >= 0"),
     (["--usd-per-gpu-hour", "inf"], "--usd-per-gpu-hour must be a finite number >= 0"),
     (["--steps-per-second", "inf"], "--steps-per-second must be a finite number > 0"),

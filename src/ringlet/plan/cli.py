@@ -130,6 +130,14 @@ def main(args: argparse.Namespace) -> int:
     if args.textbook and args.algorithm:
         raise ArgumentError(f"--algorithm {args.algorithm}: --textbook counts no algorithm "
                             f"(volume x S / bandwidth, no schedule); give one or the other")
+    # the library's own checks (plan(), simulate_step()) name no flag and take seconds
+    if args.compute_ms is not None and not (math.isfinite(args.compute_ms)
+                                            and args.compute_ms > 0):
+        raise ArgumentError(f"--compute-ms must be a finite number of milliseconds > 0, "
+                            f"got {args.compute_ms:g}")
+    if not 0 < args.backward_fraction < 1:
+        raise ArgumentError(f"--backward-fraction must be between 0 and 1 (a share of the "
+                            f"compute), got {args.backward_fraction:g}")
     links = resolve_links(args)
     ranks = resolve_ranks(args, links)
     par = parse_strategy(args.strategy, ranks)
