@@ -315,6 +315,17 @@ def test_ringlet_run_nodes(nodes: int) -> None:
     assert "TCPStore" not in proc.stderr and "Broken pipe" not in proc.stderr, proc.stderr
 
 
+def test_ringlet_run_one_rank_per_node() -> None:
+    """Every rank alone on its node: every collective and algorithm, and p2p, with every
+    peer through gloo, p2p to itself included (gloo has no connection to a rank's own:
+    such messages timed out)."""
+    _torch()
+    proc = subprocess.run([sys.executable, "-m", "ringlet", "run", "--nodes", "2", "-n", "2",
+                           str(SCRIPT), "--native"], capture_output=True, text=True,
+                          timeout=LIMIT, env=_env(EXPECT_NODES="a,b"))
+    _check(proc, 2, [[0], [1]], "torch")
+
+
 def test_a_peer_killed_after_the_last_call_does_not_hold_the_store_host() -> None:
     """Rank 3 dies (SIGKILL) after the job's last call: rank 0, which hosts the torch store
     and waits at exit for the others to leave it, sees that its process is gone (its beat

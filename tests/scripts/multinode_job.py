@@ -101,6 +101,23 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     w2.wait()
     if not (ga == (r - 1) % n).all() or not (gb == 10 + (r - 1) % n).all():
         bad.append("p2p ring")
+    # messages to itself (on the torch engine a rank alone on its node reaches itself
+    # through the engine, and gloo has no connection to its own rank): isend then recv,
+    # recv posted first, sendrecv, and taken by a receive from any source
+    w = comm.isend(np.full(2, r, np.int64), r, tag=6)
+    mine6 = comm.recv(np.empty(2, np.int64), r, tag=6)
+    w.wait()
+    w = comm.irecv(np.empty(3, np.int64), r, tag=7)
+    comm.send(np.full(3, 2 * r, np.int64), r, tag=7)
+    mine7 = w.wait()
+    mine8 = comm.sendrecv(np.full(2, 3 * r, np.int64), r, np.empty(2, np.int64), r, 8, 8)
+    comm.barrier()   # no message from another rank is on its way with tag 9
+    comm.send(np.full(1, 4 * r, np.int64), r, tag=9)
+    w = comm.irecv(np.empty(1, np.int64), ringlet.ANY_SOURCE, tag=9)
+    mine9 = w.wait()
+    if [mine6.tolist(), mine7.tolist(), mine8.tolist(), mine9.tolist(), w.source] != \
+            [[r] * 2, [2 * r] * 3, [3 * r] * 2, [4 * r], r]:
+        bad.append(f"p2p to itself: {mine6} {mine7} {mine8} {mine9} from {w.source}")
     # blocking small sends and receives: between two ranks of a node on the compiled path
     # (the messages wait in the channel: nothing runs this rank's p2p engine before the
     # recv), between nodes on the engine

@@ -756,6 +756,9 @@ class TorchTransport(Transport):
         self._lanes: dict[tuple[int, int, int], _Lane] = {}
         self._coll: list[_Msg] = []
         self._notices: list[_Msg] = []      # STATUS sends (abort, closed) in flight
+        #: messages to this rank itself, by channel (gloo has no pair to itself): the sends
+        #: not yet received (copies) or the receives not yet sent, in order (:meth:`_self`)
+        self._selfq: dict[int, deque[tuple[bool, Any]]] = {}
         self._dead: dict[int, str] = {}
         self._closed = False
         self.describe: Callable[[], str] = lambda: "a collective"
@@ -886,6 +889,8 @@ class TorchTransport(Transport):
         parts = [p for p in parts if p.size]
         if not parts:
             return _Msg(peer, channel, finished=True)
+        if peer == self.rank:
+            return self._self(_Msg(peer, channel, finished=True), np.concatenate(parts))
         buf = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if not buf.flags.c_contiguous:
             buf = np.ascontiguousarray(buf)
@@ -905,6 +910,8 @@ class TorchTransport(Transport):
         parts = [p for p in parts if p.size]
         if not parts:
             return _Msg(peer, channel, finished=True)
+        if peer == self.rank:
+            return self._self(_Msg(peer, channel, parts=parts, reducer=reducer), None)
         p0 = parts[0]
         if len(parts) == 1 and reducer is None and p0.flags.c_contiguous and p0.flags.writeable:
             target = p0.reshape(-1).view(np.uint8)         # lands in place
@@ -919,6 +926,25 @@ class TorchTransport(Transport):
                                                                 self._pg.recv))
         if channel == COLL:
             self._coll.append(msg)
+        return msg
+
+    def _self(self, msg: _Msg, data: np.ndarray | None) -> _Msg:
+        """A message of this rank to itself (a rank alone on its node, whose every peer
+        is the engine's): gloo has no connection to its own rank, so the send (``data``,
+        a copy: the send is done at once, as an eager one) meets the receive here, in
+        posting order per channel, as gloo's messages between two ranks do."""
+        with self._lock:
+            q = self._selfq.setdefault(msg.channel, deque())
+            if q and q[0][0] == (data is None):   # the other side came first
+                other = q.popleft()[1]
+                recv, data = (msg, other) if data is None else (other, data)
+            else:
+                q.append((data is not None, msg if data is None else data))
+                return msg
+        base.deliver(recv._parts, data, 0, data.nbytes, recv._reducer)  # type: ignore[arg-type]
+        recv._parts = recv._reducer = None
+        recv.state, recv._fin = _OK, True
+        self._event()
         return msg
 
     @staticmethod
