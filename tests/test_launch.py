@@ -244,6 +244,46 @@ def test_the_summary_quotes_errors_printed_without_a_traceback(
                     summary(proc)), proc.stderr
 
 
+def test_the_summary_does_not_quote_a_fault_handlers_stack(tmp_path: Path) -> None:
+    """faulthandler's dump (File lines without a Traceback line) is not an exception."""
+    (tmp_path / "crash.py").write_text(
+        "import faulthandler, os, signal\nimport numpy\nfaulthandler.enable()\n"
+        "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    proc = ringlet_run("-n", "1", str(tmp_path / "crash.py"))
+    assert "Fatal Python error" in proc.stderr, proc.stderr
+    assert re.match(r"ringlet run: rank 0 failed first \(killed by SIGSEGV\)", summary(proc)), \
+        proc.stderr
+
+
+FORKS_A_JOB = """
+import time
+
+import numpy as np
+import ringlet
+
+def inner(comm):
+    return comm.all_reduce(np.ones(2))[0]
+
+comm = ringlet.init()
+comm.barrier()
+if comm.rank == 0:   # the forked ranks inherit this process's communicator: not theirs to close
+    assert ringlet.spawn(inner, 2, settings=ringlet.Settings(start_method="fork")) == [2.0, 2.0]
+    time.sleep(0.5)   # rank 1, waiting in the barrier, looks at rank 0's state meanwhile
+comm.barrier()
+print("barrier after the spawn: ok", flush=True)
+"""
+
+
+def test_ranks_forked_by_spawn_leave_their_parents_communicators_open(tmp_path: Path) -> None:
+    """A rank of a job that spawns a job of its own by fork: the spawned ranks close only
+    the communicators they made (they marked their parent's closed, and its peers raised
+    "rank 0 closed the communicator" at the next call)."""
+    (tmp_path / "forks.py").write_text(FORKS_A_JOB)
+    proc = ringlet_run("-n", "2", str(tmp_path / "forks.py"), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("barrier after the spawn: ok") == 2, proc.stdout
+
+
 def test_ranks_interrupted_by_the_forwarded_ctrl_c_did_not_fail_first() -> None:
     """Each rank reports the KeyboardInterrupt the forwarded SIGINT raised, before it
     exits: the launcher's own doing, not a rank's failure (it once said "rank 0 failed

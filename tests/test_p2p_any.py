@@ -89,6 +89,31 @@ def _sendrecv(comm: ringlet.Communicator) -> list[str]:
     return bad
 
 
+def _sendrecv_that_does_not_fit(comm: ringlet.Communicator) -> Any:
+    """Rank 0's receive does not fit rank 1's message (an ArgumentError, the communicator
+    usable): its send of 4 MiB, larger than a channel holds, is done before sendrecv
+    raises, so that what rank 0 then writes into x is not what rank 1 receives."""
+    if comm.rank == 0:
+        x = np.zeros(1 << 20, np.float32)
+        try:
+            comm.sendrecv(x, 1, np.empty(3), 1)
+        except ringlet.ArgumentError as exc:
+            x[:] = 7
+            return str(exc)
+        return "no error"
+    y = np.empty(1 << 20, np.float32)
+    comm.sendrecv(np.ones(5), 0, y, 0)
+    return bool((y == 0).all())
+
+
+def test_sendrecv_that_raises_has_sent_first() -> None:
+    from conftest import get_world
+
+    err, intact = get_world(2).run(_sendrecv_that_does_not_fit)
+    assert "holds 5 x float64, but the receive buffer holds 3 x float64" in err, err
+    assert intact is True
+
+
 @pytest.mark.parametrize("body", [_gather_any, _batch, _sendrecv])
 def test_any_source_probe_and_batch(world: Any, body: Any) -> None:
     for r, bad in enumerate(world.run(body)):

@@ -286,13 +286,21 @@ def test_a_rail_call_needs_a_two_level_all_reduce(
      "--latency 'fast' is not a time"),
     # a root where there is none was ignored; ringlet show's rule
     (["--bytes", "1MB", "--ranks", "4", "--root", "2"],
-     "--root 2: all_reduce has no root; only broadcast, gather, reduce, scatter do"),
+     "--root 2: all_reduce has no root; only broadcast, gather, reduce, scatter (and "
+     "gather_v, scatter_v) do"),
     (["--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s,1us", "--latency", "2us"],
      "--bandwidth '5GB/s,1us' gives a latency, and so does --latency '2us': give it once"),
 ])
 def test_errors(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
     assert main(["predict", "all_reduce", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("collective", ["gather_v", "scatter_v"])
+def test_an_uneven_rooted_collective_takes_a_root(collective: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", collective, "--bytes", "1MB", "--ranks", "4", "--link", "nvlink4",
+                 "--root", "1"]) == 0, capsys.readouterr().err
 
 
 def test_help_documents_units(capsys: pytest.CaptureFixture[str]) -> None:
@@ -428,6 +436,9 @@ def test_simulate_takes_whole_elements_as_predict_does(capsys: pytest.CaptureFix
     (["plan", "--params", "-7e9", "--ranks", "8"], "--params '-7e9' must be"),
     (["simulate", "all_reduce", "--bytes", "1MB", "--ranks", "4", *LINK, "--gap", "-1us"],
      "--gap '-1us' is negative"),
+    # a prefix argparse takes for the option (--lat: --latency) too
+    (["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "5GB/s",
+      "--lat", "-1us"], "--latency '-1us' is negative"),
 ])
 def test_a_negative_value_after_an_option_is_its_value(
         argv: list[str], want: str, capsys: pytest.CaptureFixture[str]) -> None:

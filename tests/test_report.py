@@ -126,7 +126,9 @@ def test_report_errors_name_the_bad_input(tmp_path: Path) -> None:
             ('{"rows": [{"size": 8}], ' + job + '}', "row 1 has no 'algorithm'"),
             ('{"rows": [{"size": 8, "algorithm": "ring", "in-place": {"busbw": 1}}], '
              + job + '}', "row 1's 'in-place' has no 'time_us'"),
-            ('{"rows": [], "peers": {"mpi": 1}, ' + job + '}', "its 'peers' is not")]:
+            ('{"rows": [], "peers": {"mpi": 1}, ' + job + '}', "its 'peers' is not"),
+            ('{"rows": [{"size": 8, "algorithm": "ring", "mpi": {"time_us": 1, "ratio": '
+             '"fast"}}], "peers": {"mpi": {}}, ' + job + '}', "row 1's 'mpi' has no")]:
         bad.write_text(text)
         p = _ringlet("report", "--bench", str(bad), "--out", str(tmp_path / "r.html"))
         assert p.returncode == 2 and want in p.stderr, p.stderr

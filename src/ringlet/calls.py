@@ -110,7 +110,7 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
                 # outside any wait (pickling an object call's argument, between a compound
                 # call's parts): abort, or the peers wait for this rank to their deadline
                 # and the calls after it pair up wrongly
-                self._fail(exc, f"{name} (call #{seq + 1})")
+                self._fail(exc, f"{name} (call #{self._seq + 1})")   # (its next part's)
             raise
         finally:
             if outer:
@@ -446,7 +446,7 @@ class Calls:
 
     def _fail(self, exc: BaseException, where: str | None = None) -> None:
         """Abort the communicator on every rank after ``exc`` (this rank's own failure) in
-        the call in progress (``where`` if it never started a part)."""
+        the call in progress (``where``: the call, if not the last one this rank ran)."""
         if isinstance(exc, (PeerError, CommTimeoutError)) and str(exc).startswith("rank "):
             msg = str(exc)  # already names the rank it started on
         elif isinstance(exc, KeyboardInterrupt):

@@ -86,14 +86,22 @@ def _join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> l
     program and its arguments)."""
     if any(a.nargs == argparse.REMAINDER for a in parser._actions):
         return argv
+    longs = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
     takes = {o for a in parser._actions if a.nargs is None
              for o in a.option_strings if o.startswith("--")}
+
+    def takes_one(arg: str) -> bool:   # the option, or a prefix argparse reads as it
+        if arg in takes:
+            return True
+        named = [o for o in longs if o.startswith(arg)] if arg.startswith("--") else []
+        return len(named) == 1 and named[0] in takes
+
     out: list[str] = []
     i = 0
     while i < len(argv):
         if argv[i] == "--":
             return out + argv[i:]
-        if argv[i] in takes and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+        if takes_one(argv[i]) and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
             out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -60,8 +61,8 @@ _MADE = itertools.count()
 
 @atexit.register
 def _close_all() -> None:
-    for c in list(_LIVE):   # (a call its worker runs that Ctrl-C interrupted: say so)
-        with contextlib.suppress(Exception):
+    for c in [c for c in _LIVE if c._pid == os.getpid()]:   # not a forked child's parent's
+        with contextlib.suppress(Exception):   # (a call Ctrl-C interrupted: say so)
             exc = INTERRUPTS.pop(c._worker_ident, None) if c._worker_ident else None
             if exc is not None and c._inflight:
                 c._fail(exc)
@@ -98,7 +99,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
         self._queue: queue.Queue[Any] | None = None
         self._inflight = 0
         self._broken: str | None = None
-        self._closed = False
+        self._closed, self._pid = False, os.getpid()   # the process that closes it (_close_all)
         self._scratch: dict[str, np.ndarray] = {}
         self._chosen: dict[tuple[str, str | None, int], str] = {}
         self._descs: dict[tuple[Any, ...], Desc] = {}

@@ -341,7 +341,7 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
         now = time.monotonic()
         if errors is not None:   # before the exits: a rank reports before it exits
             for rank in errors.read():
-                if not errors.echo(rank, stops.get(rank, ("", 0))[1]):
+                if not errors.echo(rank, out.interrupted):
                     raised = rank if raised is None else raised
             if event and not settled and raised is not None:
                 out.first_failed, settled = raised, True
@@ -955,7 +955,8 @@ class _ErrorPipes:
     def echo(self, rank: int, signalled: int = 0) -> bool:
         """Whether the rank's uncaught exception is not a failure of its own: a PeerError
         (another rank's failure heard of), or the KeyboardInterrupt of a SIGINT the
-        launcher forwarded to it (``signalled``: the signal it last sent the rank)."""
+        launcher forwarded to it (``signalled``: the interrupt the launcher forwarded to
+        every rank, 0 if none)."""
         why = self.reported(rank) or ""
         if signalled == signal.SIGINT and why.startswith("KeyboardInterrupt"):
             return True
@@ -1020,6 +1021,11 @@ def report_uncaught() -> None:
     atexit.register(at_exit)
 
 
+#: the first line of a SyntaxError's report, which has no "Traceback" line before it (a
+#: traceback's File lines go on ", in f", faulthandler's " in f")
+_SYNTAX_AT = re.compile(rb'  File ".*", line \d+\s*$')
+
+
 class _Pump(threading.Thread):
     """Copy a rank's output to the launcher's, each line whole and prefixed with ``[rank] ``.
 
@@ -1043,7 +1049,7 @@ class _Pump(threading.Thread):
         with self.src:
             for line in iter(self.src.readline, b""):
                 if line.startswith(b"Traceback (most recent call last):") or (
-                        not in_traceback and line.startswith(b'  File "')):
+                        not in_traceback and _SYNTAX_AT.match(line)):
                     in_traceback = True   # (a SyntaxError prints its File line alone)
                 elif in_traceback and line.strip() and not line[:1].isspace():
                     in_traceback = False

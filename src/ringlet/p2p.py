@@ -655,6 +655,7 @@ class PointToPoint:
 
     size: int
     _p2p: P2PEngine
+    _broken: str | None
 
     if TYPE_CHECKING:
         def _name_group(self, exc: BaseException) -> None: ...
@@ -736,8 +737,11 @@ class PointToPoint:
                 raise ArgumentError("sendrecv: x and out overlap; receive into a buffer of "
                                     "its own")
             sent = self._p2p.isend(xb, d, st)
-            self._p2p.irecv(ob, s, rt).wait()
-            sent.wait()
+            try:
+                self._p2p.irecv(ob, s, rt).wait()
+            finally:   # x is the caller's again only once its send is done, error or not
+                if not self._broken:   # (an aborted communicator fails the send's wait too)
+                    sent.wait()
         except RingletError as exc:
             self._name_group(exc)
             raise

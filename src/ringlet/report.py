@@ -117,8 +117,9 @@ def _bench_lacks(data: dict[str, Any]) -> str:
         for form in (*FORMS, *peers):
             t = r.get(form)
             if t and not (isinstance(t, dict) and _number(t.get("time_us"))
-                          and (t.get("busbw") is None or _number(t["busbw"]))):
-                return f"row {i}'s '{form}' has no 'time_us' and 'busbw' (numbers)"
+                          and all(t.get(k) is None or _number(t[k]) for k in ("busbw", "ratio"))):
+                return (f"row {i}'s '{form}' has no 'time_us' (a number; 'busbw' and 'ratio' "
+                        f"numbers too where given)")
     return ""
 
 

@@ -169,10 +169,13 @@ ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather"})
 
 def check_root(collective: str, root: int) -> None:
     """An :class:`ArgumentError` for a ``--root`` other than 0 given with a collective
-    that has no root (it would be ignored)."""
-    if root and collective not in ROOTED:
+    that has no root (it would be ignored); an uneven one (gather_v) has its even one's."""
+    even = collective[:-2] if collective.endswith("_v") else collective
+    if root and even not in ROOTED:
         raise ArgumentError(f"--root {root}: {collective} has no root; only "
-                            f"{', '.join(sorted(ROOTED))} do")
+                            f"{', '.join(sorted(ROOTED))} (and gather_v, scatter_v) do")
+
+
 REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "scan", "exscan"})
 
 
