@@ -5,7 +5,11 @@ ArgumentError on every rank, and the communicator works after it."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
+
+import numpy as np
+import pytest
 
 import ringlet
 
@@ -187,3 +191,41 @@ def test_ctrl_c_while_an_object_call_pickles_fails_its_peers() -> None:
         assert kind == "PeerError", got
         assert msg.startswith("rank 1 was interrupted (KeyboardInterrupt) in "
                               "all_gather_object (call #"), got
+
+
+def _interrupted_behind_async_work(comm: ringlet.Communicator) -> list[str]:
+    """Ctrl-C on rank 1 while it pickles an object call's argument with an async call in
+    flight, which ends before its worker waits again (held in a callback, as a torch
+    future's): the interrupt was dropped with the async call, and rank 1's next object
+    call paired with the one its peers made for the interrupted call."""
+    got = []
+    if comm.rank == 1:
+        held = threading.Event()
+        w = comm.all_reduce(np.ones(4), async_op=True)
+        w._then(lambda w: held.wait(10))   # the worker lingers after the call's end
+        threading.Timer(0.5, held.set).start()
+        try:
+            comm.all_gather_object(_Interrupting())
+        except KeyboardInterrupt:
+            got.append("KeyboardInterrupt")
+        w.wait()
+        time.sleep(0.5)
+    else:
+        comm.all_reduce(np.ones(4))
+    try:
+        got.append(repr(comm.all_gather_object(comm.rank)))
+    except ringlet.RingletError as exc:
+        got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_ctrl_c_outside_a_wait_behind_async_work_aborts(n: int) -> None:
+    got = ringlet.spawn(_interrupted_behind_async_work, n, settings=ringlet.Settings(timeout=20))
+    assert got[1][0] == "KeyboardInterrupt", got
+    assert got[1][1].startswith("PeerError: the communicator was aborted earlier: rank 1 was "
+                                "interrupted (KeyboardInterrupt) in all_gather_object"), got
+    for q in range(n):
+        if q != 1:
+            assert got[q] == ["PeerError: rank 1 was interrupted (KeyboardInterrupt) in "
+                              "all_gather_object (call #2)"], got

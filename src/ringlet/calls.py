@@ -101,16 +101,7 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             raise err from exc
         except KeyboardInterrupt as exc:
-            # Ctrl-C in a call made while async work runs (queued behind it, waiting for
-            # it, or on its way there): the worker's next wait fails its call on every
-            # rank, as an interrupted inline call does (and Work.wait for its own wait)
-            if self._inflight and self._worker_ident is not None:
-                INTERRUPTS[self._worker_ident] = exc
-            elif self._broken is None and not self._closed:
-                # outside any wait (pickling an object call's argument, between a compound
-                # call's parts): abort, or the peers wait for this rank to their deadline
-                # and the calls after it pair up wrongly
-                self._fail(exc, f"{name} (call #{self._seq + 1})")   # (its next part's)
+            self._interrupt(exc, f"{name} (call #{self._seq + 1})")   # (its next part's)
             raise
         finally:
             if outer:
@@ -141,6 +132,9 @@ class Calls:
     _queue: queue.Queue[Any] | None
     #: the worker thread's ident, once it runs (close() must not wait for itself on it)
     _worker_ident: int | None = None
+    #: Ctrl-C in a call of the owner thread while async work ran, and the call it
+    #: interrupted: the worker aborts once its call ends (see _interrupt)
+    _stopped: tuple[BaseException, str] | None = None
     _inflight: int
     _broken: str | None
     _closed: bool
@@ -282,6 +276,22 @@ class Calls:
             except RingletError as err:  # the peers never came: the communicator is aborted
                 raise err from exc
 
+    def _interrupt(self, exc: BaseException, where: str) -> None:
+        """Ctrl-C in a call of the owner thread (``where``): abort the communicator, or
+        the peers wait for this rank to their deadline and the calls after it pair up
+        wrongly.  While async work runs (the call queued behind it, waiting for it, or on
+        its way there) the worker does it: its next wait raises ``exc`` and fails its call
+        on every rank, as an interrupted inline call does, or, if its calls end first, it
+        aborts then (see _work_loop: the interrupt was dropped there, and the peers went on
+        to pair this rank's next call with the one it was interrupted in)."""
+        with self._submit_lock:
+            if self._inflight and self._worker_ident is not None:
+                INTERRUPTS[self._worker_ident] = exc
+                self._stopped = (exc, where)
+                return
+        if self._broken is None and not self._closed:
+            self._fail(exc, where)
+
     def _worker(self) -> queue.Queue[Any]:
         if self._queue is None:
             # the queue is published last: Ctrl-C in between leaves no queue that no thread
@@ -311,9 +321,13 @@ class Calls:
             except BaseException as exc:  # delivered to the waiter
                 work._finish(error=exc)
             finally:
-                # Ctrl-C for a call that ended meanwhile has nothing left to stop
-                INTERRUPTS.pop(threading.get_ident(), None)
                 with self._submit_lock:
+                    # Ctrl-C in Work.wait for a call that ended meanwhile has nothing left
+                    # to stop; in a call of the owner thread it aborts (see _interrupt)
+                    INTERRUPTS.pop(threading.get_ident(), None)
+                    stopped, self._stopped = self._stopped, None
+                    if stopped is not None and self._broken is None and not self._closed:
+                        self._fail(*stopped)
                     if desc is not None:
                         self._inflight -= 1
 
