@@ -413,6 +413,54 @@ def test_keyboard_interrupt_reaches_the_rank_and_its_peers_hear_why(tmp_path: An
     assert p.returncode == 3, out
 
 
+class _EndsMeanwhile(threading.Event):
+    """A Work's event: Ctrl-C during its wait, and the call ends (its worker past the end
+    of the call) between Work.wait's check that it is still pending and its note for the
+    worker: the interleaving a real Ctrl-C can hit."""
+
+    def __init__(self, comm: ringlet.Communicator) -> None:
+        super().__init__()
+        self.comm, self.armed = comm, False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.armed = True
+        raise KeyboardInterrupt
+
+    def is_set(self) -> bool:
+        if self.armed:
+            self.armed = False
+            end = time.monotonic() + 10
+            while self.comm._inflight and time.monotonic() < end:
+                time.sleep(0.01)
+            return False
+        return super().is_set()
+
+
+def _interrupt_after_the_end(comm: ringlet.Communicator) -> list[Any]:
+    got: list[Any] = []
+    w = comm.all_reduce(np.ones(4), async_op=True)
+    if comm.rank == 1 and not w._done.is_set():
+        w._done = _EndsMeanwhile(comm)
+        with contextlib.suppress(KeyboardInterrupt):
+            w.wait()
+        w._done = threading.Event()
+        w._done.set()
+    w.wait()
+    time.sleep(0.5 if comm.rank == 0 else 0.2)   # rank 1's next call waits for rank 0
+    try:
+        got.append(float(comm.all_reduce(np.ones(4), async_op=True).wait()[0]))
+    except BaseException as exc:  # noqa: BLE001 - reported
+        got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
+def test_ctrl_c_in_a_wait_for_a_call_that_ended_does_not_fail_a_later_one() -> None:
+    """A Work.wait() interrupted as its call ended is benign; its note for the worker was
+    left behind, and the next async call raised KeyboardInterrupt (and aborted)."""
+    got = ringlet.spawn(_interrupt_after_the_end, 2, settings=ringlet.Settings(timeout=20))
+    assert got == [[2.0], [2.0]], got
+
+
 # --- messages ----------------------------------------------------------------------------------
 
 def _skipped(c: ringlet.Communicator) -> str:

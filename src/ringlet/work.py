@@ -86,6 +86,10 @@ class Work:
                 from .wait import INTERRUPTS
 
                 INTERRUPTS[self._runner] = exc
+                if self._done.is_set():
+                    # it ended meanwhile, its worker maybe past the note's removal (see
+                    # calls._work_loop): left there, it would fail a later, unrelated call
+                    INTERRUPTS.pop(self._runner, None)
             raise
         if not done:
             raise CommTimeoutError(f"{self._what} did not complete within {timeout} s")
