@@ -321,6 +321,33 @@ def test_bucketer_waits_for_every_bucket_before_raising() -> None:
         assert good == str([float(sum(range(1, n + 1)))] * 4), (r, good)
 
 
+def _last_bucket_splits_differently(c: ringlet.Communicator) -> list[str]:
+    """A good bucket, then a last one of one element type on rank 0 and two on rank 1,
+    whose first part (ended before the call returns) fails there at once: wait() raised
+    that MismatchError on rank 1 alone, without the abort its peers made."""
+    b = ringlet.Bucketer(c, cap_bytes=1 << 10)
+    good = np.full(256, float(c.rank + 1))     # 2 KiB: a bucket of its own
+    b.add(good)
+    b.add(np.ones(4))
+    if c.rank == 1:
+        b.add(np.ones(4, np.float32))
+    try:
+        b.wait()
+        return ["no error"]
+    except ringlet.RingletError as exc:
+        return [f"{type(exc).__name__}: {exc}", str(good[[0, -1]].tolist())]
+
+
+def test_a_last_bucket_that_fails_at_once_aborts_on_every_rank() -> None:
+    n = 2
+    res = get_world(n).run(_last_bucket_splits_differently)
+    get_world(n).restart()   # its communicator was aborted
+    for r, seen in enumerate(res):
+        assert seen[0].startswith("PeerError") and "Bucketer: ranks disagree" in seen[0] \
+            and "the communicator is aborted" in seen[0], (r, seen)
+        assert seen[1] == str([3.0, 3.0]), (r, seen)
+
+
 def _sequence(c: ringlet.Communicator, case: str, async_op: bool) -> list[str]:
     """A good call, one where a rank passes no arrays (or adds one array more to a
     Bucketer), a good one: the bad one fails on every rank and the last pairs rightly

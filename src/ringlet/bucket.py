@@ -297,7 +297,11 @@ class Bucketer:
         """Flush (always one call, see the class), then wait for every bucket: every
         array added holds its result.  If buckets failed, every bucket is still waited
         for, then the first error raised."""
-        self.flush(always=True)
+        last: Exception | None = None
+        try:
+            self.flush(always=True)
+        except Exception as exc:  # noqa: BLE001 - a part that failed at once (several
+            last = exc            # element types): raised, or aborted on, as a bucket's
         works, self._works = self._works, []
         first: BaseException | None = None
         for w in works:
@@ -305,6 +309,7 @@ class Bucketer:
                 w.wait()
             except BaseException as exc:  # noqa: BLE001 - the first is raised below
                 first = exc if first is None else first
+        first = last if first is None else first
         if isinstance(first, MismatchError):
             # the ranks' buckets differ, and so may their number: a rank that made one
             # more is a call ahead of its peers for good, and every later call would fail
