@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jobs import clean_env
@@ -166,3 +167,53 @@ def test_the_groups_deadline(monkeypatch: pytest.MonkeyPatch, env: dict[str, str
         assert pg.comm.settings.timeout == expected
     finally:
         pg.comm.close()
+
+
+def _p2p_futures(comm: Any) -> list[Any]:
+    """A point-to-point work's future, waited for on its own (as NCCL's complete): the
+    message, and a receive that no message comes for fails at the deadline (both waited
+    for ever, as nobody drove the operation: only wait() and is_completed() did)."""
+    import threading
+
+    import torch
+
+    import ringlet.torch as rt
+
+    pg = rt.ProcessGroupRinglet(comm)
+    got: list[Any] = []
+
+    def bounded(fut: Any) -> Any:
+        th = threading.Thread(target=lambda: got.append(_outcome(fut)), daemon=True)
+        th.start()
+        th.join(10.0)
+        return got.pop() if got else "hung"
+
+    if comm.rank == 0:
+        comm.barrier()   # the receive is posted before the message comes
+        pg.send([torch.full((1 << 16,), 7.0)], 1, 3).wait()
+        comm.barrier()
+        return ["sent"]
+    t = torch.empty(1 << 16)
+    fut = pg.recv([t], 0, 3).get_future()
+    comm.barrier()
+    first = bounded(fut)
+    comm.barrier()
+    never = bounded(pg.recv([torch.empty(2)], 0, 4).get_future())   # nobody sends it
+    return [first if isinstance(first, str) else float(first[0][0]), never]
+
+
+def _outcome(fut: Any) -> Any:
+    try:
+        return fut.wait()
+    except Exception as exc:  # noqa: BLE001 - reported
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_point_to_point_future_completes_by_itself() -> None:
+    import ringlet
+    from ringlet.config import Settings
+
+    res = ringlet.spawn(_p2p_futures, 2, settings=Settings(timeout=2.0), timeout=60)
+    assert res[0] == ["sent"]
+    assert res[1][0] == 7.0, res
+    assert "hung" not in res[1][1] and "recv from rank 0 (tag 4)" in res[1][1], res

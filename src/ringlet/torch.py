@@ -267,6 +267,11 @@ class _Work(dist._Work):
         self._let_go = True
         if self._fut is None:
             self._fut = self._done.then(self._value)
+            if self._work._driver is not None and not self._work._done.is_set():
+                # a point-to-point call moves only as it is driven (wait(), is_completed()):
+                # driven here, under its deadline, or its future would wait for ever
+                threading.Thread(target=_drive, args=(self._work,), daemon=True,
+                                 name="ringlet-p2p-future").start()
         return self._fut
 
     def _source_rank(self) -> int:
@@ -274,6 +279,16 @@ class _Work(dist._Work):
         if self._work.source is None:
             raise ArgumentError("_source_rank: this work is not a completed receive")
         return self._work.source
+
+
+def _drive(w: Work) -> None:
+    """Drive a point-to-point ``w`` to its end, successful or not (a wait that fails aborts
+    the communicator, and the next one finishes ``w`` with that failure)."""
+    for _ in range(3):
+        if w._done.is_set():
+            return
+        with contextlib.suppress(Exception):
+            w.wait()
 
 
 class _Done(dist._Work):
