@@ -348,6 +348,34 @@ def test_a_last_bucket_that_fails_at_once_aborts_on_every_rank() -> None:
         assert seen[1] == str([3.0, 3.0]), (r, seen)
 
 
+def _full_bucket_splits_differently(c: ringlet.Communicator) -> list[str]:
+    """A bucket that fills in add(), of one element type on rank 0 and two on rank 1:
+    its first part fails at once on rank 1, where add() raised that MismatchError alone
+    while rank 0 went on to abort at wait()."""
+    b = ringlet.Bucketer(c, cap_bytes=1 << 10)
+    seen = []
+    try:
+        b.add(np.ones(4))
+        if c.rank == 1:
+            b.add(np.ones(4, np.float32))
+        b.add(np.ones(256))                    # 2 KiB: the bucket starts here
+        seen.append("added")
+        b.wait()
+        seen.append("no error")
+    except ringlet.RingletError as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+def test_a_bucket_that_fails_at_once_in_add_fails_at_wait_on_every_rank() -> None:
+    n = 2
+    res = get_world(n).run(_full_bucket_splits_differently)
+    get_world(n).restart()   # its communicator was aborted
+    for r, seen in enumerate(res):
+        assert seen[0] == "added" and seen[1].startswith("PeerError") \
+            and "Bucketer: ranks disagree" in seen[1], (r, seen)
+
+
 def _sequence(c: ringlet.Communicator, case: str, async_op: bool) -> list[str]:
     """A good call, one where a rank passes no arrays (or adds one array more to a
     Bucketer), a good one: the bad one fails on every rank and the last pairs rightly

@@ -285,23 +285,28 @@ class Bucketer:
 
     def flush(self, always: bool = False) -> None:
         """Start the all-reduce of the pending arrays (if any; with ``always``, of none
-        too), asynchronously.  A bucket that fails to start is not kept pending."""
+        too), asynchronously.  A bucket that fails to start is not kept pending; one
+        whose ranks disagree fails at :meth:`wait`, on every rank."""
         if not self._pending and not always:
             return
         pending, self._pending, self._bytes = self._pending, [], 0
-        self._works.append(self.comm.all_reduce_coalesced(
-            pending, op=self.op, algorithm=self.algorithm, async_op=True))
+        try:
+            w = self.comm.all_reduce_coalesced(pending, op=self.op, algorithm=self.algorithm,
+                                               async_op=True)
+        except MismatchError as exc:
+            # its first part (of several element types) ran at once and the ranks
+            # disagree: a bucket that failed, as its peers' fails in their worker, so
+            # that wait() aborts on every rank (raised here, it left this rank alone)
+            w = Work(f"Bucketer bucket {self.buckets + 1}")
+            w._finish(error=exc)
+        self._works.append(w)
         self.buckets += bool(pending)
 
     def wait(self) -> None:
         """Flush (always one call, see the class), then wait for every bucket: every
         array added holds its result.  If buckets failed, every bucket is still waited
         for, then the first error raised."""
-        last: Exception | None = None
-        try:
-            self.flush(always=True)
-        except Exception as exc:  # noqa: BLE001 - a part that failed at once (several
-            last = exc            # element types): raised, or aborted on, as a bucket's
+        self.flush(always=True)
         works, self._works = self._works, []
         first: BaseException | None = None
         for w in works:
@@ -309,7 +314,6 @@ class Bucketer:
                 w.wait()
             except BaseException as exc:  # noqa: BLE001 - the first is raised below
                 first = exc if first is None else first
-        first = last if first is None else first
         if isinstance(first, MismatchError):
             # the ranks' buckets differ, and so may their number: a rank that made one
             # more is a call ahead of its peers for good, and every later call would fail
