@@ -25,6 +25,7 @@ import pytest
 from conftest import get_world, outcome
 
 import ringlet
+from ringlet.wait import INTERRUPTS
 
 SEQ_SIZES = [2, 3, 4, 5]
 
@@ -459,6 +460,39 @@ def test_ctrl_c_in_a_wait_for_a_call_that_ended_does_not_fail_a_later_one() -> N
     left behind, and the next async call raised KeyboardInterrupt (and aborted)."""
     got = ringlet.spawn(_interrupt_after_the_end, 2, settings=ringlet.Settings(timeout=20))
     assert got == [[2.0], [2.0]], got
+
+
+def _interrupted_async(comm: ringlet.Communicator) -> list[str]:
+    got: list[str] = []
+    if comm.rank == 0:
+        time.sleep(1.0)   # rank 1's call waits for this rank
+    w = comm.all_reduce(np.ones(4), async_op=True)
+    if comm.rank == 1:
+        t = time.monotonic() + 10
+        while w._runner is None and time.monotonic() < t:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        INTERRUPTS[w._runner] = KeyboardInterrupt()   # Ctrl-C in a wait() of it
+    # rank 1: the call's wait() twice; rank 0, whose call may still pair with the data
+    # rank 1 had posted, its next call too
+    for again in (w.wait, w.wait if comm.rank == 1 else comm.barrier):
+        try:
+            again()
+            got.append("ok")
+        except BaseException as exc:  # noqa: BLE001 - reported
+            got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
+def test_an_interrupted_async_call_fails_with_what_its_peers_heard() -> None:
+    """Ctrl-C in a wait for an async call fails it on every rank; its Work's own error,
+    raised by a later wait() on the rank interrupted (whose main thread had its own
+    KeyboardInterrupt), is the PeerError its peers get: it was KeyboardInterrupt again,
+    which a handler of the first Ctrl-C would not expect from a wait()."""
+    got = ringlet.spawn(_interrupted_async, 2, settings=ringlet.Settings(timeout=20))
+    want = "PeerError: rank 1 was interrupted (KeyboardInterrupt) in all_reduce #1"
+    assert got[1][0] == got[1][1] and got[1][0].startswith(want), got
+    assert got[0][1].startswith(want), got
 
 
 # --- messages ----------------------------------------------------------------------------------

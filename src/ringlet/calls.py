@@ -319,6 +319,11 @@ class Calls:
                                                               rec)
                 work._finish(res)
             except BaseException as exc:  # delivered to the waiter
+                if isinstance(exc, KeyboardInterrupt) and self._broken is not None:
+                    # Ctrl-C reaches this thread only from the owner's (wait.INTERRUPTS),
+                    # which raised its own: a later wait() of this call says what its
+                    # peers heard, not KeyboardInterrupt again
+                    exc = PeerError(self._broken)
                 work._finish(error=exc)
             finally:
                 with self._submit_lock:
