@@ -12,6 +12,7 @@ deadline; a wrong value is counted and reported with where it happened.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -492,6 +493,40 @@ def test_an_interrupted_async_call_fails_with_what_its_peers_heard() -> None:
     got = ringlet.spawn(_interrupted_async, 2, settings=ringlet.Settings(timeout=20))
     want = "PeerError: rank 1 was interrupted (KeyboardInterrupt) in all_reduce #1"
     assert got[1][0] == got[1][1] and got[1][0].startswith(want), got
+    assert got[0][1].startswith(want), got
+
+
+def _interrupted_close(comm: ringlet.Communicator) -> list[str]:
+    import signal
+
+    got: list[str] = []
+    if comm.rank == 0:
+        time.sleep(1.0)   # rank 1's call waits for this rank
+    w = comm.all_reduce(np.ones(4), async_op=True)
+    if comm.rank == 1:
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # CI's may ignore it
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            comm.close()   # waits for the call in flight: Ctrl-C there
+            got.append("closed")
+        except KeyboardInterrupt:
+            got.append("KeyboardInterrupt")
+    for again in (w.wait, comm.barrier):
+        try:
+            again()
+            got.append("ok")
+        except BaseException as exc:  # noqa: BLE001 - reported
+            got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
+def test_ctrl_c_in_close_stops_the_call_in_flight_on_every_rank() -> None:
+    """Ctrl-C while close() waits for an async call in flight fails that call on every
+    rank, as in any wait for it: the worker thread went on with it, and the peers heard
+    only that the rank closed, at its exit."""
+    got = ringlet.spawn(_interrupted_close, 2, settings=ringlet.Settings(timeout=20))
+    want = "PeerError: rank 1 was interrupted (KeyboardInterrupt) in all_reduce #1"
+    assert got[1][0] == "KeyboardInterrupt" and got[1][1].startswith(want), got
     assert got[0][1].startswith(want), got
 
 

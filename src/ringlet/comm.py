@@ -83,8 +83,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
 
     def __init__(self, rank: int, size: int, transport: Transport, settings: Settings,
                  job_id: str, topology: Topology | None = None) -> None:
-        self.rank = rank
-        self.size = size
+        self.rank, self.size = rank, size
         self.settings = settings
         self.job_id = job_id
         #: which ranks share a node, and the engine between nodes (see ringlet.topology)
@@ -423,6 +422,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                 "would wait for itself: close the communicator from another thread")
         if self._queue is not None:
             done = Work("close")
+            done._runner = self._worker_ident   # Ctrl-C in its wait stops the call in flight
             self._queue.put((0, None, None, done, "", None, None, None))
             with contextlib.suppress(RingletError):
                 done.wait()
