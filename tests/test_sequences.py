@@ -463,8 +463,19 @@ def test_ctrl_c_in_a_wait_for_a_call_that_ended_does_not_fail_a_later_one() -> N
     assert got == [[2.0], [2.0]], got
 
 
+def _outcomes(*calls: Callable[[], Any]) -> list[str]:
+    """Each call's outcome: "ok" or its error's type and message."""
+    got = []
+    for call in calls:
+        try:
+            call()
+            got.append("ok")
+        except BaseException as exc:  # noqa: BLE001 - reported
+            got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
 def _interrupted_async(comm: ringlet.Communicator) -> list[str]:
-    got: list[str] = []
     if comm.rank == 0:
         time.sleep(1.0)   # rank 1's call waits for this rank
     w = comm.all_reduce(np.ones(4), async_op=True)
@@ -476,13 +487,7 @@ def _interrupted_async(comm: ringlet.Communicator) -> list[str]:
         INTERRUPTS[w._runner] = KeyboardInterrupt()   # Ctrl-C in a wait() of it
     # rank 1: the call's wait() twice; rank 0, whose call may still pair with the data
     # rank 1 had posted, its next call too
-    for again in (w.wait, w.wait if comm.rank == 1 else comm.barrier):
-        try:
-            again()
-            got.append("ok")
-        except BaseException as exc:  # noqa: BLE001 - reported
-            got.append(f"{type(exc).__name__}: {exc}")
-    return got
+    return _outcomes(w.wait, w.wait if comm.rank == 1 else comm.barrier)
 
 
 def test_an_interrupted_async_call_fails_with_what_its_peers_heard() -> None:
@@ -511,13 +516,7 @@ def _interrupted_close(comm: ringlet.Communicator) -> list[str]:
             got.append("closed")
         except KeyboardInterrupt:
             got.append("KeyboardInterrupt")
-    for again in (w.wait, comm.barrier):
-        try:
-            again()
-            got.append("ok")
-        except BaseException as exc:  # noqa: BLE001 - reported
-            got.append(f"{type(exc).__name__}: {exc}")
-    return got
+    return got + _outcomes(w.wait, comm.barrier)
 
 
 def test_ctrl_c_in_close_stops_the_call_in_flight_on_every_rank() -> None:
