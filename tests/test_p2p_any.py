@@ -487,3 +487,35 @@ def test_close_finishes_sends_and_fails_receives_in_flight() -> None:
 
     for r, bad in enumerate(get_world(2).run(_close_with_messages_pending)):
         assert not bad, f"rank {r}: {bad}"
+
+
+def _group_errors(comm: ringlet.Communicator) -> list[str]:
+    """On a group, the errors of a receive's Work.wait(), of batch_isend_irecv and of
+    iprobe say what the group's ranks are in the world, as recv's do."""
+    g = comm.split(0 if comm.rank else None)
+    if g is None:
+        return []
+    out = []
+    if g.rank == 0:
+        for _ in range(2):
+            g.send(np.ones(2), 1)
+    for fn in ((lambda: g.irecv(np.ones(3), 0).wait()) if g.rank else (lambda: None),
+               (lambda: g.batch_isend_irecv([("recv", np.ones(3), 0)])[0].wait())
+               if g.rank else (lambda: None),
+               lambda: g.batch_isend_irecv([("recv", np.ones(3), 7)]),
+               lambda: g.iprobe(5)):
+        try:
+            fn()
+        except ringlet.ArgumentError as exc:
+            out.append(str(exc))
+    return out
+
+
+def test_point_to_point_errors_on_a_group_name_its_world_ranks() -> None:
+    from conftest import get_world
+
+    res = get_world(3).run(_group_errors)
+    legend = "[ranks here are this group's: its ranks 0-1 are world ranks 1, 2]"
+    assert len(res[1]) == 2 and len(res[2]) == 4, res
+    for msg in res[1] + res[2]:
+        assert msg.endswith(legend), msg

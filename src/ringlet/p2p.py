@@ -194,7 +194,7 @@ class P2PEngine:
                         rec[T_END] = now_ns()
                     return None
             w = Work(f"send to rank {dst} (tag {tag})", dst)
-            w._rec = rec
+            w._rec, w._named = rec, self.c._name_group
             # an inline payload leaves nothing to send: an empty message is done at once
             p = t.isend(dst, [] if inline else [xb.flat.view(np.uint8)], P2P)
             self.sends[dst].append((h, p, w))
@@ -263,6 +263,7 @@ class P2PEngine:
         who = "any rank" if src == ANY_SOURCE else f"rank {src}"
         what = "any tag" if tag == ANY_TAG else f"tag {tag}"
         w = Work(f"recv from {who} ({what})", None if src == ANY_SOURCE else src)
+        w._named = self.c._name_group   # wait() names a group's ranks in its errors
         fr = self.c._fr
         if fr is not None:
             w._rec = fr.p2p(RECV, src, tag, xb.dt.code, xb.nbytes, self.c._seq)
@@ -758,13 +759,25 @@ class PointToPoint:
 
     def iprobe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
         """:meth:`probe` that does not wait: None if no such message is here yet."""
-        return self._p2p.iprobe(self._peer(src, "src", True), self._tag(tag, True))
+        try:
+            return self._p2p.iprobe(self._peer(src, "src", True), self._tag(tag, True))
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
 
     def batch_isend_irecv(self, ops: Sequence[tuple[str, Any, int] | tuple[str, Any, int, int]]
                           ) -> list[Work]:
         """Start several sends and receives at once, as torch's ``batch_isend_irecv``:
         ``ops`` are ``("send", x, dst[, tag])`` and ``("recv", x, src[, tag])``; returns
         their Works in the same order.  Every op is checked before any starts."""
+        try:
+            return self._batch(ops)
+        except RingletError as exc:
+            self._name_group(exc)
+            raise
+
+    def _batch(self, ops: Sequence[tuple[str, Any, int] | tuple[str, Any, int, int]]
+               ) -> list[Work]:
         checked = []
         for i, op in enumerate(ops):
             if not isinstance(op, tuple) or len(op) not in (3, 4) or op[0] not in ("send",

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import CommTimeoutError
+from .errors import CommTimeoutError, RingletError
 
 
 class Work:
@@ -23,6 +23,8 @@ class Work:
     _runner: int | None = None
     #: the wait that is_completed() polls (point-to-point: its deadline holds there too)
     _poller: Any = None
+    #: names a group's ranks in an error wait() raises (Calls._name_group; point-to-point)
+    _named: Callable[[BaseException], None] | None = None
 
     def __init__(self, what: str, peer: int | None = None) -> None:
         self._what = what
@@ -81,6 +83,9 @@ class Work:
             if driver is not None:   # it waits (up to ``timeout``): not a second time below
                 driver(self, timeout)
             done = self._done.wait(0.0 if driver is not None else timeout)
+        except RingletError as exc:   # the operation's failure, as its driver raised it
+            self._name(exc)
+            raise
         except KeyboardInterrupt as exc:
             if self._runner is not None and not self._done.is_set():
                 from .wait import INTERRUPTS
@@ -92,10 +97,17 @@ class Work:
                     INTERRUPTS.pop(self._runner, None)
             raise
         if not done:
-            raise CommTimeoutError(f"{self._what} did not complete within {timeout} s")
+            raise self._name(CommTimeoutError(f"{self._what} did not complete within "
+                                              f"{timeout} s"))
         if self._error is not None:
-            raise self._error
+            raise self._name(self._error)
         return self._result
+
+    def _name(self, exc: BaseException) -> BaseException:
+        """``exc``, its message naming a group's ranks where this Work's communicator is one."""
+        if self._named is not None:
+            self._named(exc)
+        return exc
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "pending"
