@@ -190,6 +190,14 @@ def bit_identical(comm: Communicator, rep: Report) -> None:
             rows = comm.all_gather(x.view(np.uint8))
             same = all(np.array_equal(rows[0], rows[q]) for q in range(comm.size))
             rep.check(same, f"all_reduce {name} {dtype}: ranks hold different bits")
+    # MIN/MAX of +0.0 and -0.0 (and NaN payloads) do not commute bit for bit: MPI runs
+    # ringlet's kernel as an op it must not reorder, else ranks got different zeros
+    for op in ("min", "max"):
+        z = np.random.default_rng([comm.rank, 7]).choice([0.0, -0.0], 64)
+        comm.all_reduce(z, op=op, algorithm="native")
+        rows = comm.all_gather(z.view(np.uint8))
+        rep.check(all(np.array_equal(rows[0], rows[q]) for q in range(comm.size)),
+                  f"native all_reduce {op} of signed zeros: ranks hold different bits")
     x = make("float32", 1000, comm.rank, salt=98)
     y = x.copy()
     comm.all_reduce(x, algorithm="native", op="avg")

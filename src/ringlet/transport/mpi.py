@@ -494,8 +494,11 @@ def _reduction(MPI: Any, op: ReduceOp, dt: DType) -> tuple[Any, Any]:
         def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
             kernel(np.frombuffer(inoutbuf, storage), np.frombuffer(inbuf, storage))
 
+        # not commutative: ringlet's kernels are not bit for bit (MIN/MAX of +0.0 and -0.0,
+        # NaN payloads), and a commutative op lets MPI combine in another order on each
+        # rank, which then held different bits; a fixed order gives every rank the same
         try:
-            mop = MPI.Op.Create(apply, commute=True)
+            mop = MPI.Op.Create(apply, commute=False)
         except RuntimeError as exc:   # mpi4py's 32 user-defined operations are taken
             raise ArgumentError(
                 f"the MPI engine cannot reduce {dt.name} with {op.name} natively ({exc}); "
