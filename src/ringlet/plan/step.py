@@ -258,7 +258,7 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
             else:
                 ops.append(_Op(ci, k, size, pass_, _RELEASE, float(made[k]), 1.0))
     ops.sort(key=lambda o: (o.pass_, o.issue, o.kind, o.comm, o.bucket))
-    members = [_members(c, par, late) for c in dps]
+    groups = [_groups(c, par) for c in dps]
     fwd = _Pass(late, compute * (1 - backward_fraction) + critical / 2)
     bwd: _Pass | None = None
     stream = late.copy()
@@ -275,20 +275,27 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
             if bwd is None:
                 bwd = _Pass(fwd.advance(1.0), compute * backward_fraction + critical / 2)
             ps = bwd
-        idx = members[o.comm]
-        issued = ps.advance(o.issue)[idx]
-        start = np.maximum(stream[idx], issued)
+        issued = ps.advance(o.issue)
         sim, algo = sim_for(dps[o.comm], o.nbytes)
-        end = _run(sim, start, jitter, _seed(seed, calls))
-        calls += 1
-        stream[idx] = end
-        took = float(end.max() - start.min())
+        arrive = np.zeros(len(late))
+        first, final = math.inf, -math.inf
+        prev: tuple[np.ndarray, np.ndarray] | None = None
+        for idx in groups[o.comm]:
+            start = np.maximum(stream[idx], issued[idx])
+            if prev is not None and not jitter and np.array_equal(start, prev[0]):
+                end = prev[1]    # the same call from the same start: the same end
+            else:
+                end = _run(sim, start, jitter, _seed(seed, calls))
+                calls += 1
+            prev = (start, end)
+            stream[idx] = end
+            arrive[idx] = end
+            first, final = min(first, float(start.min())), max(final, float(end.max()))
+        took = final - first
         busy[o.comm] += took
         last[o.comm] = took
         algos[o.comm] = algos[o.comm] or algo
         if o.kind == _NEED:
-            arrive = np.zeros(len(late))
-            arrive[idx] = end
             ps.gates.append((o.gate, arrive))
     if progress is not None:
         progress(total_ops, total_ops)
@@ -309,11 +316,11 @@ def simulate_step(par: Parallelism, model: ModelShape, how: Costing, *,
                           seed)
 
 
-def _members(c: Comm, par: Parallelism, late: np.ndarray) -> np.ndarray:
-    """Which members of the data-parallel group run ``c``: all of them, or for the experts'
-    gradients (``dp / ep`` ranks, ``ep`` apart in the group) those of the latest member's
-    expert shard."""
+def _groups(c: Comm, par: Parallelism) -> list[np.ndarray]:
+    """The members of the data-parallel group that run ``c``, one array per group that runs
+    it: all of them, or for the experts' gradients every expert shard's ``dp / ep`` members
+    (``ep`` apart in the group), each shard in its own group at the same time."""
     if c.group_size == par.dp:
-        return np.arange(par.dp)
+        return [np.arange(par.dp)]
     step = par.dp // c.group_size
-    return np.arange(int(np.argmax(late)) % step, par.dp, step)
+    return [np.arange(k, par.dp, step) for k in range(step)]
