@@ -153,6 +153,31 @@ def test_custom_links(capsys: pytest.CaptureFixture[str]) -> None:
     assert two["nranks"] == 16 and two["busbw"] == pytest.approx(48e9, rel=0.02)  # one NIC
 
 
+@pytest.mark.parametrize("links", [
+    ["--link", "nvlink4", "--ranks", "8"],
+    ["--intra", "nvlink4", "--inter", "ib_ndr", "--gpus-per-node", "4", "--ranks", "8"],
+    ["--link", "dgx_h100", "--ranks", "8"],
+])
+def test_gamma_is_the_reduction_speed_of_preset_links_too(
+        capsys: pytest.CaptureFixture[str], links: list[str]) -> None:
+    """--gamma was dropped without a word with a preset link (--link nvlink4, --intra
+    nvlink4, a node shape): a ring all_reduce of 80 MB on 8 ranks reduces 7/8 of it, 70 ms
+    at 1 GB/s, and the prediction said 0 s of reduction."""
+    argv = ["predict", "all_reduce", "--bytes", "80MB", *links, "--algorithm", "ring",
+            "--json", "--no-crossovers"]
+    assert main(argv) == 0
+    (free,) = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--gamma", "1GB/s"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["seconds"] - free["seconds"] == pytest.approx(7 / 8 * 80e6 / 1e9, rel=1e-6)
+
+
+def test_gamma_is_refused_for_the_local_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "all_reduce", "--bytes", "1MB", "--ranks", "4", "--link", "local",
+                 "--gamma", "1GB/s"]) == 2
+    assert "--link local has its calibrated reduction speed" in capsys.readouterr().err
+
+
 def test_a_fixed_cost_per_call(capsys: pytest.CaptureFixture[str]) -> None:
     """--call adds the same seconds to every algorithm (the agreement and an engine's
     per-call costs), counted with the latency terms; bandwidths follow."""

@@ -97,8 +97,9 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--latency", metavar="TIME",
                    help="latency (alpha) per message of --bandwidth, e.g. 5us (default 0)")
     g.add_argument("--gamma", metavar="BW",
-                   help="reduction speed for --bandwidth/--intra/--inter links, e.g. 10GB/s "
-                        "(default: free, as on GPUs where NCCL fuses it into the copy)")
+                   help="reduction speed for --bandwidth/--intra/--inter and preset links, "
+                        "e.g. 10GB/s (default: free, as on GPUs where NCCL fuses it into the "
+                        "copy; a preset's own)")
     g.add_argument("--intra", metavar="LINK",
                    help="two levels: the link inside a node, a preset or BW[,LATENCY] "
                         "(e.g. nvlink4 or 450GB/s,2us); needs --inter and --gpus-per-node")
@@ -174,6 +175,14 @@ def _describe(spec: LinkSpec, efficiency: bool) -> str:
 def resolve_links(args: argparse.Namespace) -> Links:
     """The :class:`Links` the link options describe (ArgumentError if they conflict)."""
     links = _resolve_links(args)
+    if args.gamma:
+        # the presets' own reduction cost gives way to --gamma, as --bandwidth's does
+        g = 1.0 / parse_bandwidth(args.gamma, "--gamma")
+        prof = links.profile
+        prof = dataclasses.replace(
+            prof, intra=dataclasses.replace(prof.intra, gamma=g),
+            inter=None if prof.inter is None else dataclasses.replace(prof.inter, gamma=g))
+        links = dataclasses.replace(links, profile=prof)
     text = getattr(args, "overhead", None)
     if text is None:
         return links
@@ -238,6 +247,9 @@ def _resolve_links(args: argparse.Namespace) -> Links:
         return _with_nodes(args, Links(prof, desc, shape.intra.marketing, shape.inter.marketing,
                                        None))
     if name == "local":
+        if args.gamma:
+            raise ArgumentError("--gamma is for --bandwidth, --intra/--inter and preset links; "
+                                "--link local has its calibrated reduction speed")
         # an explicit --profile must exist; the setting's path falls back to the default link
         prof = Profile.load(args.profile) if args.profile else \
             local_profile(Settings.from_env().profile)
