@@ -222,3 +222,15 @@ def test_the_browser_check_sees_an_error_and_an_outside_load(inputs: dict[str, A
     assert "nosuch is not defined" in errors.group(1)
     assert "blocked by the page's policy: https://example.invalid/x.png" in errors.group(1)
     assert 'data-ready="true"' not in dom
+
+
+def test_a_one_rank_bench_with_a_profile_is_reported(tmp_path: Path) -> None:
+    # on 1 rank the cost model predicts 0 s: the report says so, it does not divide by it
+    from ringlet.report import predicted_section
+
+    row = {"time_us": 0.4, "busbw": None}
+    bench = {"job": {"collective": "all_reduce", "nranks": 1, "dtype": "float32"},
+             "rows": [{"size": 8, "algorithm": "ring", "out-of-place": row, "in-place": row}]}
+    html = predicted_section([bench], Profile(Link.from_bandwidth(2e9, latency=5e-6)), "p")
+    assert "0.4 us" in html
+

@@ -388,8 +388,8 @@ def predicted_section(benches: Sequence[dict[str, Any]], profile: Any, note: str
             cells = [human_bytes(r["size"]), escape(r["algorithm"]), human_us(us)]
             for f in FORMS:
                 t = r.get(f)
-                cells.append("n/a" if not t else
-                             f"{human_us(t['time_us'])} ({t['time_us'] / us:.2f}x)")
+                cells.append("n/a" if not t else human_us(t['time_us']) + (
+                    f" ({t['time_us'] / us:.2f}x)" if us > 0 else ""))   # 1 rank: 0 s
             body.append(cells)
         series = [Series("predicted", pred, "#000", "4,3", "square")]
         for form, colour in (("out-of-place", "#4e79a7"), ("in-place", "#59a14f")):
