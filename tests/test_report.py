@@ -234,3 +234,16 @@ def test_a_one_rank_bench_with_a_profile_is_reported(tmp_path: Path) -> None:
     html = predicted_section([bench], Profile(Link.from_bandwidth(2e9, latency=5e-6)), "p")
     assert "0.4 us" in html
 
+
+
+def test_a_long_trace_s_timeline_has_every_rank() -> None:
+    # the merged trace lists its events rank by rank: the first operations drawn must be the
+    # first in time, of every rank, not rank 0's alone
+    from ringlet.report import MAX_TIMELINE_EVENTS, timeline_svg
+
+    n = MAX_TIMELINE_EVENTS
+    events = [{"name": f"all_reduce #{i}", "cat": "collective", "ph": "X", "ts": float(i),
+               "dur": 0.5, "pid": 0, "tid": q, "args": {"rank": q, "seq": i}}
+              for q in range(3) for i in range(n)]
+    svg = timeline_svg(events)
+    assert all(f">rank {q}</text>" in svg for q in range(3))

@@ -413,7 +413,8 @@ def timeline_svg(events: Sequence[dict[str, Any]], width: int = 1000) -> str:
     spans = [e for e in events if e.get("ph") == "X" and "ts" in e]
     if not spans:
         return '<p class="note">no operations in the trace</p>'
-    spans = spans[:MAX_TIMELINE_EVENTS]
+    # the first in time, of every rank (a merged trace lists its events rank by rank)
+    spans = sorted(spans, key=lambda e: float(e["ts"]))[:MAX_TIMELINE_EVENTS]
     from .tracing import rank_of
 
     ranks = sorted({rank_of(e) for e in spans})
