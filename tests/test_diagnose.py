@@ -517,3 +517,14 @@ def test_without_flight_records_the_diagnosis_says_what_the_waits_say() -> None:
     assert lines[0].startswith("the flight recorders were off (RINGLET_FLIGHT_RECORDS=0)")
     assert lines[1:] == ["rank 0 was waiting in all_reduce #4 (4 x float64) for rank 2",
                          "rank 1 was waiting in all_reduce #4 (4 x float64) for rank 2"]
+
+
+def test_a_receive_from_any_rank_waits_for_every_rank() -> None:
+    # rank 0 receives from any rank, the others from 0: a deadlock, not "rank 0 ended while
+    # the others waited for it" (a receive from any rank waited for no rank in particular)
+    docs = {0: _doc(0, [_op("recv", 1, "failed", peer=-1, tag=0)]),
+            1: _doc(1, [_op("recv", 1, "failed", peer=0, tag=0)]),
+            2: _doc(2, [_op("recv", 1, "failed", peer=0, tag=0)])}
+    lines = diagnose(docs, ended={0: "exit code 1"})
+    assert lines[0].startswith("deadlock: rank 0 waits to receive from "), lines
+    assert lines[0].endswith("; nobody sends"), lines

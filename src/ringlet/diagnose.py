@@ -222,8 +222,10 @@ def _diagnosis(ranks: dict[int, _Rank], size: int, ended: dict[int, str], group:
     edges: dict[int, list[tuple[int, str]]] = {}
     for q, r in sorted(ranks.items()):
         for op in r.pending:
-            if op["kind"] == "recv":
-                edges.setdefault(q, []).append((op["peer"], "recv"))
+            if op["kind"] == "recv":   # from any rank (-1): it waits for each of them
+                edges.setdefault(q, []).extend(
+                    (p, "recv") for p in ([op["peer"]] if op["peer"] >= 0 else
+                                          [p for p in range(size) if p != q]))
             elif op["kind"] == "send":
                 edges.setdefault(q, []).append((op["peer"], "send"))
             elif op["state"] != "queued":
@@ -363,9 +365,15 @@ def _cycle_text(cycle: list[int], edges: dict[int, list[tuple[int, str]]],
     for i, u in enumerate(cycle):
         v = cycle[(i + 1) % len(cycle)]
         kinds.append(next(k for p, k in edges[u] if p == v))
+
+    def src(u: int, v: int) -> str:   # v, or any rank (a receive from any rank)
+        return str(v) if any(op["kind"] == "recv" and op["peer"] == v
+                             for op in ranks[u].pending) else "any rank"
+
     if all(k == "recv" for k in kinds):
-        steps = [f"rank {cycle[0]} waits to receive from {cycle[1 % len(cycle)]}"]
-        steps += [f"{u} from {cycle[(i + 1) % len(cycle)]}"
+        steps = [f"rank {cycle[0]} waits to receive from "
+                 f"{src(cycle[0], cycle[1 % len(cycle)])}"]
+        steps += [f"{u} from {src(u, cycle[(i + 1) % len(cycle)])}"
                   for i, u in enumerate(cycle) if i > 0]
         sending = any(op["kind"] == "send" for q in cycle for op in ranks[q].pending)
         return "deadlock: " + ", ".join(steps) + \
@@ -373,7 +381,8 @@ def _cycle_text(cycle: list[int], edges: dict[int, list[tuple[int, str]]],
     parts = []
     for i, u in enumerate(cycle):
         v, k = cycle[(i + 1) % len(cycle)], kinds[i]
-        what = {"recv": f"to receive from {v}", "send": f"for {v} to receive its send"}.get(
+        what = {"recv": f"to receive from {src(u, v)}",
+                "send": f"for {v} to receive its send"}.get(
             k, f"for {v} in {k.removeprefix('coll ')}")
         parts.append(f"rank {u} waits {what}")
     return "deadlock: " + ", ".join(parts)
