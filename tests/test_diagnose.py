@@ -528,3 +528,18 @@ def test_a_receive_from_any_rank_waits_for_every_rank() -> None:
     lines = diagnose(docs, ended={0: "exit code 1"})
     assert lines[0].startswith("deadlock: rank 0 waits to receive from "), lines
     assert lines[0].endswith("; nobody sends"), lines
+
+
+def test_a_hang_in_a_group_of_one_rank_is_found() -> None:
+    # comm.split(color=rank): a rank that receives from itself in its group of one waits
+    # for good, as in a world of one rank (not "no rank was waiting")
+    def doc(q: int) -> dict[str, Any]:
+        world = {"id": "world", "ranks": [0, 1], "rank": q, "size": 2,
+                 "ops": [_op("all_reduce", 1, "done")]}
+        sub = {"id": f"t{q}", "ranks": [q], "rank": 0, "size": 1,
+               "ops": [_op("recv", 1, "failed", peer=0, tag=0)]}
+        return {"rank": q, "reason": "", "job": "j", "comms": [world, sub]}
+
+    assert diagnose({0: doc(0), 1: doc(1)}) == [
+        f"in the group of world ranks {q} (ranks here are the group's, 0-0): deadlock: rank 0 "
+        f"waits to receive from 0; nobody sends" for q in (0, 1)]

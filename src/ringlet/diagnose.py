@@ -177,7 +177,7 @@ def diagnose(docs: dict[int, dict[str, Any]], nranks: int | None = None,
     # groups (comm.split, comm.group; one of every rank too): each one's wait-for graph,
     # in the group's numbering
     groups = sorted({(tuple(int(w) for w in c.get("ranks", ())), _key(c)) for c in comms
-                     if int(c.get("size", 0)) > 1 and _key(c) != world})
+                     if int(c.get("size", 0)) > 0 and _key(c) != world})
     for members, key in groups:
         sub: dict[int, _Rank] = {}
         for i, w in enumerate(members):
