@@ -247,3 +247,18 @@ def test_a_long_trace_s_timeline_has_every_rank() -> None:
               for q in range(3) for i in range(n)]
     svg = timeline_svg(events)
     assert all(f">rank {q}</text>" in svg for q in range(3))
+
+
+def test_a_traced_broadcast_is_drawn_from_its_own_root() -> None:
+    # the trace says a rooted collective's root, and the report draws its schedule from it
+    from types import SimpleNamespace
+
+    from ringlet.agreement import COLL_CODE, Desc
+    from ringlet.recorder import trace_event
+    from ringlet.report import Inputs, diagram_keys
+
+    fr = SimpleNamespace(offset_ns=0, world_ranks=[0, 1, 2], world_rank=0, ident="world")
+    desc = Desc(collective=COLL_CODE["broadcast"], elems=4, root=2)
+    e = trace_event([1, desc, "binomial", 1000, 2000], fr)
+    assert e["args"]["root"] == 2
+    assert diagram_keys(Inputs(trace={"traceEvents": [e]})) == [("broadcast", "binomial", 3, 2)]

@@ -330,6 +330,8 @@ def trace_event(r: list[Any], fr: FlightRecorder) -> dict[str, Any]:
     if type(r[INFO]) is Desc:
         args.update(algorithm=j["algorithm"], path=j["path"], count=j["count"],
                     dtype=j["dtype"], peers=fr.world_ranks)
+        if "root" in j:   # a rooted collective's (the report draws its schedule from it)
+            args["root"] = j["root"]
         name = j["what"].split(" (")[0]
         cat = "collective"
     else:

@@ -519,8 +519,11 @@ def diagram_keys(inputs: Inputs) -> list[tuple[str, str, int, int]]:
                 continue
             a = e.get("args", {})
             if a.get("algorithm"):
+                root = a.get("root", 0)
                 keys.append((_kind(e["name"]), str(a["algorithm"]),
-                             len(a.get("peers") or str(a.get("comm", "")).split(",")), 0))
+                             len(a.get("peers") or str(a.get("comm", "")).split(",")),
+                             root if isinstance(root, int) and _kind(e["name"]) in ROOTED
+                             else 0))
     seen: list[tuple[str, str, int, int]] = []
     for k in keys:
         if k[0] in COLLECTIVES and k not in seen:
