@@ -175,6 +175,9 @@ def _interrupted_while_pickling(comm: ringlet.Communicator) -> tuple[str, str]:
     raises KeyboardInterrupt and its peers a PeerError naming it and the call, not the
     wrong call's data (or their deadline)."""
     try:
+        # every rank past ringlet.init first: under load a peer still finishing it heard
+        # of the abort there ("ringlet.init failed: ..."), and spawn reported that instead
+        comm.barrier()
         comm.all_gather_object(_Interrupting() if comm.rank == 1 else comm.rank)
         comm.all_gather_object(comm.rank)
     except KeyboardInterrupt:
@@ -200,9 +203,12 @@ def _interrupted_behind_async_work(comm: ringlet.Communicator) -> list[str]:
     call paired with the one its peers made for the interrupted call."""
     got = []
     if comm.rank == 1:
-        held = threading.Event()
+        held, ended = threading.Event(), threading.Event()
         w = comm.all_reduce(np.ones(4), async_op=True)
-        w._then(lambda w: held.wait(10))   # the worker lingers after the call's end
+        # the worker lingers after the call's end; Ctrl-C comes once it has ended (under
+        # load it came while the worker still waited in it, which stops that call instead)
+        w._then(lambda w: (ended.set(), held.wait(10)))
+        ended.wait(10)
         threading.Timer(0.5, held.set).start()
         try:
             comm.all_gather_object(_Interrupting())
