@@ -88,6 +88,22 @@ def test_torch_rendezvous_variables_fill_what_is_not_set(given: dict[str, str]) 
     assert 0 < int(seen[0]["MASTER_PORT"]) < 65536
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("given", [None, "3"])
+def test_ranks_share_the_cores_out_unless_the_user_says(n: int, given: str | None) -> None:
+    """OMP_NUM_THREADS, as torchrun sets it for several ranks, where the user did not: the
+    cores shared out, at least one a rank (each rank's torch and BLAS otherwise start a
+    thread per core)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = ringlet_run("-n", str(n), "rank_env.py",
+                       env=env if given is None else {**env, "OMP_NUM_THREADS": given})
+    assert proc.returncode == 0, proc.stderr
+    seen = {json.loads(line.partition(" ")[2])["env"]["OMP_NUM_THREADS"]
+            for line in proc.stdout.splitlines()}
+    shared = str(max(1, len(os.sched_getaffinity(0)) // n)) if n > 1 else None
+    assert seen == {given if given is not None else shared}
+
+
 def test_every_job_gets_a_fresh_job_id() -> None:
     ids = set()
     for _ in range(2):

@@ -34,7 +34,6 @@ path pair up, agree and get the same bits:
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from .agreement import COLL_CODE, POST, Desc, algo_code
 from .cost.host import LEAN_DTYPES as TAKEN
 from .errors import ArgumentError
 from .ops import DTYPES, ReduceOp
+from .procs import cores
 from .transport.shm import DESC_WORDS, ShmTransport
 
 if TYPE_CHECKING:
@@ -81,9 +81,7 @@ def make(comm: Communicator) -> Any:
     lay = t.lay
     desc = [np.frombuffer(mm, np.int64, 2 * DESC_WORDS, lay.desc) for mm in t.maps]  # type: ignore[arg-type]
     post = [t.post[q][h] for q in range(comm.size) for h in (0, 1)]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    spin_us = st.spin_us if comm.size <= cores else 0.0
+    spin_us = st.spin_us if comm.size <= cores() else 0.0
     fr = comm._fr
     return _lean.Lean(
         comm.rank, comm.size, [int(d.ctypes.data) for d in desc],

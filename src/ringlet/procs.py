@@ -1,4 +1,4 @@
-"""Other processes as /proc tells them: alive, stopped, ended."""
+"""Other processes as /proc tells them: alive, stopped, ended; and this one's cores."""
 
 from __future__ import annotations
 
@@ -57,3 +57,11 @@ def more_files(needed: int, what: str) -> None:
         raise ConfigError(f"{what} needs about {needed:,} open files, and this process may "
                           f"open {target:,} (its hard limit, `ulimit -Hn`): raise it, or run "
                           f"fewer ranks")
+
+
+def cores() -> int:
+    """Cores this process may run on (its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..jsonout import finite
+from ..procs import cores
 from .core import COLLECTIVES, FORM_NAMES, IN, OUT, Job, Row, Timing, algbw
 from .peers import PeerRun
 
@@ -240,16 +241,12 @@ def environment() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 0
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "machine": platform.machine(),
         "cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": cores(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {name: version(name) for name in

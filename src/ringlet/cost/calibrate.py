@@ -52,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import mmap
-import os
 import platform
 import socket
 import statistics
@@ -68,6 +67,7 @@ import numpy.typing as npt
 from ..config import Settings
 from ..errors import ArgumentError
 from ..ops import DTYPES
+from ..procs import cores
 from ..schedule import COLLECTIVES
 from .host import (
     CLASS_DTYPES,
@@ -119,14 +119,6 @@ OVERSUB_CASES = (("all_gather", "direct"), ("all_reduce", "direct"), ("broadcast
 
 
 # --- the machine ---------------------------------------------------------------------------
-
-
-def cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def llc_bytes() -> int:

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
-from ..procs import alive, more_files
+from ..procs import alive, cores, more_files
 from .base import COLL, EMPTY, OTHER, P2P, TAKEN, Caps, Transport
 
 try:
@@ -230,11 +230,7 @@ def oversubscribed(settings: Settings, nranks: int) -> Settings:
     this process may run on, a wait yields at once instead of spinning first (a spinning
     rank would hold the core the rank it waits for needs; measured on 4 ranks and 2
     cores: 8 B all_reduce about 3x faster)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return settings.replace(spin_us=0.0) if nranks > cores else settings
+    return settings.replace(spin_us=0.0) if nranks > cores() else settings
 
 
 class ShmTransport(Transport):
