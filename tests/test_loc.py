@@ -107,3 +107,43 @@ def _out_of_place(comm: ringlet.Communicator) -> bool:
 
 def test_maxloc_out_of_place(world: Any) -> None:
     assert all(world.run(_out_of_place))
+
+
+def _layouts(comm: ringlet.Communicator) -> list[str]:
+    """Pairs padded as C pads them (align=True: 16 bytes, where ringlet.pairs' are 12) on
+    one rank and packed on the others: the same fields and count, but not the same bytes."""
+    from conftest import outcome
+
+    r, n = comm.rank, comm.size
+
+    def pairs(align: bool) -> np.ndarray:
+        p = np.zeros(3, np.dtype([("value", "f8"), ("index", "i4")], align=align))
+        p["value"], p["index"] = r, r
+        return p
+
+    out = [outcome(lambda: comm.all_reduce(pairs(r == 1), op="maxloc")),
+           outcome(lambda: comm.all_gather(pairs(r == 1)))]
+    # padded on every rank: one type, reduced as the packed ones are
+    got = comm.all_reduce(pairs(True), op="maxloc")
+    out.append("ok" if got["value"].tolist() == [n - 1] * 3 and
+               got["index"].tolist() == [n - 1] * 3 else f"wrong: {got.tolist()}")
+    return out
+
+
+def test_pairs_of_different_layouts_are_a_mismatch() -> None:
+    """A rank whose pairs were padded (align=True) and ranks whose pairs were packed agreed
+    on the type (one code for both) and the count: all_gather and all_reduce ran on bytes
+    of two sizes and gave garbage (and the padded rank a result no other rank had)."""
+    from conftest import get_world
+
+    for r, res in enumerate(get_world(3).run(_layouts)):
+        for got in res[:2]:
+            assert got.startswith(("MismatchError: ranks disagree about the dtype",
+                                   "ArgumentError")), (r, got)
+            assert "16 bytes: value at byte 0, index at byte 8" in got, (r, got)
+        assert res[2] == "ok", (r, res)
+    d = dtype_of_numpy(np.dtype([("value", "f8"), ("index", "i4")], align=True))
+    from ringlet.ops import dtype_of_code
+
+    assert d != dtype_of_numpy(ringlet.pairs([1.0], np.array([1], np.int32)).dtype)
+    assert dtype_of_code(d.code) == d   # named by a process that never met the type

@@ -152,7 +152,17 @@ def _pair_dtype(dt: np.dtype[Any]) -> DType:
             f"only, a real value and an integer index (ringlet.pairs(values, indices) makes "
             f"them), for MINLOC and MAXLOC")
     v, i = (DTYPES[f.name] for f in fields)
-    d = DType(f"pair({v.name},{i.name})", _PAIR_BASE + 16 * v.code + i.code, dt)
+    code, name = _PAIR_BASE + 16 * v.code + i.code, f"pair({v.name},{i.name})"
+    ov, oi = (dt.fields[n][1] for n in names)   # type: ignore[index]
+    if (ov, oi, dt.itemsize) != (0, v.itemsize, v.itemsize + i.itemsize):
+        # not ringlet.pairs' packed layout (align=True pads it, as C does): the layout is
+        # part of the type's code, or ranks whose layouts differ would agree on garbage
+        if dt.itemsize >= 1 << 16:
+            raise ArgumentError(f"structured dtype {dt} is not supported: pairs of "
+                                f"{dt.itemsize} bytes (ringlet.pairs makes packed ones)")
+        code += (1 + ov + (oi << 16) + (dt.itemsize << 32)) << 8
+        name += f"[{dt.itemsize} bytes: value at byte {ov}, index at byte {oi}]"
+    d = DType(name, code, dt)
     _PAIRS[dt] = d
     return d
 
@@ -163,14 +173,21 @@ def dtype_of_code(code: int) -> DType | None:
     d = DTYPE_BY_CODE.get(code)
     if d is not None or code < _PAIR_BASE:
         return d
-    v = DTYPE_BY_CODE.get((code - _PAIR_BASE) // 16)
-    i = DTYPE_BY_CODE.get((code - _PAIR_BASE) % 16)
-    if v is None or i is None or code >= _PAIR_BASE + 16 * 16:
+    base, layout = code & 0xFF, (code >> 8) - 1   # layout: see _pair_dtype (-1: packed)
+    v = DTYPE_BY_CODE.get((base - _PAIR_BASE) // 16)
+    i = DTYPE_BY_CODE.get((base - _PAIR_BASE) % 16)
+    if v is None or i is None or base < _PAIR_BASE:
         return None
     try:
-        return _pair_dtype(np.dtype([("value", v.np_dtype), ("index", i.np_dtype)]))
-    except ArgumentError:
+        d = _pair_dtype(np.dtype([("value", v.np_dtype), ("index", i.np_dtype)])
+                        if layout < 0 else
+                        np.dtype({"names": ["value", "index"],
+                                  "formats": [v.np_dtype, i.np_dtype],
+                                  "offsets": [layout & 0xFFFF, layout >> 16 & 0xFFFF],
+                                  "itemsize": layout >> 32}))
+    except (ArgumentError, ValueError):
         return None
+    return d if d.code == code else None
 
 
 def pairs(values: Any, indices: Any) -> np.ndarray:
