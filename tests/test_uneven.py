@@ -474,6 +474,10 @@ def test_a_rejected_call_is_named_as_the_user_made_it() -> None:
     ([2 ** 70, 1, 1], "at most 2**62"),
     ([1.5, 1, 1], "must be integers"),
     (["1", 1, 1], "must be integers"),
+    ([True, False, True], "must be integers"),           # a mask, not counts
+    ([2, True, 1], "must be integers"),                  # np.asarray made it [2, 1, 1]
+    (np.array([True, False, True]), "must be integers"),
+    (np.array([1, True, 1], dtype=object), "must be integers"),
 ])
 def test_counts_are_checked_as_given(counts: Any, text: str) -> None:
     from ringlet.uneven import _counts

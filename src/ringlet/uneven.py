@@ -166,10 +166,14 @@ def _counts(value: Any, n: int, what: str) -> np.ndarray:
                          np.issubdtype(arr.dtype, np.floating) or arr.dtype == object):
         raise ArgumentError(f"{what} must be integers, got {arr.tolist()}")
     values = arr.tolist()
+    if arr.dtype == np.bool_ or isinstance(value, (list, tuple)) and \
+            any(isinstance(v, (bool, np.bool_)) for v in value):
+        # a mask is not counts (np.asarray([True, 2]) would make it [1, 2])
+        raise ArgumentError(f"{what} must be integers, got {list(value)}")
     for v in values:
         if isinstance(v, float) and not (math.isfinite(v) and v == int(v)):
             raise ArgumentError(f"{what} must be integers, got {values}")
-        if not isinstance(v, (int, float)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise ArgumentError(f"{what} must be integers, got {values}")
     ints = [int(v) for v in values]
     if any(v < 0 for v in ints):
