@@ -502,8 +502,10 @@ class ProcessGroupRinglet(dist.ProcessGroup):
                     f"reduce_scatter_tensor_coalesced: input {i} has {x.numel()} elements, "
                     f"not {n} times its output's {o.numel()}")
         op = _op(opts)
-        if not inputs:
-            return _Done(outputs)
+        if not inputs:   # still one call, as all_reduce_coalesced's: a rank with no tensors
+            # where its peers have some fails with them (its next call paired with theirs)
+            return self._async(lambda a: self.comm.barrier(async_op=a), lambda _: outputs,
+                               opts)
         x = torch.cat([torch.cat([_dense(t).reshape(n, -1)[r] for t in inputs])
                        for r in range(n)])
         mine = torch.empty(sum(o.numel() for o in outputs), dtype=x.dtype)

@@ -368,6 +368,19 @@ def one_rank_wrong(r: int, n: int, bad: list[str]) -> None:
               f"one rank wrong, {what}: the calls around it {t} {u}")
 
 
+    # no tensors to reduce-scatter on the last rank, some on the others: every rank fails
+    # at that call (the last rank made none: its next call paired with theirs)
+    backend = dist.distributed_c10d._get_default_group()
+    try:
+        backend.reduce_scatter_tensor_coalesced(
+            [] if me else [torch.empty(1)], [] if me else [torch.ones(n)]).wait()
+        bad.append("reduce_scatter_tensor_coalesced of none on one rank: no error")
+    except ringlet.MismatchError as exc:
+        check(bad, f"rank {last}" in str(exc) or me, f"coalesced of none: {exc!r}")
+    u = torch.ones(3)
+    dist.all_reduce(u)
+    check(bad, u[0].item() == n, "reduce_scatter_tensor_coalesced of none: the call after it")
+
     # ranks that disagree on a functional all_gather's element type: a MismatchError on
     # every rank (its tensors are gathered in their type, not as bytes), then a good call
     try:
