@@ -147,3 +147,21 @@ def test_pairs_of_different_layouts_are_a_mismatch() -> None:
 
     assert d != dtype_of_numpy(ringlet.pairs([1.0], np.array([1], np.int32)).dtype)
     assert dtype_of_code(d.code) == d   # named by a process that never met the type
+
+
+def _probed_pairs(comm: ringlet.Communicator) -> list[Any]:
+    if comm.rank == 0:
+        comm.send(ringlet.pairs(np.arange(5.0), np.arange(5, dtype=np.int32)), 1, tag=3)
+        return []
+    st = comm.probe(0, 3)
+    got = comm.recv(np.empty(st.count, ringlet.pairs([0.0], np.array([0], np.int32)).dtype),
+                    0, tag=3)
+    return [st.count, st.nbytes, st.dtype, got["index"].tolist()]
+
+
+def test_a_probed_message_of_pairs_counts_pairs() -> None:
+    """Status.count of a message of pairs is its number of pairs (it was its bytes: a
+    receive sized by it was 12 times too large, as mpi4py's Get_count never is)."""
+    from conftest import get_world
+
+    assert get_world(2).run(_probed_pairs)[1] == [5, 60, "pair(float64,int32)", list(range(5))]

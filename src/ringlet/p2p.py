@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from . import recorder
 from .buffers import Buffer, as_buffer
 from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
-from .ops import DTYPES, dtype_of_code
+from .ops import dtype_of_code
 from .recorder import RECV, SEND, T_END, T_START, now_ns
 from .transport.base import BACKGROUND, EMPTY, P2P, TAKEN, Request, Transport
 from .wait import Waiter
@@ -52,12 +52,13 @@ class Status:
     tag: int
     nbytes: int
     dtype: str
+    #: bytes of one element (pair types' too), 0 if the type is not known
+    itemsize: int = field(default=0, repr=False, compare=False)
 
     @property
     def count(self) -> int:
         """Elements of the message (in its own element type)."""
-        d = DTYPES.get(self.dtype)
-        return self.nbytes // d.itemsize if d is not None else self.nbytes
+        return self.nbytes // self.itemsize if self.itemsize else self.nbytes
 
 
 class P2PEngine:
@@ -329,7 +330,8 @@ class P2PEngine:
             q, i = hit
             utag, code, data, _ = self.unexpected[q][i]
             d = dtype_of_code(code)
-            return Status(q, utag, int(data.size), d.name if d else str(code))
+            return Status(q, utag, int(data.size), d.name if d else str(code),
+                          d.itemsize if d else 0)
 
     def probe(self, src: int, tag: int) -> Status:
         """Wait (under the deadline) for a message a receive of (src, tag) would take."""
