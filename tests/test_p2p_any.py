@@ -490,12 +490,15 @@ def test_close_finishes_sends_and_fails_receives_in_flight() -> None:
 
 
 def _group_errors(comm: ringlet.Communicator) -> list[str]:
-    """On a group, the errors of a receive's Work.wait(), of batch_isend_irecv and of
-    iprobe say what the group's ranks are in the world, as recv's do."""
+    """On a group, the errors of a receive's Work.wait(), of batch_isend_irecv, of iprobe
+    and of recv's and sendrecv's buffers say what the group's ranks are in the world, as
+    recv's other errors do."""
     g = comm.split(0 if comm.rank else None)
     if g is None:
         return []
     out = []
+    ro = np.ones(2)
+    ro.flags.writeable = False
     if g.rank == 0:
         for _ in range(2):
             g.send(np.ones(2), 1)
@@ -503,7 +506,9 @@ def _group_errors(comm: ringlet.Communicator) -> list[str]:
                (lambda: g.batch_isend_irecv([("recv", np.ones(3), 0)])[0].wait())
                if g.rank else (lambda: None),
                lambda: g.batch_isend_irecv([("recv", np.ones(3), 7)]),
-               lambda: g.iprobe(5)):
+               lambda: g.iprobe(5),
+               lambda: g.recv(ro, 0),
+               lambda: g.sendrecv(np.ones(2), 1 - g.rank, out=[0.0, 0.0])):
         try:
             fn()
         except ringlet.ArgumentError as exc:
@@ -516,6 +521,6 @@ def test_point_to_point_errors_on_a_group_name_its_world_ranks() -> None:
 
     res = get_world(3).run(_group_errors)
     legend = "[ranks here are this group's: its ranks 0-1 are world ranks 1, 2]"
-    assert len(res[1]) == 2 and len(res[2]) == 4, res
+    assert len(res[1]) == 4 and len(res[2]) == 6, res
     for msg in res[1] + res[2]:
         assert msg.endswith(legend), msg

@@ -697,8 +697,8 @@ class PointToPoint:
         says who sent it (``work.source``, ``work.tag``), or :meth:`probe` first.
         A message from a rank on this node that is already there whole is taken in
         one compiled call where ``ringlet._lean`` is built."""
-        xb = as_buffer(x, "x", writable=True)
         try:
+            xb = as_buffer(x, "x", writable=True)
             self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
         except RingletError as exc:
             self._name_group(exc)
@@ -731,9 +731,9 @@ class PointToPoint:
         waits, so a ring shift (every rank sending right and receiving from the left)
         never waits on itself, whatever the message size.  ``x`` and ``out`` must not
         overlap.  Both are checked before either starts."""
-        xb = as_buffer(x, "x", writable=False)
-        ob = as_buffer(out, "out", writable=True)
         try:
+            xb = as_buffer(x, "x", writable=False)
+            ob = as_buffer(out, "out", writable=True)
             d, s = self._peer(dst, "dst"), self._peer(src, "src", True)
             st, rt = self._tag(sendtag), self._tag(recvtag, True)
             if np.shares_memory(xb.flat, ob.flat):
