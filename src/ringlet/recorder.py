@@ -174,10 +174,17 @@ class FlightRecorder:
         if not self._lock.acquire(blocking=wait):
             return
         try:
-            done = [r for r in self._trace if final or _finished(r)]
+            # each record looked at once (another thread may finish it meanwhile: looked at
+            # twice, it was in neither part), and the list kept (a record another thread
+            # appends meanwhile stays, after the first n)
+            n = len(self._trace)
+            done: list[list[Any]] = []
+            keep: list[list[Any]] = []
+            for r in self._trace[:n]:
+                (done if final or _finished(r) else keep).append(r)
             if not done:
                 return
-            self._trace = [] if final else [r for r in self._trace if not _finished(r)]
+            self._trace[:n] = keep
         finally:
             self._lock.release()
         self._append_trace([trace_event(r, self) for r in done])
