@@ -201,18 +201,28 @@ class FlightRecorder:
         """Write events to this rank's trace file (created afresh by the first write of
         this process, appended to after)."""
         path = os.path.join(self.trace_dir, f"rank-{self.world_rank}.trace.jsonl")
+        data = "".join(json.dumps(e) + "\n" for e in events).encode()
         with contextlib.suppress(OSError):
             os.makedirs(self.trace_dir, exist_ok=True)
-            mode = "a" if path in _OPENED else "w"
-            _OPENED.add(path)
-            with open(path, mode) as f:
-                for e in events:
-                    f.write(json.dumps(e) + "\n")
+            with _OPEN_LOCK:   # emptied before it is marked (a dump in a signal handler
+                if path not in _OPENED:   # may come in here: it finds it empty or marked)
+                    open(path, "w").close()
+                    _OPENED.add(path)
+            # the batch in one write at the end: another communicator's (another thread)
+            # or a dump's written at the same time cut its lines (buffered, 8 KiB a write)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
 
 
 #: recorders that trace (written out at exit); trace files this process has started
 _TRACING: list[FlightRecorder] = []
 _OPENED: set[str] = set()
+_OPEN_LOCK = threading.RLock()
 
 
 #: the ``rank-R.signal`` marker this process wrote, and its pid (see install_signal)
