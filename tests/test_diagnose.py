@@ -287,6 +287,34 @@ def _op(kind: str, seq: int, state: str, **kw: Any) -> dict[str, Any]:
     return {"kind": kind, "seq": seq, "state": state, "what": what, **kw}
 
 
+def test_a_call_still_running_stays_in_the_records_when_later_ones_push_it_out() -> None:
+    """Async calls queued behind a running one took its slot (call s + cap in slot s), and
+    later sends pushed a pending receive out of the ring: a dump lost the very call the
+    rank was stuck in (rank 0 'in all_reduce #8', a queued call, and no wait at all)."""
+    from ringlet.agreement import Desc
+    from ringlet.recorder import RECV, SEND, T_END, T_START, FlightRecorder, now_ns
+
+    fr = FlightRecorder(4, [0, 1], 0, "")
+    desc = Desc(1, 0, 11, 4, 0, 0, 0)
+    first = [1, desc, "ring", 0, 0, now_ns()]
+    fr.put(1, first)
+    first[T_START] = now_ns()   # running; #2-#11 queued behind it
+    for seq in range(2, 12):
+        fr.put(seq, [seq, desc, "ring", 0, 0, now_ns()])
+    assert [(o["seq"], o["state"]) for o in fr.records()][:2] == [(1, "started"),
+                                                                   (2, "queued")]
+    first[T_END] = now_ns()
+    assert [o["seq"] for o in fr.records()][0] == 2
+    # a receive still pending when four sends have been made since
+    fr2 = FlightRecorder(4, [0, 1], 0, "")
+    fr2.p2p(RECV, 1, 7, 0, 8)
+    for _ in range(5):
+        fr2.p2p(SEND, 1, 0, 0, 8)[T_END] = now_ns()
+    ops = fr2.records()
+    assert (ops[0]["kind"], ops[0]["state"], ops[0]["tag"]) == ("recv", "started", 7)
+    assert len(ops) == 5
+
+
 def test_mixed_cycle_and_no_diagnosis_when_all_done() -> None:
     docs = {0: _doc(0, [_op("send", 1, "started", peer=1)]),
             1: _doc(1, [_op("all_reduce", 1, "failed")]),

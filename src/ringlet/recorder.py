@@ -23,7 +23,8 @@ record costs one five-item list (which is also the communicator's call in
 progress), one list store and one clock read; nothing is formatted until a
 dump.  The ring keeps the last ``RINGLET_FLIGHT_RECORDS`` collectives (in
 slots by sequence number) and as many sends and receives; a dump has the
-last ``RINGLET_FLIGHT_RECORDS`` of them all.
+last ``RINGLET_FLIGHT_RECORDS`` of them all, and any older one still queued
+or running (async calls queued behind it, or later sends, pushed it out).
 
 A dump (:func:`dump`) writes ``DIR/rank-R.json`` (``RINGLET_DUMP_DIR``) with
 every live communicator of the process (each with its ``id``: ``"world"``, or
@@ -98,6 +99,9 @@ class FlightRecorder:
         #: 0 on rank 0's node (measured at init on the other nodes when tracing: align)
         self.offset_ns = 0
         self.trace_dir = trace_dir
+        #: records pushed out of the ring (or a slot) while still queued or running, kept
+        #: until they end: the call a rank is stuck in is the one a dump must show
+        self.held: list[list[Any]] = []
         self._trace: list[list[Any]] = []
         self._lock = threading.Lock()
         #: tracing: collectives' ends are timed (T_END a clock reading, not DONE) and every
@@ -110,7 +114,9 @@ class FlightRecorder:
             _TRACING.append(self)
 
     def put(self, seq: int, rec: list[Any]) -> None:
-        """Keep collective ``seq``'s record (what the hot path does inline)."""
+        """Keep collective ``seq``'s record (what the hot path does inline; this is the
+        queued call's way, which may push out call ``seq - cap`` still running)."""
+        self._hold(self.slots[seq % self.cap])
         self.slots[seq % self.cap] = rec
         if self.timed:
             self.traced(rec)
@@ -125,10 +131,17 @@ class FlightRecorder:
         if len(self._trace) >= TRACE_BATCH:
             self.flush_trace()
 
+    def _hold(self, old: list[Any] | None) -> None:
+        """``old`` leaves the ring: kept in :attr:`held` if it has not ended."""
+        if old is not None and not _finished(old):
+            self.held = [r for r in self.held if not _finished(r)] + [old]
+
     def p2p(self, kind: int, peer: int, tag: int, dtype: int, nbytes: int,
             after: int = 0) -> list[Any]:
         """The record of a send or receive (started now), made after the communicator's
         collective #``after`` (kept where a collective's algorithm is: it orders them)."""
+        if len(self.ring) == self.cap:
+            self._hold(self.ring[0])
         self.p2p_seq += 1
         rec = [self.p2p_seq, (kind, peer, tag, dtype, nbytes), after, now_ns(), 0]
         self.add(rec)
@@ -143,6 +156,7 @@ class FlightRecorder:
     def records(self) -> list[dict[str, Any]]:
         """The ring as JSON-ready dicts, oldest first (times in microseconds, job clock)."""
         colls = [r for r in list(self.slots) if r is not None]
+        colls += [r for r in self.held if not _finished(r)]
         if self.lean is not None:   # the calls the compiled path did (ringlet.lean)
             from .lean import records
 
@@ -151,7 +165,9 @@ class FlightRecorder:
         # by time: the compiled path's start times are the coarse clock's, up to a tick
         # behind, see ringlet.lean)
         recs = sorted([*colls, *self.ring], key=_order)
-        return [record_json(r, self.offset_ns) for r in recs[-self.cap:]]
+        # the last ``cap``, and any older one still queued or running
+        recs = [r for r in recs[:-self.cap] if not _finished(r)] + recs[-self.cap:]
+        return [record_json(r, self.offset_ns) for r in recs]
 
     def align(self, offset_ns: int, rtt_ns: int) -> None:
         """Take ``offset_ns`` to rank 0's clock (:func:`ringlet.tracing.clock_offset`); a
