@@ -262,3 +262,27 @@ def test_a_traced_broadcast_is_drawn_from_its_own_root() -> None:
     e = trace_event([1, desc, "binomial", 1000, 2000], fr)
     assert e["args"]["root"] == 2
     assert diagram_keys(Inputs(trace={"traceEvents": [e]})) == [("broadcast", "binomial", 3, 2)]
+
+
+def test_every_diagram_has_ids_of_its_own() -> None:
+    """The same schedule from two roots had one heading id, and every diagram's arrowheads
+    the same ids (ah-r, ah-c): ids must be unique in a page."""
+    import re
+    from collections import Counter
+
+    from ringlet.report import Inputs, render
+
+    def call(seq: int, name: str, algorithm: str, root: int) -> dict[str, Any]:
+        return {"name": f"{name} #{seq}", "cat": "collective", "ph": "X", "ts": 10.0 * seq,
+                "dur": 1.0, "pid": 0, "tid": 0,
+                "args": {"seq": seq, "rank": 0, "algorithm": algorithm, "root": root,
+                         "peers": [0, 1, 2, 3], "comm": "0,1,2,3"}}
+
+    html = render(Inputs(trace={"traceEvents": [
+        call(1, "broadcast", "tree", 0), call(2, "broadcast", "tree", 1),
+        call(3, "all_reduce", "ring", 0)]}))
+    ids = Counter(re.findall(r' id="([^"]*)"', html))
+    assert [i for i, k in ids.items() if k > 1] == []
+    assert set(re.findall(r"url\(#([^)]*)\)", html)) <= set(ids)
+    assert len(re.findall(r'<h3 id="diagram-', html)) == 3
+    assert "broadcast / tree on 4 ranks, root 1" in html

@@ -533,6 +533,7 @@ def diagram_keys(inputs: Inputs) -> list[tuple[str, str, int, int]]:
 
 def diagrams_section(inputs: Inputs) -> str:
     from .algorithms import build
+    from .schedule import ROOTED
     from .show import draw_svg, trace
 
     keys = diagram_keys(inputs)
@@ -549,13 +550,17 @@ def diagrams_section(inputs: Inputs) -> str:
         if not 1 <= n <= MAX_DIAGRAM_RANKS:
             skipped.append(f"{coll}/{algo} on {n} ranks (drawn up to {MAX_DIAGRAM_RANKS})")
             continue
+        # one id each: the same schedule from two roots had one heading id, every diagram
+        # the same arrowheads' ids
+        ident = f"diagram-{coll}-{algo}-{n}" + (f"-root-{root}" if root else "")
         try:
-            svg = draw_svg(trace(build(coll, algo, n, root)))
+            svg = draw_svg(trace(build(coll, algo, n, root)), ident=escape(f"{ident}-"))
         except RingletError as exc:
             skipped.append(f"{coll}/{algo} on {n}: {exc}")
             continue
-        out.append(f'<h3 id="diagram-{escape(coll)}-{escape(algo)}-{n}">{escape(coll)} / '
-                   f'{escape(algo)} on {n} ranks</h3><div class="scroll">{svg}</div>')
+        out.append(f'<h3 id="{escape(ident)}">{escape(coll)} / {escape(algo)} on {n} ranks'
+                   f'{f", root {root}" if coll in ROOTED else ""}</h3>'
+                   f'<div class="scroll">{svg}</div>')
         drawn += 1
     if not keys:
         out.append('<p class="note">no collective with an algorithm in the inputs</p>')

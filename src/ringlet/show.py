@@ -664,12 +664,14 @@ def _hex(rgb: tuple[float, float, float]) -> str:
     return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
 
 
-def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEMSIZE) -> str:
+def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEMSIZE,
+             ident: str = "") -> str:
     """Draw ``tr`` as the time-space diagram of :func:`draw_png`, as an SVG element
     (text, no dependency): ranks are rows, time runs left to right, each rank's
     chunks after every round are a row of boxes and every message an arrow
     labelled with its chunks (red: reduced into the receiver's, dashed blue: copied).
     Each box and arrow has a tooltip (its chunk's content, in the text diagram's notation).
+    ``ident`` starts its element ids (its arrowheads'): one page's diagrams need their own.
     """
     from html import escape
 
@@ -697,7 +699,7 @@ def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEM
            f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
            f'height="{height:.0f}" font-family="sans-serif" font-size="11">',
            '<defs>' + "".join(
-               f'<marker id="ah-{k}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+               f'<marker id="{ident}ah-{k}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
                f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
                f'fill="{c}"/></marker>' for k, c in (("r", REDUCE_ARROW), ("c", COPY_ARROW)))
            + '</defs>']
@@ -749,7 +751,7 @@ def draw_svg(tr: Trace, count: int = DEFAULT_COUNT, itemsize: int = DEFAULT_ITEM
                    + ("reduced into what it holds" if m.reduce else "copied"))
             out.append(f'<line x1="{x0:.1f}" y1="{y(m.src):.1f}" x2="{x1:.1f}" '
                        f'y2="{y(m.dst):.1f}" stroke="{c}" stroke-width="1.3"{dash} '
-                       f'marker-end="url(#ah-{k})"><title>{escape(tip)}</title></line>')
+                       f'marker-end="url(#{ident}ah-{k})"><title>{escape(tip)}</title></line>')
             f = min(max(0.35 / abs(m.dst - m.src), 0.12), 0.35) if m.dst != m.src else 0.3
             lx, ly = x0 + (x1 - x0) * f, y(m.src) + (y(m.dst) - y(m.src)) * f
             out.append(f'<text x="{lx:.1f}" y="{ly + 3.5:.1f}" text-anchor="middle" '
