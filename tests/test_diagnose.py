@@ -372,13 +372,18 @@ def test_a_dump_asked_for_during_a_dump_does_not_write_over_it(
         f.write(text[len(text) // 2:])
 
     monkeypatch.setattr(recorder, "json", SimpleNamespace(dump=write_with_a_signal_halfway))
-    monkeypatch.setattr(recorder, "_failure_dumped", False)
+    monkeypatch.setattr(recorder, "_failure_dumped", None)
     path = recorder.dump("abort: rank 0 failed", comms=[fake])
     assert inner == [None] and path is not None
     assert json.loads(Path(path).read_text())["reason"] == "abort: rank 0 failed"
     assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"]
-    # once failed, a later request is not written either (the failure's dump stays)
+    # once failed, a later request is not written either (the failure's dump stays) ...
     assert recorder.dump("SIGUSR1 (on demand)", comms=[fake]) is None
+    # ... unless the rank went on (it caught a MismatchError): it may hang later, and its
+    # dump then said only the old failure (it refused every request after one)
+    fake._seq += 1
+    assert recorder.dump("SIGUSR1 (on demand)", comms=[fake]) == path
+    assert json.loads(Path(path).read_text())["reason"] == "SIGUSR1 (on demand)"
 
 
 def test_a_trace_names_a_groups_peer_by_its_world_rank_too() -> None:

@@ -410,9 +410,9 @@ def dump(reason: str, comms: Iterable[Communicator] | None = None,
     """
     global _dumping
     on_demand = reason.startswith("SIGUSR1")
-    if on_demand and (_failure_dumped or _dumping):
-        # this process is failing (its dump says why, and it is on its way out), or the
-        # signal came in the middle of a dump: that one is written, not a second on top
+    if on_demand and (_dumping or not _went_on(comms)):
+        # the signal came in the middle of a dump (that one is written, not a second on
+        # top), or this process is failing (its dump says why, and it is on its way out)
         return None
     from .transport.base import read_only
 
@@ -430,6 +430,7 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
           directory: str | None) -> str | None:
     """:func:`dump`'s work (which see), within ``read_only``."""
     global _failure_dumped
+    before = _failure_dumped
     cs = list(_live() if comms is None else comms)
     if not cs:
         return None
@@ -460,16 +461,26 @@ def _dump(reason: str, on_demand: bool, comms: Iterable[Communicator] | None,
     tmp = f"{path}.{os.getpid()}.{next(_tmp_ids)}.tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
-    if on_demand and _failure_dumped:   # a failure's dump was written meanwhile: it stays
-        os.unlink(tmp)
+    if on_demand and _failure_dumped is not before:   # a failure's dump was written
+        os.unlink(tmp)                                 # meanwhile: it stays
         return None
     os.replace(tmp, path)
-    _failure_dumped = _failure_dumped or not on_demand
+    if not on_demand:
+        _failure_dumped = {getattr(c, "_created", 0): c._seq for c in cs}
     return path
 
 
+def _went_on(comms: Iterable[Communicator] | None) -> bool:
+    """No failure was dumped, or a call was made since (a MismatchError caught, a failed
+    group left behind): a dump asked for now is news, the rank may hang there."""
+    at = _failure_dumped
+    return at is None or any(c._seq > at.get(getattr(c, "_created", 0), -1)
+                             for c in (_live() if comms is None else comms))
+
+
 _installed = False
-_failure_dumped = False
+#: each communicator's calls (by its ``_created``) when this process's failure was dumped
+_failure_dumped: dict[int, int] | None = None
 _dumping = 0                     # dumps in progress in this process
 _tmp_ids = itertools.count()     # their temporary files' numbers
 
