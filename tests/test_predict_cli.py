@@ -434,10 +434,38 @@ def test_extremes_are_clear_errors(argv: list[str], want: str,
 
 
 def test_absurd_values_print_no_page_of_digits(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["predict", "all_reduce", "--ranks", "8", "--bytes", "1MB", *LINK,
-                 "--overhead", "1e300", "--algorithm", "ring"]) == 0
+    # the largest size over the slowest link ringlet takes: 1.6e16 s
+    assert main(["predict", "all_reduce", "--ranks", "8", "--bytes", "9PB",
+                 "--bandwidth", "1B/s", "--algorithm", "ring"]) == 0
     out = capsys.readouterr().out
-    assert "e+297 h" in out and max(map(len, out.splitlines())) < 200, out
+    assert "e+12 h" in out and max(map(len, out.splitlines())) < 200, out
+
+
+@pytest.mark.parametrize("argv, want", [
+    # alpha x rounds overflowed: every algorithm but oneshot 'inf h', exit 0
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "1MB", "--bandwidth", "1GB/s",
+      "--latency", "1e308"], "--latency '1e308' is more than a week"),
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "1MB", *LINK, "--overhead", "1e308"],
+     "--overhead '1e308' is more than a week"),
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "1MB", *LINK, "--call", "1e308"],
+     "--call '1e308' is more than a week"),
+    # beta x bytes overflowed
+    (["predict", "all_reduce", "--ranks", "8", "--bytes", "9PB", "--bandwidth", "1e-305GB/s"],
+     "--bandwidth '1e-305GB/s' is less than 1 byte/s"),
+    (["simulate", "all_reduce", "--ranks", "8", "--bytes", "1MB", "--bandwidth", "1GB/s",
+      "--latency", "1e308", "--algorithm", "ring"], "--latency '1e308' is more than a week"),
+    (["simulate", "all_reduce", "--ranks", "8", "--bytes", "1MB", "--bandwidth", "1GB/s",
+      "--gap", "1e308", "--algorithm", "ring"], "--gap '1e308' is more than a week"),
+    (["plan", "--params", "7e9", "--ranks", "8", "--bandwidth", "1GB/s", "--latency", "1e308"],
+     "--latency '1e308' is more than a week"),
+    (["plan", "--params", "7e9", "--ranks", "8", "--bandwidth", "1GB/s", "--compute-ms", "100",
+      "--simulate", "--straggler", "1:1e308"], "--straggler delay '1e308' is more than a week"),
+])
+def test_times_that_would_overflow_are_refused(argv: list[str], want: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert want in out.err and "inf" not in out.out, (out.out, out.err)
 
 
 def test_simulate_takes_whole_elements_as_predict_does(capsys: pytest.CaptureFixture[str]

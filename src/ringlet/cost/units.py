@@ -99,6 +99,14 @@ def parse_size(text: str | int | float, what: str = "", least: int = 0) -> int:
     return int(whole)
 
 
+#: the longest time :func:`parse_time` takes (a latency, an overhead, a straggler's delay):
+#: ``--latency 1e308`` times a schedule's rounds overflowed to an infinite time
+MAX_SECONDS = 7 * 86400.0
+#: the slowest bandwidth :func:`parse_bandwidth` takes: ``--bandwidth 1e-305GB/s`` made
+#: beta times the bytes overflow to an infinite time
+MIN_BANDWIDTH = 1.0
+
+
 def parse_count(text: str | int | float, what: str = "", positive: bool = False) -> float:
     """A plain count such as ``"7e9"``, ``"500k"``, ``"1.3B"`` (billion) or ``"70M"``
     (``positive``: more than 0)."""
@@ -139,6 +147,9 @@ def parse_bandwidth(text: str | int | float, what: str = "") -> float:
             f"GB/s = 10^9 bytes/s, a lower-case b is a bit (400Gb/s = 50GB/s)")
     if value <= 0:
         raise ArgumentError(f"{_label(what)}{text!r} must be > 0")
+    if value < MIN_BANDWIDTH:
+        raise ArgumentError(f"{_label(what)}{text!r} is less than 1 byte/s, the least ringlet "
+                            f"takes")
     return value
 
 
@@ -157,6 +168,9 @@ def parse_time(text: str | int | float, what: str = "") -> float:
         raise ArgumentError(f"{_label(what)}{text!r} is not a time; write e.g. {TIME_EXAMPLES}")
     if value < 0:
         raise ArgumentError(f"{_label(what)}{text!r} is negative; a time is >= 0")
+    if value > MAX_SECONDS:
+        raise ArgumentError(f"{_label(what)}{text!r} is more than a week (604,800 s), the longest "
+                            f"time ringlet takes")
     return value
 
 
