@@ -377,3 +377,11 @@ def test_cli_simulates_the_pieces_predict_chooses(capsys: pytest.CaptureFixture[
     assert predict("all_reduce", "double_binary_tree", 8, 10**6,
                    Profile(Link.from_bandwidth(10e9))).pieces > 10**6 // 4096
     assert out[0]["params"]["pieces"] == 10**6 // 4096
+
+
+def test_cli_compare_on_one_rank_prints_no_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    # one rank: 0 s simulated and predicted, a ratio of 0/0 printed 'nan'
+    out = run(capsys, "all_reduce", "--bytes", "1MB", "--ranks", "1", "--bandwidth", "1GB/s",
+              "--algorithm", "ring", "--compare")
+    row = next(line for line in out.splitlines() if line.startswith("ring"))
+    assert "nan" not in row.lower() and row.split()[-1] == "-", out

@@ -22,8 +22,6 @@ import math
 import textwrap
 from typing import Any
 
-import numpy as np
-
 from ..algorithms import algorithms as registered_algorithms
 from ..algorithms import entry, parse_params
 from ..config import Settings
@@ -282,9 +280,10 @@ def main(args: argparse.Namespace) -> int:
                 f"{d['messages']:>13,} {d['slowest_rank']:>8} "
                 f"{d.get('params', {}).get('pieces', 1):>7}")
         if args.compare:
-            ratio = d["seconds"] / d["predicted_seconds"] if d["predicted_seconds"] else \
-                float(np.nan)
-            line += f" {format_seconds(d['predicted_seconds']):>11} {ratio:>11.4f}"
+            # nothing to compare where both are 0 s (one rank): '-', as busbw (was 'nan')
+            ratio = f"{d['seconds'] / d['predicted_seconds']:.4f}" if d["predicted_seconds"] \
+                else "-"
+            line += f" {format_seconds(d['predicted_seconds']):>11} {ratio:>11}"
         print(line)
     for d in bad:
         print(f"{d['algorithm']:<{w}} not simulated: {d['reason']}")
