@@ -351,6 +351,12 @@ def test_plan_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     (["--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be a finite number >= 0"),
     (["--usd-per-gpu-hour", "inf"], "--usd-per-gpu-hour must be a finite number >= 0"),
     (["--steps-per-second", "inf"], "--steps-per-second must be a finite number > 0"),
+    # finite, but the money overflowed: '$inf per step', '$inf per day'
+    (["--usd-per-gpu-hour", "1e308", "--compute-ms", "100"],
+     "--usd-per-gpu-hour 1e+308 makes the communication's cost more dollars than a float "
+     "holds"),
+    (["--usd-per-gpu-hour", "30", "--steps-per-second", "1e308"],
+     "--usd-per-gpu-hour 30 at --steps-per-second 1e+308 makes"),
     (["--layers", "-3"], "--layers must be >= 0, got -3"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--capacity-factor", "nan"], "--capacity-factor must be a finite number > 0"),
@@ -368,6 +374,14 @@ def test_plan_refuses_inputs_that_are_not_numbers_it_can_use(
     Infinity in the JSON; shapes that cannot be were taken."""
     assert main(["plan", "--params", "7e9", "--ranks", "8", "--link", "nvlink4", *argv]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_absurd_prices_print_no_page_of_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    # $1.58e+304 a step was printed with every one of its 305 digits
+    assert main(["plan", "--params", "7e9", "--ranks", "8", "--link", "nvlink4",
+                 "--usd-per-gpu-hour", "1e300"]) == 0
+    out = capsys.readouterr().out
+    assert "e+296 per step" in out and max(map(len, out.splitlines())) < 400, out
 
 
 def test_gradients_per_rank_count_the_experts_sharded_ep_ways(

@@ -239,6 +239,8 @@ def format_usd(usd: float) -> str:
     """Dollars with sensible precision: ``$180``, ``$2.07e-03``."""
     if usd == 0:
         return "$0"
+    if abs(usd) >= 1e15:   # absurd magnitudes: no page of digits
+        return f"${usd:.3g}"
     if abs(usd) >= 1:
         return f"${usd:,.2f}" if abs(usd) < 100 else f"${usd:,.0f}"
     return f"${usd:.2e}"

@@ -699,5 +699,15 @@ def plan(par: Parallelism, model: ModelShape, how: Costing, *,
                 headline_bidirectional=headline_bidirectional,
                 overhead_seconds=sum(c.overhead_seconds for c in costs))
             explanation = cmp.lines()
-    return StepPlan(par, model, costs, how.textbook, compute_seconds, backward_fraction,
+    step = StepPlan(par, model, costs, how.textbook, compute_seconds, backward_fraction,
                     usd_per_gpu_hour, steps_per_second, tuple(explanation))
+    money = (step.usd_per_step_comm, step.usd_per_step_exposed, step.usd_per_day_comm)
+    if any(v is not None and not math.isfinite(v) for v in money):
+        # --usd-per-gpu-hour 1e308 printed '$inf per step', --steps-per-second 1e308 '$inf
+        # per day'
+        raise ArgumentError(
+            f"--usd-per-gpu-hour {usd_per_gpu_hour:g}"
+            + (f" at --steps-per-second {steps_per_second:g}" if steps_per_second else "")
+            + " makes the communication's cost more dollars than a float holds; give real "
+              "prices and rates")
+    return step
