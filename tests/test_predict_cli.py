@@ -69,6 +69,8 @@ def test_inapplicable_algorithms_are_listed(capsys: pytest.CaptureFixture[str]) 
     (["--param", "pieces=0"], "--param pieces: pieces must be >= 1, got 0"),
     (["--ranks", "100000000"], "100,000,000 ranks: at most 65,536"),   # was a hang
     (["--gpus-per-node", "2"], "--gpus-per-node is for two levels of links"),
+    # read by --link local only: it was ignored, a path that does not exist too
+    (["--profile", "/nonexistent"], "--profile is what --link local reads; --link does not"),
 ])
 def test_a_request_that_predicts_nothing_is_refused(
         capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:
@@ -170,6 +172,15 @@ def test_gamma_is_the_reduction_speed_of_preset_links_too(
     assert main([*argv, "--gamma", "1GB/s"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["seconds"] - free["seconds"] == pytest.approx(7 / 8 * 80e6 / 1e9, rel=1e-6)
+
+
+@pytest.mark.parametrize("cmd", ["predict", "simulate"])
+def test_a_profile_with_links_given_is_refused(capsys: pytest.CaptureFixture[str],
+                                               cmd: str) -> None:
+    assert main([cmd, "all_reduce", "--bytes", "1MB", "--ranks", "4", "--bandwidth", "1GB/s",
+                 "--profile", "/nonexistent"]) == 2
+    assert "--profile is what --link local reads; --bandwidth does not" in \
+        capsys.readouterr().err
 
 
 def test_gamma_is_refused_for_the_local_profile(capsys: pytest.CaptureFixture[str]) -> None:

@@ -210,6 +210,11 @@ def _resolve_links(args: argparse.Namespace) -> Links:
                             f"{' and '.join(sources)}")
     if args.latency and not args.bandwidth:
         raise ArgumentError("--latency goes with --bandwidth (presets have their own)")
+    local = not (args.bandwidth or args.intra or args.inter) and \
+        (args.link or "local").strip().lower().replace("-", "_") == "local"
+    if getattr(args, "profile", None) and not local:
+        raise ArgumentError(f"--profile is what --link local reads; {sources[0]} does not "
+                            f"(give one or the other)")
     hints: list[str] = []
     if args.bandwidth:
         link, bw, label = _custom_link(args.bandwidth, "--bandwidth", gamma_s,
