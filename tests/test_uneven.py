@@ -187,6 +187,9 @@ def _bad_then_good(comm: ringlet.Communicator, case: str) -> tuple[str, str, boo
             comm.all_to_all_v(x, S[r], recv)
         elif case == "dtype":
             comm.all_to_all_v(x.astype(np.float64) if r == 0 else x, S[r])
+        elif case == "pairs":   # named as pairs (they were bare numbers)
+            idx = np.zeros(1, np.int32 if r == 0 else np.int64)
+            comm.all_gather_v(ringlet.pairs(np.zeros(1), idx), [1] * n)
         elif case == "algorithm":
             comm.all_to_all_v(x, S[r], algorithm="bruck" if n >= 4 else "no_such")
         elif case == "out" and r == 0:
@@ -207,15 +210,15 @@ def _bad_then_good(comm: ringlet.Communicator, case: str) -> tuple[str, str, boo
     return err[0], err[1], _good(comm)
 
 
-@pytest.mark.parametrize("case", ["length", "negative", "rows", "recv", "dtype", "algorithm",
-                                  "out", "counts", "scatter_out"])
+@pytest.mark.parametrize("case", ["length", "negative", "rows", "recv", "dtype", "pairs",
+                                  "algorithm", "out", "counts", "scatter_out"])
 def test_errors_between_good_calls(world: Any, case: str) -> None:
     n = world.size
     assert all(world.run(_good))
     res = world.run(_bad_then_good, case)
     assert all(ok for _, _, ok in res), f"a good call after {case} failed: {res}"
     kinds = [k for k, _, _ in res]
-    if n == 1 and case in ("recv", "dtype", "counts", "scatter_out"):
+    if n == 1 and case in ("recv", "dtype", "pairs", "counts", "scatter_out"):
         return   # one rank cannot disagree with itself
     if case == "algorithm" and n < 4:
         assert set(kinds) == {"ArgumentError"}, res
@@ -224,7 +227,8 @@ def test_errors_between_good_calls(world: Any, case: str) -> None:
     assert all(kinds), f"{case}: some rank raised nothing: {res}"
     assert set(kinds) <= {"ArgumentError", "MismatchError"}, res
     text = {"length": "one count per rank", "negative": "negative", "rows": "add up to",
-            "recv": "recv_counts", "dtype": "dtype", "algorithm": "different sizes",
+            "recv": "recv_counts", "dtype": "dtype", "pairs": "rank 0: pair(float64,int32)",
+            "algorithm": "different sizes",
             "out": "out has", "counts": "counts", "scatter_out": "rows"}[case]
     assert all(text in m for _, m, _ in res), res
 

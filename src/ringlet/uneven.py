@@ -491,10 +491,13 @@ class Uneven(Calls):
                                     f"rank {next(iter(known))} has {first}, rank {q} has {s}")
         dts = {t.dtype(q) for q in ranks}
         if len(dts) > 1:
-            from .ops import DTYPES
+            from .ops import dtype_of_code
 
-            names = {d.code: d.name for d in DTYPES.values()}
-            have = ", ".join(f"rank {q}: {names.get(t.dtype(q), t.dtype(q))}" for q in ranks)
+            def name(code: int) -> str:
+                d = dtype_of_code(code)
+                return d.name if d is not None else str(code)
+
+            have = ", ".join(f"rank {q}: {name(t.dtype(q))}" for q in ranks)
             raise MismatchError(f"{self._api}: ranks disagree on the dtype ({have})")
         return first
 
