@@ -112,6 +112,39 @@ def test_references_match_numpy(dtype: str, op: str) -> None:
     assert not np.array_equal(d.input(0, 0, 64), d.input(1, 0, 64))  # ranks differ
 
 
+@pytest.mark.parametrize("dtype, op, n", [
+    ("bfloat16", "sum", 2), ("bfloat16", "none", 2), ("bfloat16", "max", 3),
+    ("bfloat16", "avg", 3), ("float16", "prod", 14),
+    ("complex64", "sum", 2)])
+def test_poison_is_wrong_everywhere(dtype: str, op: str, n: int) -> None:
+    """Outputs are filled with values the check counts as wrong, every one of them
+    (bfloat16's tolerance took ``expected + 1``, one unit in the last place, as right;
+    float16 rounds 2048 + 1 back to 2048)."""
+    d = Data(dtype, op, n)
+    want = d.input(0, 0, core.PERIOD) if op == "none" else d.reduced(0, core.PERIOD)
+    assert d.wrong(d.poison(want), want) == core.PERIOD
+
+
+def test_bfloat16_moves_are_checked_exactly() -> None:
+    """Only bfloat16 sums and averages round: a value one unit off elsewhere is wrong."""
+    for op in ("none", "max", "prod"):
+        d = Data("bfloat16", op, 2)
+        want = d.input(1, 0, 64) if op == "none" else d.reduced(0, 64)
+        assert d.wrong(want + np.int16(1), want) == 64
+        assert d.wrong(want.copy(), want) == 0
+
+
+def test_a_bfloat16_call_that_does_nothing_is_wrong_everywhere() -> None:
+    pytest.importorskip("torch")
+
+    def noop(ctx: None, a: dict[str, Any], form: str) -> Callable[[], object]:
+        return lambda: None
+
+    for coll, op in (("all_reduce", "sum"), ("all_gather", "none")):
+        rows = sweep(noop, None, _job(coll, dtype="bfloat16", op=op), 0, (OUT,), OneRank())
+        assert [r.forms[OUT].wrong for r in rows] == [16, 1024]
+
+
 def test_float_sums_are_exact_at_large_sizes() -> None:
     d = Data("float16", "sum", 64)
     got = d.tables.astype(np.float64).sum(axis=0)

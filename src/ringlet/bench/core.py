@@ -329,15 +329,25 @@ class Data:
         return np.zeros((), dt)
 
     def poison(self, expected: np.ndarray) -> np.ndarray:
-        """An array that differs from ``expected`` in every element (to fill outputs)."""
+        """An array that differs from ``expected`` in every element (to fill outputs).
+
+        Floats get NaN, which equals nothing and is close to nothing (``expected + 1``
+        is within bfloat16's tolerance below, and equals ``expected`` past 2048 in
+        float16, as a product of 12 ranks can be).
+        """
         if self.dtype.kind == "b":
             return np.logical_not(expected)
+        if self.bf16:
+            return bf16_bits(np.full(expected.shape, np.nan, np.float32))
+        if self.dtype.kind in "fc":
+            return np.full(expected.shape, np.nan, self.dtype)
         return (expected + np.ones((), self.dtype)).astype(self.dtype)
 
     def wrong(self, got: np.ndarray, expected: np.ndarray) -> int:
         """How many elements of ``got`` differ from ``expected``."""
         got, expected = got.reshape(-1), expected.reshape(-1)
-        if self.bf16:   # sums past 256 round in bfloat16; an AVG rounds once more
+        if self.bf16 and self.op in (ReduceOp.SUM, ReduceOp.AVG):
+            # sums past 256 round in bfloat16; an AVG rounds once more
             g, e = bf16_values(got), bf16_values(expected)
             return int(np.count_nonzero(~np.isclose(g, e, rtol=2.0 ** -7, atol=0)))
         if self.op is ReduceOp.AVG and self.dtype.kind in "fc":
