@@ -468,6 +468,17 @@ def test_bad_arguments(argv: list[str], message: str,
     assert re.search(message, err), err
 
 
+def test_too_many_ranks_for_the_memory_are_refused_before_starting() -> None:
+    """Every rank holds every rank's input pattern, and is a process: -n 100000 was
+    let through and ran out of open files forking them (a traceback, after a wait).
+    make_job, not main: without the check, main would start the ranks."""
+    from ringlet.bench.cli import make_job, parse
+
+    with pytest.raises(ArgumentError, match="100000 ranks at 8 B need about .* of memory"):
+        make_job(parse(["all_reduce", "-n", "100000", "-b", "8", "-e", "8"]))
+    make_job(parse(["all_reduce", "-n", "64", "-b", "8", "-e", "64M"]))   # still fine
+
+
 def test_a_run_that_fails_exits_1_not_the_usage_errors_2(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A timeout is a failed run (exit code 1); 2 is for arguments, as --help says."""

@@ -33,6 +33,7 @@ from ..progress import Progress, from_ranks
 from .core import (
     BENCH_DTYPES,
     COLLECTIVES,
+    PERIOD,
     SHARED_OK,
     Job,
     Row,
@@ -54,6 +55,8 @@ DEFAULTS = {"nranks": 2, "minbytes": "8", "maxbytes": "64M", "stepfactor": 4, "i
 
 #: the longest --timeout: a week
 MAX_TIMEOUT = 7 * 86400.0
+#: memory of a rank's process before its buffers (a forked rank writes about 7 MB)
+RANK_MEMORY = 8 << 20
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -196,8 +199,11 @@ def _check_memory(job: Job) -> None:
         return
     size = max(s for s, _ in job.cases)
     # per rank: input, output, the expected answer, and the transport's copies (and the
-    # shared buffers)
-    need = job.nranks * (6 if job.buffers == "shared" else 4) * size
+    # shared buffers); every rank's input pattern (Data.tables: nranks * PERIOD elements,
+    # bfloat16's as float32, twice while they are made); and the process itself
+    itemsize = 4 if job.dtype == "bfloat16" else DTYPES[job.dtype].itemsize
+    tables = 2 * job.nranks * PERIOD * itemsize
+    need = job.nranks * ((6 if job.buffers == "shared" else 4) * size + tables + RANK_MEMORY)
     if need > 0.8 * phys:
         raise ArgumentError(
             f"{job.nranks} ranks at {human_bytes(size)} need about {human_bytes(need)} of "
