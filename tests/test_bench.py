@@ -564,6 +564,24 @@ def _fake_peer(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
                         lambda peer, job, timeout: [[sys.executable, "-c", code]] * 2)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "bool"])
+def test_the_mpi_peer_has_every_op_but_avg(dtype: str) -> None:
+    """-o land/lor/lxor with --vs mpi failed in the peer with KeyError: 'lxor' (MPI has
+    MPI_LAND, MPI_LOR, MPI_LXOR), after ringlet's sweep, exit 1."""
+    from types import SimpleNamespace
+
+    from ringlet.bench import mpi
+    from ringlet.bench.cli import BENCH_OPS
+
+    fake = SimpleNamespace(**{n: n for n in ("SUM", "PROD", "MIN", "MAX", "BAND", "BOR",
+                                             "BXOR", "LAND", "LOR", "LXOR")})
+    for op in BENCH_OPS:
+        if op != "avg":
+            assert mpi._redop(fake, op, dtype) is not None
+    assert [mpi._redop(fake, op, dtype) for op in ("land", "lor", "lxor")] == [
+        "LAND", "LOR", "LXOR"]
+
+
 def test_hung_peer_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_peer(monkeypatch, "import time; time.sleep(60)")
     t0 = time.monotonic()

@@ -149,11 +149,12 @@ def _redop(mpi: Any, op: str, dtype: str) -> Any:
         return None
     if op == "avg":
         raise ArgumentError("MPI has no AVG reduction")
+    logical = {"land": mpi.LAND, "lor": mpi.LOR, "lxor": mpi.LXOR}
     if dtype == "bool":  # numpy's bool add/multiply are or/and; MPI has only logical ops
         return {"sum": mpi.LOR, "max": mpi.LOR, "bor": mpi.LOR, "prod": mpi.LAND,
-                "min": mpi.LAND, "band": mpi.LAND, "bxor": mpi.LXOR}[op]
+                "min": mpi.LAND, "band": mpi.LAND, "bxor": mpi.LXOR, **logical}[op]
     return {"sum": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX,
-            "band": mpi.BAND, "bor": mpi.BOR, "bxor": mpi.BXOR}[op]
+            "band": mpi.BAND, "bor": mpi.BOR, "bxor": mpi.BXOR, **logical}[op]
 
 
 def run(job: Job) -> list[Row]:
