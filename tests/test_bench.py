@@ -582,6 +582,19 @@ def test_the_mpi_peer_has_every_op_but_avg(dtype: str) -> None:
         "LAND", "LOR", "LXOR"]
 
 
+@pytest.mark.parametrize("dtype, op, why", [
+    ("int8", "lxor", "gloo has no LXOR reduction"), ("bool", "land", "gloo has no LAND"),
+    ("complex64", "prod", "gloo does not multiply complex tensors")])
+def test_what_gloo_cannot_run_is_refused_before_anything_runs(dtype: str, op: str,
+                                                              why: str) -> None:
+    """These ran ringlet's whole sweep, then failed in gloo (exit 1), where what gloo
+    cannot do is known before: exit 2, as for AVG."""
+    job = _job("reduce_scatter", nranks=2, dtype=dtype, op=op)
+    with pytest.raises(ArgumentError, match=f"--vs gloo: {why}.*drop that peer"):
+        peers.check_supported(["gloo"], job)
+    peers.check_supported(["mpi"], job)
+
+
 def test_hung_peer_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_peer(monkeypatch, "import time; time.sleep(60)")
     t0 = time.monotonic()

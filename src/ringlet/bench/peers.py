@@ -102,8 +102,12 @@ def unsupported(peer: str, job: Job) -> str | None:
         return (f"{peer} has no AVG reduction" + (" (torch.distributed's AVG is NCCL-only)"
                                                   if peer == "gloo" else ""))
     if peer == "gloo":
+        if job.op in ("land", "lor", "lxor"):
+            return f"gloo has no {job.op.upper()} reduction"
         if job.dtype in ("uint16", "uint32", "uint64"):
             return f"gloo does not move {job.dtype} tensors"
+        if job.dtype.startswith("complex") and job.op == "prod":
+            return "gloo does not multiply complex tensors (torch.distributed sums them only)"
         if job.dtype.startswith("complex") and job.collective in ("reduce", "gather"):
             return f"gloo's {job.collective} does not take complex tensors"
     return None
