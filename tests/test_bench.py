@@ -523,8 +523,8 @@ def test_a_rank_killed_inside_its_progress_put_does_not_hang_the_bench(
 
 def test_a_result_that_cannot_be_written_is_one_line_not_a_traceback(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """What the checks before the sweep cannot see (a full disk, a read-only file) fails
-    the write after it: one line and exit code 1 (an OSError traceback before)."""
+    """What the checks before the sweep cannot see (a full disk, a read-only file
+    system) fails the write after it: one line and exit code 1 (an OSError traceback before)."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     assert main(["bench", "all_reduce", "-n", "1", "-e", "8", "-q", "--json",
@@ -535,6 +535,33 @@ def test_a_result_that_cannot_be_written_is_one_line_not_a_traceback(
                  "10GB/s", "--trace", "/dev/full"]) == 1
     assert "ringlet simulate: --trace /dev/full: cannot write it: No space left on device" \
         in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, name", [("--json", "r.json"), ("--plot", "r.png")])
+def test_a_read_only_file_is_refused_before_the_sweep(
+        option: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It passed the checks, the sweep ran, and the write failed after it (exit 1)."""
+    import subprocess
+
+    if option == "--plot":
+        pytest.importorskip("matplotlib")
+    f = tmp_path / name
+    f.write_text("{}")
+    f.chmod(0o444)
+    immutable = False
+    if os.access(f, os.W_OK):   # root writes a read-only file; not an immutable one
+        immutable = subprocess.run(["chattr", "+i", str(f)], capture_output=True,
+                                   check=False).returncode == 0
+        if not immutable or os.access(f, os.W_OK):
+            pytest.skip("no file here that this user cannot write")
+    try:
+        assert main(["bench", "all_reduce", "-n", "1", "-e", "8", "-q", option,
+                     str(f)]) == 2
+        assert capsys.readouterr().err == \
+            f"ringlet bench: {option} {f}: the file is not writable\n"
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(f)], check=False)
 
 
 def test_missing_peers_say_what_to_install(monkeypatch: pytest.MonkeyPatch,

@@ -33,6 +33,8 @@ def check_file(path: str, option: str, suffixes: Sequence[str] = ()) -> None:
         raise ArgumentError(f"{option} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise ArgumentError(f"{option} {path}: directory {parent} is not writable")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ArgumentError(f"{option} {path}: the file is not writable")
 
 
 def check_directory(path: str, option: str) -> None:
@@ -52,7 +54,7 @@ def check_directory(path: str, option: str) -> None:
 @contextmanager
 def writing(path: str | os.PathLike[str], option: str) -> Iterator[None]:
     """Write ``path`` inside the block: an OSError there (a full disk, a read-only file
-    or file system, what the checks before the work cannot see) is one line naming the
+    system, what the checks before the work cannot see) is one line naming the
     option, not a traceback after the work."""
     try:
         yield
