@@ -171,6 +171,8 @@ BAD: dict[str, tuple[tuple[str, ...], Callable[[ringlet.Communicator, str], Any]
     "empty: shape a string": (("empty",), lambda c, k: c.empty("abc")),
     "empty: bad dtype": (("empty",), lambda c, k: c.empty(4, dtype="nonsense")),
     "split: color a string": (("split",), lambda c, k: c.split(color="x")),
+    "split: color a bool": (("split",), lambda c, k: c.split(color=True)),
+    "split: key a numpy bool": (("split",), lambda c, k: c.split(color=0, key=np.True_)),
 }
 
 #: kinds where only the root's arguments matter (every rank raises: the root's error travels)

@@ -193,9 +193,11 @@ class Groups(Calls):
         ``color=None`` (or negative) joins no group and returns None.  Collective
         over this communicator.
         """
-        if color is not None and not isinstance(color, (int, np.integer)):
+        # a bool is refused whether Python's or numpy's (True was colour 1, np.True_ refused)
+        if color is not None and (not isinstance(color, (int, np.integer))
+                                  or isinstance(color, bool)):
             raise ArgumentError(f"split: color must be an int or None, got {color!r}")
-        if not isinstance(key, (int, np.integer)):
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
             raise ArgumentError(f"split: key must be an int, got {key!r}")
         c = -1 if color is None or color < 0 else int(color)
         table = self.all_gather_object((c, int(key), secrets.token_hex(8)))
