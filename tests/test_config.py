@@ -266,6 +266,17 @@ def test_named_values_in_any_case_and_spacing() -> None:
                                    "RINGLET_RAILS": "native", "RINGLET_START_METHOD": "fork"})
 
 
+def test_debug_takes_spacing_as_the_other_named_values() -> None:
+    """RINGLET_DEBUG=' INFO' (or 'TRACE\\n' from a file) was a ConfigError, while
+    RINGLET_ENGINE=' mpi' and RINGLET_RAILS=' Native' were taken as meant."""
+    assert Settings.from_env({"RINGLET_DEBUG": " info "}).debug == "INFO"
+    assert Settings.from_env({"RINGLET_DEBUG": "TRACE\n"}).debug == "TRACE"
+    assert Settings(debug=" warn").debug == "WARN"
+    assert Settings.from_env({"RINGLET_DEBUG": "  "}).debug == ""
+    with pytest.raises(ConfigError, match=r"RINGLET_DEBUG=' loud': debug must be '', WARN"):
+        Settings.from_env({"RINGLET_DEBUG": " loud"})
+
+
 def test_numpy_bools_are_bools() -> None:
     """Settings(fused=np.True_) was refused with "fused must be True or False, got
     np.True_ (bool)", while numpy's integers are taken for whole-number settings."""

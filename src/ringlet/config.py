@@ -219,9 +219,9 @@ class Settings:
         for name in ("timeout", "init_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        if self.debug.upper() not in ("", "WARN", "INFO", "TRACE"):
+        if self.debug.strip().upper() not in ("", "WARN", "INFO", "TRACE"):
             raise ConfigError(f"debug must be '', WARN, INFO or TRACE, got {self.debug!r}")
-        object.__setattr__(self, "debug", self.debug.upper())
+        object.__setattr__(self, "debug", self.debug.strip().upper())   # " info": as meant
         for name in ("engine", "rails", "start_method"):   # MPI, Native, " fork": as meant
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, getattr(self, name).strip().lower())
