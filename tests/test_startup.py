@@ -154,6 +154,29 @@ def test_missing_rank_is_named_within_the_init_timeout(shm_dir: None) -> None:
     assert took < 20
 
 
+def test_rank_on_another_node_is_a_hint_where_the_others_time_out(shm_dir: None) -> None:
+    """A rank given its own RINGLET_NODE starts over the engine and never comes to the
+    node's rendezvous: the others' timeout said it "did not call ringlet.init()" and
+    told to check only that it runs, never the setting that kept it away."""
+    run_id = secrets.token_hex(8)
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=_env(**_torch_vars(r, 3, run_id), RINGLET_INIT_TIMEOUT="2",
+                                       **({"RINGLET_NODE": "elsewhere"} if r == 2 else {})))
+             for r in range(3)]
+    try:
+        outs = [p.communicate(timeout=LIMIT)[0] for p in procs[:2]]
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    errs = _errors([r for out in outs for r in _reports(out)])
+    assert sorted(errs) == [0, 1], outs
+    for e in errs.values():
+        assert "rank 2 of 3 did not call ringlet.init()" in e["message"], e
+        assert "RINGLET_NODE and RINGLET_ENGINE are the same on every rank" in e["message"], e
+
+
 @pytest.mark.waits
 def test_missing_rank_0_is_named(shm_dir: None) -> None:
     reports, _ = _direct(2, STARTUP_SKIP="0", RINGLET_INIT_TIMEOUT="1.5")

@@ -504,8 +504,10 @@ def _missing(size: int, hellos: dict[int, Any], settings: Settings) -> str:
     return (f"start-up timed out after {settings.init_timeout:g} s (RINGLET_INIT_TIMEOUT): "
             f"{_ranks(missing)} of {size} did not call ringlet.init() ({_ranks(came)} did). "
             f"Check that every rank runs and calls ringlet.init(), that none failed or is "
-            f"still busy before it (raise RINGLET_INIT_TIMEOUT if so), and that all ranks "
-            f"were started by the same launcher")
+            f"still busy before it (raise RINGLET_INIT_TIMEOUT if so), that all ranks "
+            f"were started by the same launcher, and that RINGLET_NODE and RINGLET_ENGINE "
+            f"are the same on every rank (a rank with either set differently starts over "
+            f"MPI or torch.distributed instead of this rendezvous)")
 
 
 # --- the other ranks -------------------------------------------------------------------
