@@ -169,6 +169,22 @@ def test_the_groups_deadline(monkeypatch: pytest.MonkeyPatch, env: dict[str, str
         pg.comm.close()
 
 
+@pytest.mark.parametrize("seconds", [0, -5, 30 * 86400])
+def test_a_timeout_ringlet_cannot_keep_is_refused_naming_init_process_group(
+        seconds: int) -> None:
+    """A zero or negative timeout= was ignored (the job ran on RINGLET_TIMEOUT or the
+    default), and one over a week was refused without saying where it came from."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import ringlet
+    import ringlet.torch as rt
+
+    with pytest.raises(ringlet.ConfigError, match=r"init_process_group\(timeout=.*timeout must"):
+        rt._create(dist.HashStore(), 0, 1, timedelta(seconds=seconds))
+
+
 def _p2p_futures(comm: Any) -> list[Any]:
     """A point-to-point work's future, waited for on its own (as NCCL's complete): the
     message, and a receive that no message comes for fails at the deadline (both waited

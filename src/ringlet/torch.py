@@ -49,7 +49,7 @@ from torch.futures import Future
 
 from .comm import Communicator
 from .config import Settings
-from .errors import ArgumentError
+from .errors import ArgumentError, ConfigError
 from .ops import ReduceOp
 from .p2p import ANY_SOURCE
 from .work import Work
@@ -712,8 +712,11 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGrou
     # torch gives its default (30 min) when init_process_group has no timeout=: then a
     # RINGLET_TIMEOUT the job sets is what it asked for
     torch_default = timeout == default_pg_timeout and "RINGLET_TIMEOUT" in os.environ
-    if secs > 0 and not torch_default:
-        settings = settings.replace(timeout=secs)
+    if timeout is not None and not torch_default:
+        try:
+            settings = settings.replace(timeout=secs)
+        except ConfigError as exc:   # say where the value came from
+            raise ConfigError(f"init_process_group(timeout={timeout!r}): {exc}") from None
     return ProcessGroupRinglet(init_on_store(store, rank, size, settings=settings))
 
 
