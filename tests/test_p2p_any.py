@@ -248,7 +248,8 @@ def _bad(comm: ringlet.Communicator) -> list[str]:
                lambda: comm.batch_isend_irecv([("put", np.ones(1), 0)]),
                lambda: comm.batch_isend_irecv([("recv", np.ones(1), 0, -5)]),
                lambda: comm.sendrecv(np.ones(1), ANY_SOURCE, np.ones(1), 0),
-               lambda: comm.sendrecv(z := np.ones(4), 0, z[1:3], 0)):
+               lambda: comm.sendrecv(z := np.ones(4), 0, z[1:3], 0),
+               lambda: comm.send(np.ones(1), 0, 2 ** 62)):
         try:
             fn()
         except ringlet.ArgumentError as exc:
@@ -263,12 +264,14 @@ def test_bad_arguments() -> None:
 
     msgs = get_world(2).run(_bad)[0]
     assert "not a rank" in msgs[0] and "ANY_SOURCE" not in msgs[0]
-    assert "tag must be an int >= 0, got -1" in msgs[1]
+    assert "tag must be an int >= 0 and below 2**62, got -1" in msgs[1]
     assert "or ringlet.ANY_SOURCE" in msgs[2]
     assert "must be (" in msgs[3]
     assert "or ringlet.ANY_TAG, got -5" in msgs[4]
     assert msgs[5].startswith("dst -1 is not a rank"), msgs[5]
     assert "x and out overlap" in msgs[6], msgs[6]
+    # a tag too large says so (it said "must be an int >= 0" of a positive tag)
+    assert msgs[7] == f"tag must be an int >= 0 and below 2**62, got {2 ** 62}", msgs[7]
 
 
 def _objects_any(comm: ringlet.Communicator) -> list[str]:

@@ -814,7 +814,7 @@ class PointToPoint:
             return ANY_TAG
         if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or \
                 not 0 <= tag < 2 ** 62:
-            raise ArgumentError("tag must be an int >= 0" +
+            raise ArgumentError("tag must be an int >= 0 and below 2**62" +
                                 (" or ringlet.ANY_TAG" if any_ok else "") + f", got {tag!r}")
         return int(tag)
 
