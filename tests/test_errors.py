@@ -90,6 +90,22 @@ def test_bad_arguments_raise_locally(n: int, i: int) -> None:
         assert not bad, f"rank {r}: {bad}"
 
 
+def _read_only_broadcast(comm: ringlet.Communicator) -> str:
+    x = np.ones(3)
+    x.flags.writeable = comm.rank == 0   # the root's may be read-only
+    try:
+        comm.broadcast(x, root=0)
+    except (ringlet.ArgumentError, ringlet.MismatchError) as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_read_only_broadcast_buffer_is_not_told_to_give_out() -> None:
+    # broadcast has no out=: the hint was wrong
+    assert get_world(2).run(_read_only_broadcast)[1] == \
+        "broadcast on rank 1: x is read-only but this call writes into it; pass a writable array"
+
+
 def test_errors_are_one_hierarchy() -> None:
     for cls in (ringlet.ArgumentError, ringlet.MismatchError, ringlet.CommTimeoutError,
                 ringlet.PeerError, ringlet.ConfigError, ringlet.SpawnError,

@@ -242,6 +242,8 @@ def test_blocking_send_and_recv(n: int, job: Any) -> None:
 
 def _bad(comm: ringlet.Communicator) -> list[str]:
     out = []
+    ro = np.ones(2)
+    ro.flags.writeable = False
     for fn in (lambda: comm.send(np.ones(1), ANY_SOURCE),
                lambda: comm.isend(np.ones(1), 0, ANY_TAG),
                lambda: comm.probe(comm.size),
@@ -249,7 +251,10 @@ def _bad(comm: ringlet.Communicator) -> list[str]:
                lambda: comm.batch_isend_irecv([("recv", np.ones(1), 0, -5)]),
                lambda: comm.sendrecv(np.ones(1), ANY_SOURCE, np.ones(1), 0),
                lambda: comm.sendrecv(z := np.ones(4), 0, z[1:3], 0),
-               lambda: comm.send(np.ones(1), 0, 2 ** 62)):
+               lambda: comm.send(np.ones(1), 0, 2 ** 62),
+               lambda: comm.recv(ro, 0),
+               lambda: comm.irecv(ro, 0),
+               lambda: comm.batch_isend_irecv([("recv", ro, 0)])):
         try:
             fn()
         except ringlet.ArgumentError as exc:
@@ -272,6 +277,10 @@ def test_bad_arguments() -> None:
     assert "x and out overlap" in msgs[6], msgs[6]
     # a tag too large says so (it said "must be an int >= 0" of a positive tag)
     assert msgs[7] == f"tag must be an int >= 0 and below 2**62, got {2 ** 62}", msgs[7]
+    # a read-only receive buffer is not told to "give out=", which receives have not
+    for m, name in zip(msgs[8:], ["x", "x", "op 0's x"], strict=True):
+        assert m == f"{name} is read-only but this call writes into it; pass a writable " \
+                    f"array", m
 
 
 def _objects_any(comm: ringlet.Communicator) -> list[str]:

@@ -37,8 +37,9 @@ def _is_tensor(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
-    """Validate ``x`` and view it flat.  Raises ArgumentError before anything is sent."""
+def as_buffer(x: Any, name: str, *, writable: bool, has_out: bool = True) -> Buffer:
+    """Validate ``x`` and view it flat.  Raises ArgumentError before anything is sent.
+    ``has_out``: the call takes an ``out=`` (a read-only ``x`` is told to give one)."""
     if type(x) is np.ndarray:   # the common case, checked first and cheaply
         flags = x.flags
         if flags.c_contiguous and (flags.writeable or not writable):
@@ -58,7 +59,7 @@ def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
         if writable and not x.flags.writeable:
             raise ArgumentError(
                 f"{name} is read-only but this call writes into it; pass a writable array"
-                + ("" if name == "out" else " or give out="))
+                + ("" if name == "out" or not has_out else " or give out="))
         dt = dtype_of_numpy(x.dtype)
         return Buffer(x, x.reshape(-1), dt, tuple(x.shape), False)
     if _is_tensor(x):

@@ -230,7 +230,7 @@ class Communicator(Groups, Buckets, Uneven, PointToPoint, Prefix):
                   async_op: bool = False) -> Any:
         """Copy the root's ``x`` into every rank's ``x`` (in place); returns ``x``."""
         root = self._root(root)
-        xb = as_buffer(x, "x", writable=self.rank != root)
+        xb = as_buffer(x, "x", writable=self.rank != root, has_out=False)
         name = self._choose("broadcast", algorithm, xb.nbytes)
         path = self._path("broadcast", name, xb.nbytes)
 

@@ -698,7 +698,7 @@ class PointToPoint:
         A message from a rank on this node that is already there whole is taken in
         one compiled call where ``ringlet._lean`` is built."""
         try:
-            xb = as_buffer(x, "x", writable=True)
+            xb = as_buffer(x, "x", writable=True, has_out=False)
             self._p2p.recv(xb, self._peer(src, "src", True), self._tag(tag, True))
         except RingletError as exc:
             self._name_group(exc)
@@ -718,7 +718,7 @@ class PointToPoint:
         """Start receiving into ``x``; ``wait()`` returns ``x`` once it arrived, and then
         ``work.source`` and ``work.tag`` say who sent it with which tag."""
         try:
-            return self._p2p.irecv(as_buffer(x, "x", writable=True),
+            return self._p2p.irecv(as_buffer(x, "x", writable=True, has_out=False),
                                    self._peer(src, "src", True), self._tag(tag, True))
         except RingletError as exc:
             self._name_group(exc)
@@ -789,7 +789,7 @@ class PointToPoint:
             kind, x, peer = op[0], op[1], op[2]
             tag = op[3] if len(op) == 4 else 0
             send = kind == "send"
-            xb = as_buffer(x, f"op {i}'s x", writable=not send)
+            xb = as_buffer(x, f"op {i}'s x", writable=not send, has_out=False)
             checked.append((send, xb, self._peer(peer, "dst" if send else "src", not send),
                             self._tag(tag, not send)))
         return [self._p2p.isend(xb, q, t) if send else self._p2p.irecv(xb, q, t)
