@@ -695,6 +695,9 @@ class PointToPoint:
         ``src=ringlet.ANY_SOURCE`` takes a message from any rank (the first to
         arrive), ``tag=ringlet.ANY_TAG`` one with any tag; :meth:`irecv`'s Work
         says who sent it (``work.source``, ``work.tag``), or :meth:`probe` first.
+        The message must have ``x``'s size and dtype (MPI would take a shorter one
+        into a larger buffer): another is taken all the same, and this raises
+        ArgumentError; :meth:`probe` first for a message of unknown size.
         A message from a rank on this node that is already there whole is taken in
         one compiled call where ``ringlet._lean`` is built."""
         try:
