@@ -156,6 +156,30 @@ def test_a_receive_whose_sender_died_part_way_says_so(which: str) -> None:
         "arriving: rank 1 stopped sending it part-way)" in text, text
 
 
+def _relayed_death(comm: ringlet.Communicator) -> None:
+    """Rank 1 dies while rank 0 receives from it and rank 2 from rank 0: rank 2 hears of
+    the death from rank 0's abort."""
+    if comm.rank == 1:
+        time.sleep(0.3)
+        os._exit(1)
+    src = 1 if comm.rank == 0 else 0
+    raise RuntimeError(outcome(lambda: comm.recv(np.empty(3), src, tag=5)))
+
+
+def test_a_peer_death_relayed_in_point_to_point_says_whose_operation_failed() -> None:
+    """Rank 2's error quotes rank 0's: it says so ("rank 0: rank 1 ... died; recv from
+    rank 1 ..."), not as if rank 2 had been receiving from rank 1 (it said "recv from
+    rank 0 (tag 5) failed: rank 1 (pid ...) died; recv from rank 1 (tag 5) cannot
+    complete (nothing from rank 1 is pending: it has not sent this rank a message)")."""
+    with pytest.raises(ringlet.SpawnError) as info:
+        ringlet.spawn(_relayed_death, 3, settings=FAST)
+    text = info.value.failures[2]
+    assert re.search(r"PeerError: recv from rank 0 \(tag 5\) failed: rank 0: rank 1 "
+                     r"\(pid \d+\) died; recv from rank 1 \(tag 5\) cannot complete", text), text
+    assert re.search(r"PeerError: rank 1 \(pid \d+\) died; recv from rank 1",
+                     info.value.failures[0]), info.value.failures[0]
+
+
 def _any_source_closed(comm: ringlet.Communicator) -> str:
     """Rank 2 ends its program while rank 0 waits for a message from any rank: rank 1 may
     still send (and does); once rank 1 has ended too, nobody can."""

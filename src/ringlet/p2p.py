@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import threading
 import time
 from collections import deque
@@ -37,6 +38,8 @@ _FRAME_BYTES = _HEAD_BYTES + INLINE_BYTES
 _INLINE = 1
 #: the frame as a transport's compiled path writes and reads it (Transport.push_message)
 _FMT = (_FRAME_BYTES, _HEAD_BYTES, _P2P_MAGIC, _INLINE)
+#: a failure's text that names the rank it happened on (relayed; see P2PEngine._abort)
+_NAMED = re.compile(r"rank \d+(: | failed in | was interrupted )")
 #: ``src`` of a receive (or probe) that takes a message from any rank, as MPI_ANY_SOURCE
 ANY_SOURCE = -1
 #: ``tag`` of a receive (or probe) that takes a message with any tag, as MPI_ANY_TAG
@@ -561,9 +564,11 @@ class P2PEngine:
                     left = posted.popleft()[2]
                     if not left._done.is_set():
                         left._finish(error=failed)
-        # a peer's death or close is named as it is (the others hear "rank 1 died", as
-        # after a collective), this rank's own timeout with this rank's number
-        self.c._fail(exc if str(exc).startswith("rank ") else
+        # with this rank's number, a peer's death or close too: the text names this
+        # rank's own operation ("rank 1 died; recv from rank 1 cannot complete (nothing
+        # from rank 1 is pending...)"), which the others, in other operations, took for
+        # theirs; a failure relayed from another rank already names that rank
+        self.c._fail(exc if _NAMED.match(str(exc)) else
                      type(exc)(f"rank {self.c.rank}: {exc}"))
 
     def _in_flight(self, peer: int | None) -> list[int] | None:
