@@ -120,6 +120,17 @@ def test_narrow_width_wraps_columns() -> None:
     assert re.search(r"^  rank  \| c\d+", text, re.M)   # a continuation group of columns
 
 
+def test_steps_columns_narrow_to_fit_the_width() -> None:
+    # all_reduce direct sends 4 items a round on 5 ranks: at 28 columns each the steps
+    # columns alone took 68 of 60, though no single item is longer than 12
+    for width in (60, 80):
+        text = render(trace(build("all_reduce", "direct", 5)), width=width)
+        assert max(len(ln) for ln in text.splitlines()) <= width, width
+        assert re.search(r"^  0     c1->1 c2->2 .*\| A-E", text, re.M)
+        if width == 60:
+            assert re.search(r"^        c4->4 ", text, re.M)   # a send wrapped, not dropped
+
+
 def _cases() -> list[tuple[str, str, int, int]]:
     out = []
     for c in COLLECTIVES:

@@ -459,12 +459,23 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
 
     rank_w = max(4, len(str(n - 1)))
 
-    def step_width(k: int, title: str) -> int:
+    def step_width(k: int, title: str) -> tuple[int, int]:
+        """The column's width at most STEPS_WIDTH, and the least it can take (its title,
+        its longest item)."""
         natural = max([len(title)] + [len(" ".join(it[r][k])) for it in items for r in range(n)])
-        longest = max([0] + [len(x) for it in items for r in range(n) for x in it[r][k]])
-        return max(longest, min(natural, STEPS_WIDTH))
+        longest = max([len(title)] + [len(x) for it in items for r in range(n) for x in it[r][k]])
+        return max(longest, min(natural, STEPS_WIDTH)), longest
 
-    send_w, recv_w = step_width(0, "sends"), step_width(1, "receives")
+    (send_w, send_min), (recv_w, recv_min) = step_width(0, "sends"), step_width(1, "receives")
+    # a round's first line is "  rank  sends  receives  | c0 ...": narrow the steps columns
+    # (wrapping more of their items) until it holds at least the first chunk's column
+    first_cell = max([2] + [len(t[r][0]) for t in round_cells for r in range(n) if t[r]])
+    room = width - (rank_w + 10) - first_cell
+    while send_w + recv_w > room and (send_w > send_min or recv_w > recv_min):
+        if send_w - send_min >= recv_w - recv_min:
+            send_w -= 1
+        else:
+            recv_w -= 1
     lines = header(s, count, itemsize, width)
     lines += legend(s, note, width)
 
@@ -473,7 +484,7 @@ def render(tr: Trace, width: int = 120, count: int = DEFAULT_COUNT,
         lines.append("")
         lines.append(title)
         lead = 2 + rank_w + 2 + (send_w + 2 + recv_w + 2 if steps is not None else 0)
-        groups = _segments(widths, max(8, width - lead - 2), max(8, width - 2 - rank_w - 4))
+        groups = _segments(widths, width - lead - 2, max(8, width - 2 - rank_w - 4))
 
         def cell_line(r: int, group: list[int]) -> str:
             return "  ".join(f"{rows[r][j]:<{widths[j]}}" for j in group).rstrip()
