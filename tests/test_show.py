@@ -131,6 +131,15 @@ def test_steps_columns_narrow_to_fit_the_width() -> None:
             assert re.search(r"^        c4->4 ", text, re.M)   # a send wrapped, not dropped
 
 
+def test_a_legend_clause_longer_than_the_width_wraps() -> None:
+    # the "3:ab = chunk 3 of the vector, ..." clause is 73 characters: at --width 60 it
+    # ran to column 81
+    text = render(trace(build("all_reduce", "naive", 3)), width=60)
+    assert max(len(ln) for ln in text.splitlines()) <= 60
+    assert "        3:ab = chunk 3 of the vector, held in TMP or in\n" \
+           "          another slot than its own\n" in text
+
+
 def _cases() -> list[tuple[str, str, int, int]]:
     out = []
     for c in COLLECTIVES:

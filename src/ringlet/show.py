@@ -413,14 +413,26 @@ def legend(s: Schedule, notation: Notation, width: int) -> list[str]:
 
 
 def _pack_clauses(clauses: Sequence[str], width: int, first: str, rest: str) -> list[str]:
-    """Clauses joined by "; " into lines of at most ``width`` (a clause never splits),
-    the first line indented by ``first``, the others by ``rest``."""
+    """Clauses joined by "; " into lines of at most ``width`` (a clause splits only when
+    it is too long for a line of its own, its continuation indented two more), the
+    first line indented by ``first``, the others by ``rest``."""
     lines: list[str] = []
     cur = ""
     for i, cl in enumerate(clauses):
         text = cl + (";" if i < len(clauses) - 1 else "")
         indent = rest if lines else first
-        if cur and len(indent) + len(cur) + 1 + len(text) > width:
+        if len(indent) + len(text) > width:   # a line of its own is too short: wrap it
+            if cur:
+                lines.append(indent + cur)
+                indent = rest
+            parts = textwrap.wrap(text, width - len(indent), break_long_words=False,
+                                  break_on_hyphens=False)
+            lines.append(indent + parts[0])
+            parts = textwrap.wrap(" ".join(parts[1:]), width - len(rest) - 2,
+                                  break_long_words=False, break_on_hyphens=False)
+            lines += [f"{rest}  {part}" for part in parts]
+            cur = ""
+        elif cur and len(indent) + len(cur) + 1 + len(text) > width:
             lines.append(indent + cur)
             cur = text
         else:
