@@ -264,6 +264,17 @@ def test_a_traced_broadcast_is_drawn_from_its_own_root() -> None:
     assert diagram_keys(Inputs(trace={"traceEvents": [e]})) == [("broadcast", "binomial", 3, 2)]
 
 
+def test_an_algorithm_and_its_alias_are_drawn_once() -> None:
+    # rows naming tree and binomial (one algorithm) drew two copies of one diagram
+    from ringlet.report import Inputs, diagram_keys
+
+    rows = [{"size": 8, "algorithm": a} for a in ("tree", "binomial", "ring", "nonsense")]
+    keys = diagram_keys(Inputs(benches=[{"job": {"collective": "all_reduce", "nranks": 4},
+                                         "rows": rows}], bench_sources=["x"]))
+    assert keys == [("all_reduce", "tree", 4, 0), ("all_reduce", "ring", 4, 0),
+                    ("all_reduce", "nonsense", 4, 0)]
+
+
 def test_every_diagram_has_ids_of_its_own() -> None:
     """The same schedule from two roots had one heading id, and every diagram's arrowheads
     the same ids (ah-r, ah-c): ids must be unique in a page."""

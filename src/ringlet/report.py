@@ -26,6 +26,7 @@ bar on a terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -504,6 +505,7 @@ def trace_section(trace: dict[str, Any], source: str) -> str:
 
 def diagram_keys(inputs: Inputs) -> list[tuple[str, str, int, int]]:
     """(collective, algorithm, ranks, root) of the bench rows and the traced collectives."""
+    from .algorithms import canonical
     from .schedule import COLLECTIVES, ROOTED
 
     keys: list[tuple[str, str, int, int]] = []
@@ -525,8 +527,15 @@ def diagram_keys(inputs: Inputs) -> list[tuple[str, str, int, int]]:
                              root if isinstance(root, int) and _kind(e["name"]) in ROOTED
                              else 0))
     seen: list[tuple[str, str, int, int]] = []
+    drawn: set[tuple[str, str, int, int]] = set()
     for k in keys:
-        if k[0] in COLLECTIVES and k not in seen:
+        if k[0] not in COLLECTIVES:
+            continue
+        same = k   # an algorithm and its alias (tree, binomial) are one diagram, named first
+        with contextlib.suppress(RingletError):
+            same = (k[0], canonical(k[0], k[1]), k[2], k[3])
+        if same not in drawn:
+            drawn.add(same)
             seen.append(k)
     return seen
 
