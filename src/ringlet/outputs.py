@@ -7,6 +7,7 @@ for a file, a format matplotlib does not know, a missing parent) loses the run.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,14 @@ from .errors import ArgumentError, RingletError
 
 #: The image formats matplotlib writes without other packages.
 FIGURE_SUFFIXES = (".png", ".svg", ".svgz", ".pdf", ".eps", ".ps")
+
+
+def file_name(text: str) -> str:
+    """argparse's ``type=`` of an option naming a file to write: an empty name is an error
+    (``--png ""`` wrote nothing and said nothing, as if the option were not given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the file name is empty; give one")
+    return text
 
 
 def check_file(path: str, option: str, suffixes: Sequence[str] = ()) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 from .algorithms import MAX_RANKS as MOST_RANKS
 from .algorithms import algorithms, build, entry, parse_params
 from .errors import ArgumentError, VerificationError
+from .outputs import file_name
 from .progress import Progress
 from .schedule import (
     COLLECTIVES,
@@ -896,7 +897,7 @@ def configure_show(p: argparse.ArgumentParser) -> None:
                    help=f"bytes per element (default {DEFAULT_ITEMSIZE})")
     p.add_argument("--width", type=int, metavar="COLS",
                    help="wrap to this many columns (default: the terminal's, at most 120)")
-    p.add_argument("--png", metavar="FILE",
+    p.add_argument("--png", metavar="FILE", type=file_name,
                    help="also draw a time-space diagram to FILE (needs matplotlib: "
                         "pip install 'ringlet[plot]')")
 

@@ -28,7 +28,7 @@ from ..config import Settings
 from ..errors import ArgumentError, RingletError
 from ..jsonout import dumps
 from ..ops import DTYPES, LOC, ReduceOp, check_op
-from ..outputs import FIGURE_SUFFIXES, check_file, writing
+from ..outputs import FIGURE_SUFFIXES, check_file, file_name, writing
 from ..progress import Progress, from_ranks
 from .core import (
     BENCH_DTYPES,
@@ -118,8 +118,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                        help="check every size against numpy (default: on)")
     check.add_argument("-c", dest="check", type=lambda v: _flag(v, "-c"), metavar="0|1",
                        help="nccl-tests' spelling of --check / --no-check (not with them)")
-    p.add_argument("--json", metavar="FILE", help="write every row and the environment here")
-    p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size here")
+    p.add_argument("--json", metavar="FILE", type=file_name,
+                   help="write every row and the environment here")
+    p.add_argument("--plot", metavar="FILE.png", type=file_name,
+                   help="draw busbw against size here")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="deadline for ringlet's sweep and for each peer's (default: 60 s plus "
                         "2 * budget + 10 s per size and form)")

@@ -29,6 +29,7 @@ from ..config import Settings
 from ..errors import ArgumentError
 from ..jsonout import dumps
 from ..ops import DType
+from ..outputs import file_name
 from ..rails import SCHEDULES as RAIL_SCHEDULES
 from ..schedule import COLLECTIVES, UNIT, check_root
 from .host import Paths
@@ -421,7 +422,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="ranks to calibrate with (default 2); fixed costs are measured at "
                         "every count from 1 to N, so use at least the largest job you run "
                         "here (beyond N they are extrapolated)")
-    c.add_argument("--out", metavar="PATH",
+    c.add_argument("--out", metavar="PATH", type=file_name,
                    help=f"where to save the profile (default: the RINGLET_PROFILE setting, "
                         f"{DEFAULT_PROFILE_PATH})")
     c.add_argument("--reps", type=int, metavar="R",

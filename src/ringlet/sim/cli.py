@@ -37,7 +37,7 @@ from ..cost.model import Profile, bus_factor, dtype_of, path_bytes, predict, uni
 from ..cost.units import format_bandwidth, format_bytes, format_seconds, parse_time
 from ..errors import ArgumentError
 from ..jsonout import dumps
-from ..outputs import check_file, writing
+from ..outputs import check_file, file_name, writing
 from ..progress import callback
 from ..schedule import COLLECTIVES, ROOTED
 from . import simulate
@@ -118,7 +118,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print a JSON list, one object per "
                                                        "algorithm")
-    o.add_argument("--trace", metavar="FILE",
+    o.add_argument("--trace", metavar="FILE", type=file_name,
                    help="write a Chrome trace (chrome://tracing, ui.perfetto.dev): a process "
                         "per algorithm, a row per rank, an event per round")
     o.add_argument("--compare", action="store_true",
