@@ -554,7 +554,7 @@ def diagrams_section(inputs: Inputs) -> str:
     drawn = 0
     for coll, algo, n, root in keys:
         if drawn >= MAX_DIAGRAMS:
-            skipped.append(f"{coll}/{algo} on {n} (more than {MAX_DIAGRAMS} diagrams)")
+            skipped.append(f"{coll}/{algo} on {n} ranks (more than {MAX_DIAGRAMS} diagrams)")
             continue
         if not 1 <= n <= MAX_DIAGRAM_RANKS:
             skipped.append(f"{coll}/{algo} on {n} ranks (drawn up to {MAX_DIAGRAM_RANKS})")
