@@ -180,6 +180,27 @@ def test_a_peer_death_relayed_in_point_to_point_says_whose_operation_failed() ->
                      info.value.failures[0]), info.value.failures[0]
 
 
+def _relayed_timeout(comm: ringlet.Communicator) -> str:
+    """Rank 1 sends with tag 3 and times out in a barrier; rank 0, in a recv of tag 4 from
+    rank 1 since a second later, hears of that timeout before its own."""
+    if comm.rank == 1:
+        comm.send(np.ones(3), 0, tag=3)
+        return outcome(comm.barrier)
+    time.sleep(1.0)
+    return outcome(lambda: comm.recv(np.empty(3), 1, tag=4))
+
+
+@pytest.mark.waits
+def test_a_timeout_relayed_to_a_receive_keeps_its_tag_hint() -> None:
+    """The receive failing on another rank's timeout says what it holds from its peer (the
+    message of another tag), as it does when it fails on a peer's death: it quoted the
+    barrier's timeout alone."""
+    got = ringlet.spawn(_relayed_timeout, 2, settings=Settings(timeout=2.0, grace=5.0))
+    assert got[1].startswith("CommTimeoutError: timed out after 2 s in barrier"), got[1]
+    assert got[0].startswith("CommTimeoutError: recv from rank 1 (tag 4) failed: ") and \
+        "rank 1 sent this rank messages no receive matched: tag 3" in got[0], got[0]
+
+
 def _any_source_closed(comm: ringlet.Communicator) -> str:
     """Rank 2 ends its program while rank 0 waits for a message from any rank: rank 1 may
     still send (and does); once rank 1 has ended too, nobody can."""

@@ -608,9 +608,10 @@ class P2PEngine:
             self.c._t.check(watch, w._what)
         except (PeerError, CommTimeoutError) as exc:
             # a peer's abort notice says what failed there (a timeout too: this wait's own
-            # is its waiter's): say what failed here first
+            # is its waiter's): say what failed here first, and what is pending from the
+            # peer (a message of another tag), whether the peer died or timed out
             text = str(exc) if w._what in str(exc) else f"{w._what} failed: {exc}"
-            advice = self._advice(w) if isinstance(exc, PeerError) else ""
+            advice = self._advice(w)
             raise type(exc)(f"{text} ({advice})" if advice and advice not in text
                             else text) from None
 
