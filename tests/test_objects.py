@@ -196,6 +196,44 @@ def test_ctrl_c_while_an_object_call_pickles_fails_its_peers() -> None:
                               "all_gather_object (call #"), got
 
 
+class _Exiting:
+    """Pickling it raises SystemExit (a signal handler's sys.exit, say), which the
+    caller catches."""
+
+    def __reduce__(self) -> Any:
+        raise SystemExit(3)
+
+
+def _exited_while_pickling(comm: ringlet.Communicator) -> tuple[str, str]:
+    """SystemExit on rank 1 while it pickles its object, before the call's first part,
+    caught there: its peers raise a PeerError naming it and the call; they paired the
+    call with rank 1's next one, and returned that call's objects as this one's."""
+    comm.barrier()
+    try:
+        got = comm.all_gather_object(_Exiting() if comm.rank == 1 else 1)
+    except SystemExit:
+        pass
+    except ringlet.RingletError as exc:
+        return type(exc).__name__, str(exc)
+    else:
+        return "returned", repr(got)
+    try:
+        comm.all_gather_object(comm.rank)
+    except ringlet.RingletError as exc:
+        return "SystemExit", f"{type(exc).__name__}: {exc}"
+    return "SystemExit", "the next call ran"
+
+
+def test_system_exit_while_an_object_call_pickles_fails_its_peers() -> None:
+    got = ringlet.spawn(_exited_while_pickling, 3, settings=ringlet.Settings(timeout=20))
+    assert got[1] == ("SystemExit", "PeerError: the communicator was aborted earlier: "
+                      "rank 1 failed in all_gather_object (call #2): SystemExit: 3"), got
+    for kind, msg in (got[0], got[2]):
+        assert kind == "PeerError", got
+        assert msg.startswith("rank 1 failed in all_gather_object (call #2): "
+                              "SystemExit: 3"), got
+
+
 def _interrupted_behind_async_work(comm: ringlet.Communicator) -> list[str]:
     """Ctrl-C on rank 1 while it pickles an object call's argument with an async call in
     flight, which ends before its worker waits again (held in a callback, as a torch

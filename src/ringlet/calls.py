@@ -100,7 +100,10 @@ def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is exc:
                 raise
             raise err from exc
-        except KeyboardInterrupt as exc:
+        except BaseException as exc:
+            # Ctrl-C, or a SystemExit (a signal handler's sys.exit, an object's __reduce__)
+            # that a caller may catch: the peers must hear of it, or they pair this call
+            # with this rank's next one, silently
             self._interrupt(exc, f"{name} (call #{self._seq + 1})")   # (its next part's)
             raise
         finally:
@@ -474,7 +477,8 @@ class Calls:
         elif isinstance(exc, RingletError):
             msg = f"rank {self.rank} failed in {self._current}: {exc}"
         else:
-            msg = f"rank {self.rank} failed in {self._current}: {type(exc).__name__}: {exc}"
+            msg = (f"rank {self.rank} failed in {where or self._current}: "
+                   f"{type(exc).__name__}: {exc}")
         self._broken = msg
         self._lean = None
         self._t.discard_pending()
