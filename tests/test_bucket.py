@@ -472,3 +472,49 @@ def test_a_bucketer_refuses_what_it_cannot_reduce_at_add() -> None:
         assert bad._pending == []
     finally:
         comm.close()
+
+
+def _expanded_on_one_rank(c: ringlet.Communicator, how: str) -> list[str]:
+    """An expanded tensor (elements sharing memory) on the last rank: refused before the
+    call (torch raised its RuntimeError after the collective, on that rank alone, the
+    arrays before it written and those after not), and the next call pairs."""
+    import torch
+
+    seen = []
+    a = [torch.ones(2), torch.ones(1).expand(4) if c.rank == c.size - 1 else torch.ones(4)]
+    try:
+        if how == "bucketer":
+            b = ringlet.Bucketer(c)
+            for x in a:
+                b.add(x)
+            b.wait()
+        else:
+            c.all_reduce_coalesced(a)
+        seen.append("ok")
+    except ringlet.RingletError as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+    except RuntimeError as exc:
+        seen.append(f"raw {type(exc).__name__}: {exc}")
+    y = np.ones(2)
+    c.all_reduce(y)
+    seen.append(str(y.tolist()))
+    return seen
+
+
+def test_an_expanded_tensor_is_refused_before_the_call() -> None:
+    pytest.importorskip("torch")
+    n = 2
+    for r, seen in enumerate(get_world(n).run(_expanded_on_one_rank, "coalesced")):
+        want = "ArgumentError" if r == n - 1 else "MismatchError"
+        assert seen[0].startswith(want) and "expanded" in seen[0], (r, seen)
+        assert seen[1] == str([float(n)] * 2), (r, seen)
+    comm = ringlet.init(rank=0, size=1)
+    try:
+        import torch
+
+        with pytest.raises(ringlet.ArgumentError, match="Bucketer.add: array 0 .* expanded"):
+            ringlet.Bucketer(comm).add(torch.ones(1).expand(3))
+        g = torch.ones(1).expand(3)
+        assert [x.tolist() for x in comm.all_gather_coalesced([g])] == [[[1.0] * 3]]
+    finally:
+        comm.close()

@@ -51,6 +51,12 @@ def _check_item(a: Any, what: str, writable: bool = True, op: ReduceOp | None = 
     if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
         raise ArgumentError(f"{what} is read-only (the results are written back into the "
                             f"arrays)")
+    if writable and _is_torch(a) and any(st == 0 and n > 1 for st, n in
+                                         zip(a.stride(), a.shape, strict=True)):
+        # an expanded tensor: its elements share memory, which torch refuses to write
+        # into (it raised after the collective, on this rank alone, with arrays half written)
+        raise ArgumentError(f"{what} is expanded (elements share memory, which cannot take "
+                            f"the results); pass a clone()")
     try:
         if not _is_torch(a):
             dt = dtype_of_numpy(a.dtype)
