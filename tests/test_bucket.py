@@ -518,3 +518,24 @@ def test_an_expanded_tensor_is_refused_before_the_call() -> None:
         assert [x.tolist() for x in comm.all_gather_coalesced([g])] == [[[1.0] * 3]]
     finally:
         comm.close()
+
+
+def test_an_ndarray_subclass_is_refused_at_add_and_named() -> None:
+    """np.matrix and masked arrays, as all_reduce refuses them: add() took them and a later
+    flush failed (on an error naming 'x', not the item), leaving the Bucketer's promise
+    that what it cannot reduce is refused at add() unkept."""
+    comm = ringlet.init(rank=0, size=1)
+    try:
+        for bad in (np.matrix([[1.0, 2.0]]), np.ma.array([1.0, 2.0], mask=[0, 1])):
+            b = ringlet.Bucketer(comm)
+            with pytest.raises(ringlet.ArgumentError, match=r"Bucketer.add: array 0 of the bucket "
+                               r"is a numpy.*subclass of numpy.ndarray"):
+                b.add(bad)
+            b.wait()
+            with pytest.raises(ringlet.ArgumentError, match=r"item 1 is a numpy.*subclass"):
+                comm.all_reduce_coalesced([np.ones(2), bad])
+        x = [np.ones(2)]
+        comm.all_reduce_coalesced(x)
+        assert x[0].tolist() == [1.0, 1.0]
+    finally:
+        comm.close()

@@ -48,6 +48,13 @@ def _check_item(a: Any, what: str, writable: bool = True, op: ReduceOp | None = 
     if not _is_torch(a) and not isinstance(a, np.ndarray):
         raise ArgumentError(f"{what} is a {type(a).__name__}; pass numpy arrays or torch "
                             f"CPU tensors")
+    if isinstance(a, np.ndarray) and type(a) is not np.ndarray and \
+            not isinstance(a, np.memmap):
+        # as all_reduce's (np.matrix stays 2-D when flattened: packing it failed, in the
+        # Bucketer at a later flush, not at add)
+        raise ArgumentError(f"{what} is a {type(a).__module__}.{type(a).__name__}, a "
+                            f"subclass of numpy.ndarray that ringlet does not take; pass "
+                            f"np.asarray() of it (or .filled() for a masked array)")
     if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
         raise ArgumentError(f"{what} is read-only (the results are written back into the "
                             f"arrays)")
