@@ -260,8 +260,7 @@ def _groups(collective: str, n: int, group: int) -> tuple[int, int]:
     if not isinstance(group, int) or isinstance(group, bool) or not 1 <= group <= n \
             or n % group:
         raise ArgumentError(
-            f"hierarchical {collective}: group={group} does not divide {n} "
-            f"rank{'s' if n != 1 else ''} into equal "
+            f"hierarchical {collective}: group={group} does not divide {n} ranks into equal "
             f"groups; use one of {', '.join(map(str, divisors(n)))} (or 0 to choose)")
     return group, n // group
 
