@@ -520,6 +520,7 @@ def test_an_expanded_tensor_is_refused_before_the_call() -> None:
         comm.close()
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_an_ndarray_subclass_is_refused_at_add_and_named() -> None:
     """np.matrix and masked arrays, as all_reduce refuses them: add() took them and a later
     flush failed (on an error naming 'x', not the item), leaving the Bucketer's promise
