@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .buffers import as_buffer
+from .buffers import as_buffer, refuse_subclass
 from .calls import Calls, _collective, check_async
 from .errors import ArgumentError, MismatchError, PeerError
 from .ops import ReduceOp, check_op, dtype_of_numpy
@@ -48,13 +48,8 @@ def _check_item(a: Any, what: str, writable: bool = True, op: ReduceOp | None = 
     if not _is_torch(a) and not isinstance(a, np.ndarray):
         raise ArgumentError(f"{what} is a {type(a).__name__}; pass numpy arrays or torch "
                             f"CPU tensors")
-    if isinstance(a, np.ndarray) and type(a) is not np.ndarray and \
-            not isinstance(a, np.memmap):
-        # as all_reduce's (np.matrix stays 2-D when flattened: packing it failed, in the
-        # Bucketer at a later flush, not at add)
-        raise ArgumentError(f"{what} is a {type(a).__module__}.{type(a).__name__}, a "
-                            f"subclass of numpy.ndarray that ringlet does not take; pass "
-                            f"np.asarray() of it (or .filled() for a masked array)")
+    if isinstance(a, np.ndarray):   # as all_reduce's (a matrix failed in packing)
+        refuse_subclass(a, what)
     if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
         raise ArgumentError(f"{what} is read-only (the results are written back into the "
                             f"arrays)")

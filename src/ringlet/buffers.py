@@ -37,6 +37,17 @@ def _is_tensor(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
+def refuse_subclass(x: np.ndarray, name: str) -> None:
+    """An ArgumentError if ``x`` is a subclass of numpy.ndarray (but a memmap): np.matrix
+    stays 2-D when flattened, a masked array's mask would be ignored: subclasses change
+    what an array means, so only the plain kind is taken."""
+    if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+        raise ArgumentError(
+            f"{name} is a {type(x).__module__}.{type(x).__name__}, a subclass of "
+            f"numpy.ndarray that ringlet does not take; pass np.asarray() of it (or "
+            f".filled() for a masked array)")
+
+
 def as_buffer(x: Any, name: str, *, writable: bool, has_out: bool = True) -> Buffer:
     """Validate ``x`` and view it flat.  Raises ArgumentError before anything is sent.
     ``has_out``: the call takes an ``out=`` (a read-only ``x`` is told to give one)."""
@@ -45,13 +56,7 @@ def as_buffer(x: Any, name: str, *, writable: bool, has_out: bool = True) -> Buf
         if flags.c_contiguous and (flags.writeable or not writable):
             return Buffer(x, x.reshape(-1), dtype_of_numpy(x.dtype), x.shape, False)
     if isinstance(x, np.ndarray):
-        if type(x) is not np.ndarray and not isinstance(x, np.memmap):
-            # np.matrix stays 2-D when flattened, a masked array's mask would be ignored:
-            # subclasses change what an array means, so only the plain kind is taken
-            raise ArgumentError(
-                f"{name} is a {type(x).__module__}.{type(x).__name__}, a subclass of "
-                f"numpy.ndarray that ringlet does not take; pass np.asarray({name}) (or "
-                f"{name}.filled() for a masked array)")
+        refuse_subclass(x, name)
         if not x.flags.c_contiguous:
             raise ArgumentError(
                 f"{name} must be C-contiguous (got strides {x.strides} for shape {x.shape}); "
