@@ -247,8 +247,10 @@ def test_spawn_refuses_the_mpi_and_torch_engines() -> None:
     import ringlet
 
     with pytest.raises(ConfigError, match=r"ringlet.spawn starts its ranks itself, not "
-                                          r"through MPI, but RINGLET_ENGINE=mpi"):
+                                          r"through MPI, but RINGLET_ENGINE=mpi") as mpi:
         ringlet.spawn(_returns_rank, 2, settings=Settings(engine="mpi"))
+    # not `ringlet run`, which refuses RINGLET_ENGINE=mpi too (it was suggested)
+    assert str(mpi.value).endswith("start the program with mpiexec")
     with pytest.raises(ConfigError, match=r"with no torch.distributed store, but "
                                           r"RINGLET_ENGINE=torch: .* torchrun \(or `ringlet "
                                           r"run`, which makes a store"):

@@ -1187,10 +1187,11 @@ def _spawn(fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], *,
     if settings.engine in ("mpi", "torch"):
         how = ("not through MPI" if settings.engine == "mpi" else
                "on one node, over shared memory, with no torch.distributed store")
+        how_else = ("mpiexec" if settings.engine == "mpi" else   # ringlet run refuses mpi
+                    "torchrun (or `ringlet run`, which makes a store for the torch engine)")
         raise ConfigError(f"ringlet.spawn starts its ranks itself, {how}, but "
                           f"RINGLET_ENGINE={settings.engine}: unset it, or start the program "
-                          f"with {'mpiexec' if settings.engine == 'mpi' else 'torchrun'} "
-                          f"(or `ringlet run`, which makes a store for the torch engine)")
+                          f"with {how_else}")
     nranks = _check_nranks(nranks, "nranks")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be > 0 seconds or None, got {timeout!r}")
