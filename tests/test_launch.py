@@ -262,6 +262,23 @@ def test_the_summary_quotes_errors_printed_without_a_traceback(
                     summary(proc)), proc.stderr
 
 
+@pytest.mark.parametrize("init", [True, False])
+def test_the_summary_marks_a_long_error_it_cuts(init: bool, tmp_path: Path) -> None:
+    """The summary quotes at most 400 characters of the error (reported through init's
+    pipe, or read from the traceback before init): a cut ends with '...', where it ended
+    mid-word and read as if the message did ('... it has not sent (not)')."""
+    words = " ".join(f"w{i:03d}" for i in range(150))
+    (tmp_path / "long.py").write_text(
+        ("import ringlet\nringlet.init()\n" if init else "") + f"raise ValueError({words!r})\n")
+    proc = ringlet_run("-n", "1", str(tmp_path / "long.py"))
+    assert proc.returncode == 1, proc.stderr
+    why = re.fullmatch(r"ringlet run: rank 0 failed first \(exit code 1: (.*)\)",
+                       summary(proc))
+    assert why, proc.stderr
+    assert len(why[1]) <= 400 and why[1].endswith("...")
+    assert f"ValueError: {words}".startswith(why[1][:-3])
+
+
 def test_the_summary_does_not_quote_a_fault_handlers_stack(tmp_path: Path) -> None:
     """faulthandler's dump (File lines without a Traceback line) is not an exception."""
     (tmp_path / "crash.py").write_text(

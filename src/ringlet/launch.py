@@ -914,6 +914,12 @@ _ERRORS_VARIABLE = "_RINGLET_RUN_ERRORS"
 _REASON_CHARS = 400
 
 
+def _clip(text: str) -> str:
+    """``text`` as the summary quotes it: at most _REASON_CHARS, a cut marked with '...'
+    (a message cut mid-word read as if it ended there: '... (not)')."""
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 3].rstrip() + "..."
+
+
 @contextmanager
 def _closing(fds: list[int]) -> Iterator[None]:
     """Close every descriptor in ``fds`` (as it is when the block ends)."""
@@ -1016,7 +1022,7 @@ def report_uncaught() -> None:
             line = " ".join(traceback.format_exception_only(kind, exc)[0].split())
             with contextlib.suppress(OSError, ValueError):
                 os.set_blocking(fd, False)
-                os.write(fd, b"error " + line[:_REASON_CHARS].encode(errors="replace") + b"\n")
+                os.write(fd, b"error " + _clip(line).encode(errors="replace") + b"\n")
         previous(kind, exc, tb)
 
     def at_exit() -> None:   # another hook replaced this one: the pipe may miss an error
@@ -1065,10 +1071,10 @@ class _Pump(threading.Thread):
                     in_traceback = True   # (a SyntaxError prints its File line alone)
                 elif in_traceback and line.strip() and not line[:1].isspace():
                     in_traceback = False
-                    self.error = line.decode(errors="replace").strip()[:_REASON_CHARS]
+                    self.error = _clip(line.decode(errors="replace").strip())
                 elif line.startswith(self.interpreter):
-                    self.error = line[len(self.interpreter):].decode(
-                        errors="replace").strip()[:_REASON_CHARS]
+                    self.error = _clip(line[len(self.interpreter):].decode(
+                        errors="replace").strip())
                 if broken:
                     continue
                 if not line.endswith(b"\n"):
