@@ -90,6 +90,18 @@ def test_ring_all_reduce_on_four_ranks(capsys: pytest.CaptureFixture[str]) -> No
                                  "(checked by ringlet.verify)")
 
 
+def test_the_list_of_algorithms_gives_whole_sentences() -> None:
+    """`ringlet show COLLECTIVE` lists each algorithm with its docstring's first sentence
+    (its first line stopped mid-phrase: "... across groups on"), cut at a word with '...'
+    when long, with no ``markup``."""
+    for collective in show.COLLECTIVES:
+        for name in algorithms(collective):
+            doc = entry(collective, name).doc
+            assert doc.endswith((".", "...")) and "``" not in doc, (collective, name, doc)
+            assert len(doc) <= 100
+    assert entry("reduce_scatter", "pairwise").doc.endswith("reduces block r from r-k.")
+
+
 def test_drawing_reads_the_schedule_the_executor_runs() -> None:
     s = build("all_reduce", "ring", 5)
     tr = trace(s)

@@ -36,12 +36,20 @@ _REGISTRY: dict[str, dict[str, Entry]] = {c: {} for c in COLLECTIVES}
 _ALIASES: dict[str, dict[str, str]] = {c: {} for c in COLLECTIVES}
 
 
+def _summary(doc: str, width: int = 100) -> str:
+    """The first sentence of a docstring, on one line, for ``ringlet show``'s list: cut
+    at a word with '...' past ``width`` (its first line alone stopped mid-phrase)."""
+    text = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+    text = text.split(". ")[0].rstrip(".") + "."
+    return text if len(text) <= width else text[:width - 3].rsplit(" ", 1)[0] + "..."
+
+
 def register(collective: str, name: str, *, aliases: tuple[str, ...] = (),
              params: dict[str, int] | None = None) -> Callable[[Builder], Builder]:
     """Decorator: register ``fn`` as algorithm ``name`` of ``collective``."""
 
     def deco(fn: Builder) -> Builder:
-        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        doc = _summary(fn.__doc__ or "")
         _REGISTRY[collective][name] = Entry(name, fn, dict(params or {}), doc)
         for a in aliases:
             _ALIASES[collective][a] = name
