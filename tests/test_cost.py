@@ -309,6 +309,16 @@ def test_pipelining_does_not_help_a_ring() -> None:
     assert pr.pieces == 1
 
 
+def test_too_many_rounds_to_count_is_known_without_building_steps() -> None:
+    # a ring of 16,384 ranks in 2 or 4 pieces has 65,532 or 131,064 rounds: more than a
+    # count takes either way, which the round count says without rank 0's steps (building
+    # them took seconds in every `ringlet simulate` of a ring at that scale)
+    est = model.estimator("all_reduce", "ring", 16384)
+    for k in (2, 4):
+        assert not est.affordable(k)
+        assert not est.schedule(k)._cache, k
+
+
 def test_double_binary_tree_fit_holds_where_counted() -> None:
     needs("all_reduce", "double_binary_tree")
     est = model.estimator("all_reduce", "double_binary_tree", 8)

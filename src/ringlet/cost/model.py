@@ -951,6 +951,13 @@ class Estimator:
             return True
         n = self.nranks
         s = self.schedule(pieces)
+        walked = n if n <= 64 else 40
+        if self.rails:
+            walked = min(n, walked * self.gpus_per_node)
+        if s.nrounds > VECTOR_ROUNDS and s.nrounds * walked > COUNT_BUDGET:
+            # too many rounds either way: known without building rank 0's steps (a ring of
+            # 16,384 ranks in 4 pieces: 131,064 rounds, a second or more to build)
+            return False
         mine = s.steps(0)
         if n * s.nrounds > EXACT_STEP_BUDGET and _vectorable(s, mine):
             # counted from the rounds' closed form: a Python loop over the rounds, and
@@ -958,9 +965,6 @@ class Estimator:
             # 11,448 pieces: 187 million, 10 s, where its closed form answers at once)
             first = sum(len(rnd) for rnd in mine)
             return s.nrounds <= VECTOR_ROUNDS and n * first <= VECTOR_WORK
-        walked = n if n <= 64 else 40
-        if self.rails:
-            walked = min(n, walked * self.gpus_per_node)
         return s.nrounds * walked <= COUNT_BUDGET
 
     def max_pieces(self, m: int) -> int:
