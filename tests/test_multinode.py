@@ -280,6 +280,21 @@ def test_mpiexec_startup_failure_on_one_node_fails_every_rank() -> None:
         assert "RINGLET_SHM_SLOTS: rank 2 has 4; rank 3 has 8" in r["message"], out
 
 
+def test_mpiexec_nodes_of_uneven_size() -> None:
+    """Five ranks as nodes of 2, 2 and 1: every collective, algorithm, uneven call and
+    the error sequence, as on nodes of equal size."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    pytest.importorskip("mpi4py")
+    cmd = [MPIEXEC]
+    for k, per in enumerate((2, 2, 1)):
+        cmd += ([":"] if k else []) + ["-n", str(per), "-env", "RINGLET_NODE", f"n{k}",
+                                       sys.executable, str(SCRIPT), "--errors"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT,
+                          env=_env(EXPECT_NODES="a,a,b,b,c"))
+    _check(proc, 5, [[0, 1], [2, 3], [4]], "mpi")
+
+
 def test_mpiexec_nodes_that_are_not_blocks() -> None:
     """Ranks 0, 2 on one node and 1, 3 on the other: no two-level layout, still right."""
     if MPIEXEC is None:

@@ -183,7 +183,63 @@ def check_all(comm: ringlet.Communicator, bad: list[str], names: dict[str, list[
     if x[0] != sum(q for q in range(n) if q % 2 == r % 2):
         bad.append("split all_reduce")
     sub.close()
+    # a split that stays inside each node: one node, its ranks in order, right sums
+    mine = next(nd for nd in comm.topology.nodes if r in nd)
+    sub = comm.split(comm.topology.nodes.index(mine))
+    assert sub is not None
+    x = np.full(3, r, np.int64)
+    sub.all_reduce(x)
+    if [list(nd) for nd in sub.topology.nodes] != [list(range(len(mine)))] or \
+            sub.rank != list(mine).index(r) or x[0] != sum(mine):
+        bad.append(f"split by node: {sub.topology.nodes} rank {sub.rank} sum {x[0]}")
+    sub.close()
+    check_more(comm, bad)
     return h.hexdigest()
+
+
+def check_more(comm: ringlet.Communicator, bad: list[str]) -> None:
+    """scan and exscan, the uneven calls (zero rows included) and maxloc pairs, with each
+    of their algorithms."""
+    n, r = comm.size, comm.rank
+    xs = [data(q, 9, "int64") for q in range(n)]
+    for alg in ringlet.algorithms("scan"):
+        x = xs[r].copy()
+        comm.scan(x, algorithm=alg)
+        y = xs[r].copy()
+        comm.exscan(y, algorithm=alg)
+        if not np.array_equal(x, sum(xs[1:r + 1], xs[0].copy())) or \
+                not np.array_equal(y, sum(xs[1:r], xs[0].copy()) if r else xs[0]):
+            bad.append(f"scan/exscan {alg}")
+    sends = np.array([[(i * 3 + j * 5) % 4 for j in range(n)] for i in range(n)])
+    for alg in ringlet.algorithms("all_to_all_v"):
+        x = np.concatenate([np.full((c, 2), 100 * r + j, np.float32)
+                            for j, c in enumerate(sends[r])])
+        got = comm.all_to_all_v(x, sends[r], algorithm=alg)
+        if not np.array_equal(got, np.concatenate([np.full((sends[i, r], 2), 100 * i + r,
+                                                           np.float32) for i in range(n)])):
+            bad.append(f"all_to_all_v/{alg}")
+    rows = [q % 3 for q in range(n)]
+    want = np.concatenate([np.full(c, q, np.int16) for q, c in enumerate(rows)])
+    for alg in ringlet.algorithms("all_gather_v"):
+        if not np.array_equal(comm.all_gather_v(np.full(rows[r], r, np.int16),
+                                                algorithm=alg), want):
+            bad.append(f"all_gather_v/{alg}")
+    for alg in ringlet.algorithms("gather_v"):
+        got = comm.gather_v(np.full(rows[r], r, np.int16), root=n - 1, algorithm=alg)
+        if r == n - 1 and not np.array_equal(got, want):
+            bad.append(f"gather_v/{alg}")
+    for alg in ringlet.algorithms("scatter_v"):
+        got = comm.scatter_v(want if r == 0 else None, rows, root=0,
+                             out=None if r == 0 else np.empty(rows[r], np.int16),
+                             algorithm=alg)
+        if not np.array_equal(got, np.full(rows[r], r, np.int16)):
+            bad.append(f"scatter_v/{alg}")
+    vals = [float((q * 3) % n) for q in range(n)]
+    for alg in ringlet.algorithms("all_reduce"):
+        p = ringlet.pairs([vals[r], -vals[r]], np.array([r, r], np.int32))
+        comm.all_reduce(p, op="maxloc", algorithm=alg)
+        if p["index"].tolist() != [int(np.argmax(vals)), int(np.argmin(vals))]:
+            bad.append(f"maxloc/{alg}")
 
 
 def check_errors(comm: ringlet.Communicator, bad: list[str], skip: bool) -> None:
