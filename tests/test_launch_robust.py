@@ -636,6 +636,42 @@ def test_summary_quotes_the_error_that_names_the_absent_rank(tmp_path: Path,
     assert p.returncode == 1
 
 
+#: rank 1 times out first (rank 0 sends it nothing) and reports late; rank 0, in a barrier
+#: by then, fails with rank 1's timeout, relayed, and reports first
+_RELAYED = textwrap.dedent("""
+    import time
+    import numpy as np, ringlet
+    comm = ringlet.init()
+    if comm.rank == 1:
+        try:
+            comm.recv(np.empty(1), 0)
+        except ringlet.CommTimeoutError:
+            time.sleep(1.5)
+            raise
+    time.sleep(1)
+    comm.barrier()
+""")
+
+
+@pytest.mark.waits
+def test_summary_blames_the_rank_that_timed_out_not_one_that_heard_of_it(
+        tmp_path: Path) -> None:
+    """A timeout relayed to a rank is an echo, as a PeerError is: the rank whose own wait
+    passed its deadline failed first, though a rank that heard of it reported first."""
+    script = tmp_path / "relayed.py"
+    script.write_text(_RELAYED)
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**_ENV, "RINGLET_TIMEOUT": "2"})
+    summary = p.stderr.strip().splitlines()[-1]
+    assert summary.startswith("ringlet run: rank 1 failed first (exit code 1: ringlet.errors."
+                              "CommTimeoutError: timed out after 2 s in recv from rank 0"), \
+        p.stderr
+    assert "rank 0 then exited on their own" in summary or \
+        "rank 0 then exited on its own" in summary, summary
+    assert "rank 1: timed out after 2 s in recv from rank 0" in p.stderr   # what rank 0 heard
+
+
 _HANDLED = textwrap.dedent("""
     import sys, traceback
     import ringlet

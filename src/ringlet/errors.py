@@ -17,6 +17,8 @@ Every problem a user can trigger is one of these, never an ``assert``, a
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class RingletError(Exception):
     """Base class of every error ringlet raises on purpose."""
@@ -68,3 +70,21 @@ class SpawnError(RingletError):
         super().__init__(message)
         self.failures: dict[int, str] = dict(failures or {})
         self.details: dict[int, str] = dict(details or {})
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def relayed(exc: _E, like: BaseException | None = None) -> _E:
+    """Mark ``exc`` as another rank's failure that this rank heard of (a peer's abort
+    notice), not a failure of its own; with ``like``, only if ``like`` was one (an error
+    that rewraps it).  ``ringlet run`` does not blame a rank for failing first with one,
+    as with a PeerError: a timeout relayed is a CommTimeoutError like the rank's own."""
+    if like is None or is_relayed(like):
+        exc.relayed = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_relayed(exc: BaseException) -> bool:
+    """Whether ``exc`` is another rank's failure this rank heard of (:func:`relayed`)."""
+    return bool(getattr(exc, "relayed", False))

@@ -69,7 +69,7 @@ from typing import IO, Any
 
 from . import _reaper, recorder
 from .config import Settings
-from .errors import ArgumentError, ConfigError, RingletError, SpawnError
+from .errors import ArgumentError, ConfigError, RingletError, SpawnError, is_relayed
 from .procs import cores, more_files, stopped
 
 #: Seconds between SIGTERM and SIGKILL when the supervisor stops a rank.
@@ -312,7 +312,9 @@ def _supervise(children: Sequence[_Child], *, grace: float, timeout: float | Non
     did so before another rank exited with an error: a rank's exit handlers (closing
     its communicator) may take longer than its peers take to hear of its failure and
     exit themselves.  A :class:`~ringlet.errors.PeerError` is an echo (a peer died,
-    closed its communicator, was interrupted or aborted after its own failure): a rank
+    closed its communicator, was interrupted or aborted after its own failure), and so
+    is any error relayed from a peer (:func:`ringlet.errors.relayed`: a peer's timeout
+    is a CommTimeoutError here too): a rank
     that reports one does not count as failing first while another rank may, so a rank
     that ends with an error without one (``sys.exit(3)`` after ``init``, a kill) and
     not at the supervisor's hand, or reports another exception, takes its place, even
@@ -972,11 +974,16 @@ class _ErrorPipes:
 
     def echo(self, rank: int, signalled: int = 0) -> bool:
         """Whether the rank's uncaught exception is not a failure of its own: a PeerError
-        (another rank's failure heard of), or the KeyboardInterrupt of a SIGINT the
-        launcher forwarded to it (``signalled``: the interrupt the launcher forwarded to
-        every rank, 0 if none)."""
+        or another error relayed from a peer (another rank's failure heard of: a peer's
+        timeout is a CommTimeoutError here too, marked by the line before), or the
+        KeyboardInterrupt of a SIGINT the launcher forwarded to it (``signalled``: the
+        interrupt the launcher forwarded to every rank, 0 if none)."""
         why = self.reported(rank) or ""
         if signalled == signal.SIGINT and why.startswith("KeyboardInterrupt"):
+            return True
+        lines = self._data[rank].decode(errors="replace").splitlines()
+        last = max((i for i, ln in enumerate(lines) if ln.startswith("error ")), default=-1)
+        if last > 0 and lines[last - 1] == "relayed":
             return True
         return why.startswith(("ringlet.errors.PeerError:", "PeerError:"))
 
@@ -1020,9 +1027,12 @@ def report_uncaught() -> None:
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if os.getpid() == pid:   # not in a process forked from the rank
             line = " ".join(traceback.format_exception_only(kind, exc)[0].split())
+            # another rank's failure heard of says so on the line before, in the same write
+            # (one write of less than PIPE_BUF bytes: the launcher reads both at once)
+            heard = b"relayed\n" if is_relayed(exc) else b""
             with contextlib.suppress(OSError, ValueError):
                 os.set_blocking(fd, False)
-                os.write(fd, b"error " + _clip(line).encode(errors="replace") + b"\n")
+                os.write(fd, heard + b"error " + _clip(line).encode(errors="replace") + b"\n")
         previous(kind, exc, tb)
 
     def at_exit() -> None:   # another hook replaced this one: the pipe may miss an error

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import recorder
 from .buffers import Buffer, as_buffer
-from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError
+from .errors import ArgumentError, CommTimeoutError, PeerError, RingletError, relayed
 from .ops import dtype_of_code
 from .recorder import RECV, SEND, T_END, T_START, now_ns
 from .transport.base import BACKGROUND, EMPTY, P2P, TAKEN, Request, Transport
@@ -190,7 +190,8 @@ class P2PEngine:
             try:
                 h = t.isend(dst, [frame], P2P)
             except (PeerError, CommTimeoutError) as exc:   # a failure heard of before
-                raise type(exc)(f"send to rank {dst} (tag {tag}) failed: {exc}") from None
+                raise relayed(type(exc)(f"send to rank {dst} (tag {tag}) failed: {exc}"),
+                              exc) from None
             if blocking and inline and not self.sends[dst]:
                 h.advance()
                 if h.done:
@@ -612,8 +613,8 @@ class P2PEngine:
             # peer (a message of another tag), whether the peer died or timed out
             text = str(exc) if w._what in str(exc) else f"{w._what} failed: {exc}"
             advice = self._advice(w)
-            raise type(exc)(f"{text} ({advice})" if advice and advice not in text
-                            else text) from None
+            raise relayed(type(exc)(f"{text} ({advice})" if advice and advice not in text
+                                    else text), exc) from None
 
     def _advice(self, w: Work, timed_out: bool = False) -> str:
         """Why a point-to-point wait may never end: what is pending from or to the peer

@@ -66,7 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..config import Settings
-from ..errors import CommTimeoutError, ConfigError, PeerError, RingletError
+from ..errors import CommTimeoutError, ConfigError, PeerError, RingletError, relayed
 from ..wait import Waiter
 
 #: channels: collective data, the user's point-to-point messages, agreement frames and
@@ -681,7 +681,7 @@ class StatusBoard:
             if kind == CLOSED:
                 self.closed[q] = int(text) if text.isdigit() else 0
             elif self.error is None:
-                self.error = _ERRORS.get(kind, PeerError)(text)
+                self.error = relayed(_ERRORS.get(kind, PeerError)(text))
 
     def flush(self, seconds: float) -> None:
         """Give notices in flight up to ``seconds`` to leave (best effort, at close)."""

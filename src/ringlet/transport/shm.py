@@ -32,7 +32,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..config import Settings
-from ..errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from ..errors import (
+    ArgumentError,
+    CommTimeoutError,
+    ConfigError,
+    PeerError,
+    RingletError,
+    relayed,
+)
 from ..procs import alive, cores, more_files
 from .base import COLL, EMPTY, OTHER, P2P, TAKEN, Caps, Transport
 
@@ -421,7 +428,7 @@ class ShmTransport(Transport):
         if kind:
             n = int.from_bytes(mm[a + 8:a + 16], "little")
             msg = bytes(mm[a + 16:a + 16 + n]).decode(errors="replace")
-            raise {2: CommTimeoutError, 3: ConfigError}.get(kind, PeerError)(msg)
+            raise relayed({2: CommTimeoutError, 3: ConfigError}.get(kind, PeerError)(msg))
 
     def _shape(self) -> tuple[int, ...]:
         """What a peer must agree with to read this rank's segment."""
@@ -607,7 +614,7 @@ class ShmTransport(Transport):
         mm = self.maps[self.rank]
         msg = bytes(mm[off:off + a[1]]).decode(errors="replace") if mm is not None else ""
         kinds = {2: CommTimeoutError, 3: ConfigError}
-        return kinds.get(a[0], PeerError)(msg)
+        return relayed(kinds.get(a[0], PeerError)(msg))
 
     def check(self, watch: Sequence[int] | None = None, what: str | None = None) -> None:
         """Raise if a peer aborted the communicator, or a watched peer died."""
