@@ -30,7 +30,14 @@ from ringlet.config import Settings
 from ringlet.env import detect
 from ringlet.errors import ConfigError
 from ringlet.startup import _held_signals, rendezvous_name
-from ringlet.transport.shm import MAGIC, SHM_DIR, ShmTransport, create_region, open_region
+from ringlet.transport.shm import (
+    MAGIC,
+    SHM_DIR,
+    ShmTransport,
+    cleanup,
+    create_region,
+    open_region,
+)
 
 SCRIPT = Path(__file__).parent / "scripts" / "startup_job.py"
 BIN = Path(sys.executable).parent
@@ -253,6 +260,34 @@ def test_peer_killed_in_the_segment_window_is_named_and_its_segment_removed(
     assert err["error"] == "PeerError"
     assert f"rank 1 (pid {pid1}) died" in err["message"], err
     assert err["after"] < 6, err
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("where", ["split"])
+def test_peer_killed_in_split_or_empty_fails_the_others_at_once_and_leaves_nothing(
+        where: str, shm_dir: None) -> None:
+    # rank 1 dies by SIGKILL before making its sub-communicator's segment (split: rank 0
+    # waited for it until the deadline), or right after making its shared buffer's file
+    # (empty: the file stayed in SHM_DIR); no launcher cleans up after these ranks
+    run_id = secrets.token_hex(8)
+    script = Path(__file__).parent / "scripts" / "kill_in_window.py"
+    procs = [subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=_env(RINGLET_TIMEOUT="10", **_torch_vars(r, 2, run_id)))
+             for r in range(2)]
+    outs = [p.communicate(timeout=LIMIT)[0] for p in procs]
+    reports = [r for out in outs for r in _reports(out)]
+    pid1 = next(r["pid"] for r in reports if r["rank"] == 1 and "pid" in r)
+    err = _errors(reports)[0]
+    assert err["error"] == "PeerError", err
+    assert f"rank 1 (pid {pid1}) died" in err["message"], err
+    assert err["after"] < 5, err
+    jobs = {r["job_id"] for r in reports if "job_id" in r}
+    left = _job_files({r["pid"] for r in reports if "pid" in r}, jobs)
+    for job in jobs:
+        cleanup(job)   # whatever the outcome, the test leaves nothing
+    assert len(jobs) == 1
+    assert left == []
 
 
 # --- 1: rendezvous and segments of another user are never trusted ---------------------------

@@ -729,6 +729,10 @@ class ShmTransport(Transport):
         connecting waits under its own deadline, calling ``watch`` at every poll)."""
         t = ShmTransport(list(ranks).index(self.rank), len(ranks), f"{self.prefix}-{token}",
                          self.settings)
+        # the members' pids, known already: a member that dies before making its segment
+        # fails the others at once (not at the deadline), and the segments of one that
+        # dies after are removed by the others
+        t.pids[:] = [self.pids[q] for q in ranks]
         if names is not None:
             t.names = list(names)
         t.connect(check=watch)
