@@ -263,7 +263,7 @@ def test_peer_killed_in_the_segment_window_is_named_and_its_segment_removed(
 
 
 @pytest.mark.waits
-@pytest.mark.parametrize("where", ["split"])
+@pytest.mark.parametrize("where", ["split", "empty"])
 def test_peer_killed_in_split_or_empty_fails_the_others_at_once_and_leaves_nothing(
         where: str, shm_dir: None) -> None:
     # rank 1 dies by SIGKILL before making its sub-communicator's segment (split: rank 0

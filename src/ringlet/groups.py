@@ -16,6 +16,7 @@ import numpy as np
 from .agreement import SHARED_OFFSETS
 from .calls import Calls, _collective
 from .errors import ArgumentError, ConfigError, MismatchError, RingletError
+from .procs import alive
 from .topology import Topology
 from .transport.shm import SHM_DIR, create_region, open_region
 
@@ -360,6 +361,13 @@ class Groups(Calls):
                 if q != self.rank:
                     maps[q] = open_region(path.format(q), nbytes)
             self.barrier()                        # every rank has mapped every file
+        except BaseException:
+            # a peer killed after making its file cannot remove it: the survivors do
+            for q, pid in enumerate(getattr(self._t, "pids", ())):
+                if q != self.rank and pid and not alive(pid):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path.format(q))
+            raise
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.format(self.rank))
