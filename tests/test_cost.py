@@ -282,6 +282,92 @@ def test_unit_count_follows_nccl_tests_sizes() -> None:
     assert unit_count("reduce_scatter", 4000, 8, 4) == 125   # input = 8 x 125 floats
 
 
+# --- the seeds' formulas ----------------------------------------------------------------------
+
+
+def _per_rank(collective: str, name: str, n: int, m: int, **params: int) -> tuple:
+    c = build(collective, name, n, **params).counts(m, 1)
+    return c.sent / m, c.received / m
+
+
+@pytest.mark.parametrize("p", [4, 5, 8])
+def test_the_seeds_traffic_per_rank(p: int) -> None:
+    """Seed 001's table (P ranks, buffers of N) and seed 002's (N processes, data D), as
+    every rank's bytes sent and received, in units of N: all-reduce 2N(P-1)/P each way
+    (seed 000: "bytes received: same"), all-gather, reduce-scatter and all-to-all N(P-1),
+    broadcast N received, scatter D/N received, reduce N sent."""
+    m = 840   # a multiple of every chunk count below
+    for name in ("ring", "rabenseifner", "direct", "hierarchical"):
+        if name == "rabenseifner" and p & (p - 1):
+            continue   # not a power of two: a pre-step moves more (MPICH's too)
+        sent, recvd = _per_rank("all_reduce", name, p, m)
+        assert sent == pytest.approx(2 * (p - 1) / p) and recvd == pytest.approx(sent), name
+    for coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        for name in algorithms(coll):
+            if name == "bruck" or name.startswith("recursive") and p & (p - 1):
+                continue   # Bruck trades bytes for rounds (docs/algorithms.md); recursive
+                           # doubling/halving pays extra on a non-power of two
+            sent, recvd = _per_rank(coll, name, p, m)   # m: one rank's block N
+            assert sent == pytest.approx(p - 1) and recvd == pytest.approx(p - 1), (coll, name)
+    for name, params in (("chain", {"pieces": 4}), ("binomial", {}), ("scatter_allgather", {})):
+        sent, recvd = _per_rank("broadcast", name, p, m, **params)
+        assert recvd[1:] == pytest.approx(1) and recvd[0] == 0, name      # root 0
+    assert _per_rank("broadcast", "chain", p, m, pieces=4)[0] == pytest.approx(
+        [1] * (p - 1) + [0])                                             # N sent too
+    for name in algorithms("scatter"):
+        sent, recvd = _per_rank("scatter", name, p, m)   # m: one rank's share D/N
+        assert recvd[1:].min() == 1 and sent[0] == p - 1, name
+        if name != "binomial":                           # a tree forwards its subtrees'
+            assert recvd[1:] == pytest.approx(1), name
+    for name in ("binomial", "naive"):
+        sent, _ = _per_rank("reduce", name, p, m)
+        assert sent[1:] == pytest.approx(1) and sent[0] == 0, name
+
+
+def test_all_reduce_costs_a_reduce_scatter_plus_an_all_gather() -> None:
+    """Seed 000: all-reduce = reduce-scatter + all-gather, and a ring all-reduce is a ring
+    reduce-scatter followed by a ring all-gather: the same rounds, bytes and reductions."""
+    prof = Profile(Link(3e-6, 1 / 50e9, 1 / 200e9, overhead=1e-6))
+    for p in (3, 8, 13):
+        n = 7 * p * 10**6
+        ar = predict("all_reduce", "ring", p, n, prof, dtype="uint8")
+        rs = predict("reduce_scatter", "ring", p, n, prof, dtype="uint8")
+        ag = predict("all_gather", "ring", p, n, prof, dtype="uint8")
+        assert ar.rounds == rs.rounds + ag.rounds == 2 * (p - 1)
+        assert ar.critical_bytes == rs.critical_bytes + ag.critical_bytes
+        assert ar.gamma_seconds == pytest.approx(rs.gamma_seconds) and ag.gamma_seconds == 0
+        assert ar.seconds == pytest.approx(rs.seconds + ag.seconds, rel=1e-12)
+
+
+def test_broadcast_costs_what_a_reduce_does() -> None:
+    """Seed 000: broadcast = reduce with a single non-identity input: the binomial tree
+    run the other way, the same rounds and bytes (a reduce adds the reductions)."""
+    for p in (5, 8, 16):
+        b = predict("broadcast", "binomial", p, GB, FLAT)
+        r = predict("reduce", "binomial", p, GB, FLAT)
+        assert (b.rounds, b.critical_bytes, b.seconds) == (r.rounds, r.critical_bytes,
+                                                           pytest.approx(r.seconds))
+
+
+@pytest.mark.parametrize("p", [4, 8, 16, 1024])
+def test_a_tree_all_reduce_has_log_rounds_and_moves_no_less_than_a_ring(p: int) -> None:
+    """Seed 000: "Tree all-reduce: latency O(log N), bandwidth per worker ~ S; ring: O(N),
+    ~ 2S".  The rounds are right, 2 lg N against 2(N-1).  The bytes are not: a tree moves
+    more per worker than a ring, never half as much.  NCCL's double binary tree sends 2S
+    from every rank (interior in one tree: S/2 up, twice S/2 down; a leaf in the other: S/2
+    up) against the ring's 2S(N-1)/N, and a binomial tree's root sends S lg N.  That is why
+    the seed's conclusion still holds (a tree for small payloads, a ring for large ones)."""
+    lg = int(math.log2(p))
+    tree = predict("all_reduce", "double_binary_tree", p, GB, FLAT, pieces=1)
+    binomial = predict("all_reduce", "binomial", p, GB, FLAT)
+    ring = predict("all_reduce", "ring", p, GB, FLAT)
+    assert tree.rounds == binomial.rounds == 2 * lg and ring.rounds == 2 * (p - 1)
+    assert tree.bytes_per_rank == pytest.approx(2 * GB)
+    assert binomial.bytes_per_rank == pytest.approx(lg * GB)
+    assert ring.bytes_per_rank == pytest.approx(2 * (p - 1) / p * GB)
+    assert ring.bytes_per_rank < tree.bytes_per_rank <= binomial.bytes_per_rank
+
+
 # --- pipelining -------------------------------------------------------------------------------
 
 
@@ -481,6 +567,20 @@ def test_presets_record_direction_and_sources() -> None:
     assert (shape.gpus_per_node, shape.intra.name, shape.inter.name) == (8, "nvlink4", "ib_ndr")
     with pytest.raises(ArgumentError, match="unknown link 'nvlink9'; presets:"):
         link_spec("nvlink9")
+
+
+def test_presets_against_the_seeds_link_figures() -> None:
+    """Seed 003's table and pictures: NVLink (A100) 600 GB/s, InfiniBand HDR 200 Gb/s =
+    25 GB/s, PCIe 4.0 x16 32 GB/s, InfiniBand 400 Gb/s = 50 GB/s; seed 000's PCIe 4.0 x16
+    64 GB/s is the same link counted both ways.  Seed 001's "InfiniBand HDR provides roughly
+    400 Gb/s" is NDR's rate (HDR is 200), and its "~600 GB/s (NVLink 4.0, H100 SXM)" is
+    NVLink 3's (A100) figure: the presets follow the specifications."""
+    assert link_spec("nvlink3").marketing == 600e9 and link_spec("nvlink3").bidirectional
+    assert link_spec("ib_hdr").bandwidth == 25e9
+    assert link_spec("ib_ndr").bandwidth == units.parse_bandwidth("400Gb/s") == 50e9
+    assert link_spec("pcie4").bandwidth == pytest.approx(32e9 * 128 / 130)   # 128b/130b
+    assert link_spec("pcie4").marketing == 2 * 32e9
+    assert link_spec("nvlink4").marketing == 900e9
 
 
 def test_link_rejects_nonsense() -> None:

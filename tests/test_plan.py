@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -51,6 +52,8 @@ def test_seed_worked_example_nvlink(capsys: pytest.CaptureFixture[str]) -> None:
     # the seed's own arithmetic, unrounded
     assert out["usd_per_step_comm"] == pytest.approx(28 / 900 * 30 / 3600 * 8)
     assert out["usd_per_day_comm"] == pytest.approx(out["usd_per_step_comm"] * 86400)
+    # seed 001: DDP's default bucket, bucket_cap_mb=25 (PyTorch's MB is a MiB)
+    assert out["communications"][0]["buckets"] == math.ceil(14 * GB / (25 * 2**20)) == 535
 
 
 @pytest.mark.parametrize("bandwidth,seconds,overhead", [
@@ -180,6 +183,18 @@ def test_expert_parallel_volume() -> None:
     grads = {c.comm.group: c.bytes_per_rank for c in p.costs if "gradient" in c.comm.what}
     assert grads["dp"] == pytest.approx(2 * 7 / 8 * 4e8 * 2)
     assert grads["dp/ep"] == pytest.approx(2 * 1 / 2 * 6e8 / 4 * 2)
+
+
+def test_doubling_expert_parallelism_does_not_quadruple_the_all_to_all() -> None:
+    """Seed 001: "Doubling the expert-parallelism degree quadruples the all-to-all cost."
+    Not per rank: a rank sends its own tokens, all but the 1/E that stay with its own
+    experts, so its bytes go from 3/4 to 7/8 of its buffer (x7/6) when E goes from 4 to 8;
+    what grows with E is the number of messages (E - 1 a rank, E(E - 1) in all) and the
+    job's total traffic, linearly with the ranks, the seed's own "O(batch * P)"."""
+    four, eight = (_plan(f"ep={e},ddp", 8, top_k=2, capacity_factor=1.0) for e in (4, 8))
+    a2a = [[c for c in p.costs if c.comm.group == "ep"][0] for p in (four, eight)]
+    assert a2a[1].bytes_per_rank / a2a[0].bytes_per_rank == pytest.approx(7 / 6)
+    assert a2a[1].seconds / a2a[0].seconds == pytest.approx(7 / 6)   # no latency here
 
 
 def test_activation_strategies_need_the_model_shape() -> None:

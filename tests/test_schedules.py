@@ -350,6 +350,73 @@ def test_values(collective: str, name: str) -> None:
                 assert np.array_equal(out[r], want)
 
 
+# --- the seeds' worked examples, on every algorithm ------------------------------------
+
+#: (collective, every rank's input, every rank's expected OUT or None where unconstrained),
+#: on 4 ranks with root 0, from the seeds' tables: seed 003's AllReduce, AllGather,
+#: ReduceScatter and All-to-All pictures, seed 002's broadcast, scatter, gather, reduce and
+#: all_reduce ([1] [2] [3] [4] -> [10]).  A0..D3 are written 10 * rank + block.
+SEED_TABLES = [
+    ("all_reduce", [[1, 2], [3, 4], [2, 6], [4, 8]], [[10, 20]] * 4),
+    ("all_reduce", [[1], [2], [3], [4]], [[10]] * 4),
+    ("all_gather", [[0], [1], [2], [3]], [[0, 1, 2, 3]] * 4),
+    ("reduce_scatter", [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6], [4, 5, 6, 7]],
+     [[10], [14], [18], [22]]),
+    ("all_to_all", [[10 * r + j for j in range(4)] for r in range(4)],
+     [[10 * q + r for q in range(4)] for r in range(4)]),
+    ("broadcast", [[7], [0], [0], [0]], [[7]] * 4),
+    ("scatter", [[0, 1, 2, 3], [], [], []], [[0], [1], [2], [3]]),
+    ("gather", [[0], [1], [2], [3]], [[0, 1, 2, 3], None, None, None]),
+    ("reduce", [[1], [2], [3], [4]], [[10], None, None, None]),
+]
+
+
+@pytest.mark.parametrize(("collective", "inputs", "want"), SEED_TABLES,
+                         ids=[f"{c}-{len(i[0])}" for c, i, _ in SEED_TABLES])
+def test_the_seeds_tables_on_every_algorithm(collective: str, inputs: list[list[int]],
+                                             want: list[list[int] | None]) -> None:
+    """Each seed's before/after picture, exactly, from every algorithm's schedule (the
+    multi-process cheatsheet, tests/test_examples.py, runs the default algorithm only and
+    seed 003's all-reduce on other inputs)."""
+    spec = COLLECTIVES[collective]
+    for name in algorithms(collective):
+        s = build(collective, name, 4)
+        xs = [np.array(x or inputs[0], np.float64) for x in inputs]
+        m = len(xs[0]) // (4 if spec.get(IN) == "N" else 1)
+        out = [b[OUT] for b in _run(s, m, xs)]
+        for r, w in enumerate(want):
+            if w is not None:
+                assert out[r].tolist() == w, (name, r)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_ring_all_reduce_moves_the_chunks_the_seeds_name(n: int) -> None:
+    """Seed 001: in step k of the reduce-scatter, node i sends chunk (i-k) mod P to its
+    right neighbour and receives chunk (i-k-1) mod P from its left.  Seed 000: after N-1
+    steps worker i holds the fully-reduced chunk (i+1) mod N; N-1 more steps of passing
+    give every worker all N; 2(N-1) steps of S/N each."""
+    s = build("all_reduce", "ring", n)
+    assert s.nrounds == 2 * (n - 1) and s.layouts[OUT].nchunks == n
+    for i in range(n):
+        for k in range(n - 1):
+            sends = [(st.peer, st.src) for st in s.steps(i)[k]
+                     if st.kind is Kind.SEND]
+            recvs = [(st.peer, st.dst) for st in s.steps(i)[k] if st.kind is Kind.RRED]
+            assert [(p, [c for _, c, _ in refs]) for p, refs in sends] == \
+                [((i + 1) % n, [(i - k) % n])]
+            assert [(p, [c for _, c, _ in refs]) for p, refs in recvs] == \
+                [((i - 1) % n, [(i - k - 1) % n])]
+    full = (1 << n) - 1
+    complete: dict[int, list[list[int]]] = {}
+
+    def on_round(k: int, states: list[dict[Buf, list]]) -> None:
+        complete[k] = [[c for c, v in enumerate(st[OUT]) if v is not None and v[1] == full]
+                       for st in states]
+
+    verify(s, on_round=on_round)
+    assert complete[n - 2] == [[(i + 1) % n] for i in range(n)]
+    assert complete[2 * n - 3] == [list(range(n))] * n
+
 # --- verify catches broken schedules ---------------------------------------------------
 
 
