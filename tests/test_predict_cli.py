@@ -29,6 +29,17 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "counts both directions; per direction it is 450 GB/s: 2x slower" in out
 
 
+def test_the_textbook_comparison_counts_one_round_as_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # a one-round gather said 'latency: 1 rounds x alpha'
+    assert main(["predict", "gather", "--bytes", "8GB", "--ranks", "8", "--link", "nvlink4",
+                 "--algorithm", "naive", "--textbook", "--no-crossovers"]) == 0
+    out = capsys.readouterr().out
+    assert "latency: 1 round x alpha + per-message overhead 2.8 us = 4.7 us" in out
+    assert main([*H100, "--algorithm", "ring", "--textbook", "--no-crossovers"]) == 0
+    assert "latency: 14 rounds x alpha" in capsys.readouterr().out
+
+
 def test_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*H100, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

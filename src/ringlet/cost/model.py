@@ -1458,11 +1458,12 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
                         f"{exact}: {volume:.4g}x", volume))
     rest = model_seconds / beta_seconds
     if abs(rest - 1) > 1e-12:
+        n_rounds = f"{rounds} round{'' if rounds == 1 else 's'}"
         if overhead_seconds > 0:
-            parts = [f"latency: {rounds} rounds x alpha + per-message overhead "
+            parts = [f"latency: {n_rounds} x alpha + per-message overhead "
                      f"{format_seconds(overhead_seconds)} = {format_seconds(alpha_seconds)}"]
         else:
-            parts = [f"latency: {rounds} rounds x alpha = {format_seconds(alpha_seconds)}"]
+            parts = [f"latency: {n_rounds} x alpha = {format_seconds(alpha_seconds)}"]
         if gamma_seconds > 0:
             parts.append(f"reduction: {format_seconds(gamma_seconds)}")
         factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))
