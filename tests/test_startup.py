@@ -263,7 +263,7 @@ def test_peer_killed_in_the_segment_window_is_named_and_its_segment_removed(
 
 
 @pytest.mark.waits
-@pytest.mark.parametrize("where", ["split", "empty"])
+@pytest.mark.parametrize("where", ["split", "split-reversed", "empty"])
 def test_peer_killed_in_split_or_empty_fails_the_others_at_once_and_leaves_nothing(
         where: str, shm_dir: None) -> None:
     # rank 1 dies by SIGKILL before making its sub-communicator's segment (split: rank 0
@@ -280,7 +280,10 @@ def test_peer_killed_in_split_or_empty_fails_the_others_at_once_and_leaves_nothi
     pid1 = next(r["pid"] for r in reports if r["rank"] == 1 and "pid" in r)
     err = _errors(reports)[0]
     assert err["error"] == "PeerError", err
+    # named as comm.split's caller numbers it (rank 1 is the reversed group's rank 0)
     assert f"rank 1 (pid {pid1}) died" in err["message"], err
+    if where.startswith("split"):
+        assert "while its split group was built" in err["message"], err
     assert err["after"] < 5, err
     jobs = {r["job_id"] for r in reports if "job_id" in r}
     left = _job_files({r["pid"] for r in reports if "pid" in r}, jobs)

@@ -2,7 +2,8 @@
 where shared-memory files exist, for the start-up tests.
 
 ``argv[1]``: ``split`` (rank 1 dies in ``comm.split`` before making its
-sub-communicator's segment) or ``empty`` (rank 1 dies in ``comm.empty`` right after
+sub-communicator's segment; ``split-reversed`` the same in a split whose key reverses the
+ranks, so that rank 1 is the group's rank 0) or ``empty`` (rank 1 dies in ``comm.empty`` right after
 making its shared-buffer file).  Every rank prints ``{"rank", "pid"}``, then
 ``{"rank", "job_id"}`` after init, then ``{"rank", "error", "message", "after"}`` when
 the call fails (seconds since it started).
@@ -28,7 +29,7 @@ print(json.dumps({"rank": info.rank, "pid": os.getpid()}), flush=True)
 comm = ringlet.init()
 print(json.dumps({"rank": comm.rank, "job_id": comm.job_id}), flush=True)
 if comm.rank == 1:
-    if where == "split":
+    if where.startswith("split"):
         def _split(self: ShmTransport, *args: Any, **kwargs: Any) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -43,8 +44,8 @@ if comm.rank == 1:
         groups.create_region = _create
 start = time.monotonic()
 try:
-    if where == "split":
-        comm.split(0)
+    if where.startswith("split"):
+        comm.split(0, key=-comm.rank if where == "split-reversed" else 0)
     else:
         comm.empty(1 << 16)
 except ringlet.RingletError as exc:

@@ -272,6 +272,8 @@ class ShmTransport(Transport):
         #: how ranks are named in messages: this communicator's rank of each local rank
         #: (a routed transport's shared memory holds only the ranks of one node)
         self.names: list[int] = list(range(size))
+        #: what connecting is part of, for its errors ("" for a communicator's start-up)
+        self.building = ""
 
     # --- start-up -------------------------------------------------------------
 
@@ -392,13 +394,17 @@ class ShmTransport(Transport):
                     check()
                 for q in pending:
                     if self.pids[q] and not alive(self.pids[q]):
-                        raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up, "
-                                        f"before creating its shared-memory segment")
+                        raise PeerError(f"rank {self.names[q]} (pid {self.pids[q]}) died "
+                                        f"{self._stage()}, before creating its shared-memory "
+                                        f"segment")
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(
                         f"timed out starting the shared-memory transport ({self.prefix}): "
-                        f"ranks {', '.join(map(str, pending))} did not arrive; check that "
-                        f"every rank called ringlet.init()")
+                        f"ranks {', '.join(str(self.names[q]) for q in pending)} did not "
+                        f"arrive; " + (f"they called {self.building} too (its agreement "
+                                       f"passed): they are stuck or slow there" if
+                                       self.building else
+                                       "check that every rank called ringlet.init()"))
                 time.sleep(delay)
                 delay = min(delay * 2, 0.01)
         self.pids[self.rank] = os.getpid()
@@ -417,6 +423,11 @@ class ShmTransport(Transport):
         mm[a + 8:a + 16] = len(data).to_bytes(8, "little")
         mm[a:a + 8] = (3).to_bytes(8, "little")
         mm.close()
+
+    def _stage(self) -> str:
+        """When connecting happens, for its errors."""
+        return f"while its {self.building} group was built" if self.building else \
+            "during start-up"
 
     def _start_error(self) -> None:
         """Raise what a peer left in this rank's abort mailbox during start-up, if anything."""
@@ -455,11 +466,13 @@ class ShmTransport(Transport):
                 check()
             for q in missing:
                 if self.pids[q] and not alive(self.pids[q]):
-                    raise PeerError(f"rank {q} (pid {self.pids[q]}) died during start-up")
+                    raise PeerError(f"rank {self.names[q]} (pid {self.pids[q]}) died "
+                                    f"{self._stage()}")
             if time.monotonic() > deadline:
                 raise CommTimeoutError(
                     f"timed out starting the shared-memory transport: ranks "
-                    f"{', '.join(map(str, missing))} did not map this rank's segment")
+                    f"{', '.join(str(self.names[q]) for q in missing)} did not map this "
+                    f"rank's segment")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
@@ -733,9 +746,10 @@ class ShmTransport(Transport):
         # fails the others at once (not at the deadline), and the segments of one that
         # dies after are removed by the others
         t.pids[:] = [self.pids[q] for q in ranks]
-        if names is not None:
-            t.names = list(names)
+        # its start-up's errors are split()'s: they name the ranks as its caller does
+        t.names, t.building = [self.names[q] for q in ranks], "split"
         t.connect(check=watch)
+        t.names, t.building = list(names) if names is not None else list(range(len(ranks))), ""
         return t
 
     # --- shutdown ---------------------------------------------------------------------
