@@ -401,7 +401,7 @@ class ShmTransport(Transport):
                     raise CommTimeoutError(
                         f"timed out starting the shared-memory transport ({self.prefix}): "
                         f"ranks {', '.join(str(self.names[q]) for q in pending)} did not "
-                        f"arrive; " + (f"they called {self.building} too (its agreement "
+                        f"arrive; " + (f"they called {self.building}() too (its agreement "
                                        f"passed): they are stuck or slow there" if
                                        self.building else
                                        "check that every rank called ringlet.init()"))
