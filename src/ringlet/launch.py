@@ -978,11 +978,10 @@ class _ErrorPipes:
         timeout is a CommTimeoutError here too, marked by the line before), or the
         KeyboardInterrupt of a SIGINT the launcher forwarded to it (``signalled``: the
         interrupt the launcher forwarded to every rank, 0 if none)."""
-        why = self.reported(rank) or ""
+        lines, last = self._last_error(rank)
+        why = lines[last][len("error "):].strip() if last >= 0 else ""
         if signalled == signal.SIGINT and why.startswith("KeyboardInterrupt"):
             return True
-        lines = self._data[rank].decode(errors="replace").splitlines()
-        last = max((i for i, ln in enumerate(lines) if ln.startswith("error ")), default=-1)
         if last > 0 and lines[last - 1] == "relayed":
             return True
         return why.startswith(("ringlet.errors.PeerError:", "PeerError:"))
@@ -990,12 +989,17 @@ class _ErrorPipes:
     def reported(self, rank: int) -> str | None:
         """What the rank said of itself: its uncaught exception, '' if it had none, None if
         it never said (it did not get through ``ringlet.init``)."""
-        lines = self._data[rank].decode(errors="replace").splitlines()
-        errors = [ln[len("error "):].strip() for ln in lines if ln.startswith("error ")]
-        if errors:
-            return errors[-1]
+        lines, last = self._last_error(rank)
+        if last >= 0:
+            return lines[last][len("error "):].strip()
         states = [ln for ln in lines if ln in ("watching", "unwatched")]
         return "" if states[-1:] == ["watching"] else None
+
+    def _last_error(self, rank: int) -> tuple[list[str], int]:
+        """The rank's report lines and the index of its last ``error`` line (-1: none)."""
+        lines = self._data[rank].decode(errors="replace").splitlines()
+        return lines, max((i for i, ln in enumerate(lines) if ln.startswith("error ")),
+                          default=-1)
 
 
 def report_uncaught() -> None:
