@@ -28,7 +28,7 @@ from jobs import clean_env
 
 from ringlet.config import Settings
 from ringlet.env import detect
-from ringlet.errors import ConfigError
+from ringlet.errors import CommTimeoutError, ConfigError
 from ringlet.startup import _held_signals, rendezvous_name
 from ringlet.transport.shm import (
     MAGIC,
@@ -391,6 +391,23 @@ def test_peer_segment_not_ours_is_refused(how: Any, shm_dir: None) -> None:
         assert not os.path.exists(t.path(0))   # rank 0's own segment is gone
     finally:
         os.unlink(theirs)
+        t.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_peer_segments_that_never_come_time_out_naming_the_ranks(size: int,
+                                                                 shm_dir: None) -> None:
+    # no peer ever creates its segment: the timeout names them, "rank" or "ranks" as
+    # many as there are, and leaves this rank's own segment removed
+    t = ShmTransport(0, size, f"ringlet-{secrets.token_hex(16)}-w", Settings())
+    try:
+        with pytest.raises(CommTimeoutError) as err:
+            t.connect(0.2)
+        who = "rank 1" if size == 2 else "ranks 1, 2, 3"
+        assert f"timed out starting the shared-memory transport ({t.prefix}): {who} did not " \
+               f"arrive; check that every rank called ringlet.init()" in str(err.value)
+        assert not os.path.exists(t.path(0))
+    finally:
         t.close()
 
 

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from .errors import MismatchError, RingletError
+from .errors import MismatchError, RingletError, name_ranks
 from .ops import ReduceOp, dtype_of_code
 
 #: collective codes in the descriptor; the object forms and split have their own, so that
@@ -211,8 +211,7 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
     if rejecters:
         why = "; ".join(f"rank {q}: {note(q)}" for q in rejecters)
         raise MismatchError(
-            f"{current} cannot run: rank{'s' if len(rejecters) > 1 else ''} "
-            f"{', '.join(map(str, rejecters))} rejected the call's arguments ({why})")
+            f"{current} cannot run: {name_ranks(rejecters)} rejected the call's arguments ({why})")
     order: tuple[str, ...] = COMPARED
     if ref.collective in DIGESTS:   # the arrays' digest says more than a part's count or type
         order = ("collective", "root", *[f for f in COMPARED if f not in ("collective", "root")])
@@ -223,8 +222,7 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
             continue
         for r in sorted(got):
             values.setdefault(field_text(field, got[r], alg_name), []).append(r)
-        detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
-                           f"{', '.join(map(str, rs))}: {v}" for v, rs in values.items())
+        detail = "; ".join(f"{name_ranks(rs)}: {v}" for v, rs in values.items())
         label = LABEL.get(field, field)
         if field == "root" and ref.collective in DIGESTS:
             label = "arrays (a digest of their kinds, element types and shapes)"
@@ -234,8 +232,7 @@ def check(seq: int, got: Mapping[int, Desc], mine: int, note: Callable[[int], st
                     types.setdefault(field_text("dtype", got[r], alg_name), []).append(r)
             if len(types) > 1:
                 detail += "; the first part's element type: " + "; ".join(
-                    f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
-                    for v, rs in types.items())
+                    f"{name_ranks(rs)}: {v}" for v, rs in types.items())
         what = f"collective #{seq}" if field == "collective" else f"{label} of {current}"
         hint = ""
         if field in ("collective", "elems", "shape", "dtype"):

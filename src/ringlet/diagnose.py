@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ArgumentError
+from .errors import ArgumentError, name_ranks
 
 
 def load(directory: str, job: str | None = None,
@@ -82,8 +82,7 @@ def _check_dump(doc: Any) -> None:
 
 
 def _ranks(rs: list[int] | set[int]) -> str:
-    rs = sorted(rs)
-    return f"rank{'s' if len(rs) != 1 else ''} {', '.join(map(str, rs))}"
+    return name_ranks(sorted(rs))
 
 
 def _name(op: dict[str, Any]) -> str:

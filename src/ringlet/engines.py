@@ -32,7 +32,7 @@ import numpy as np
 from .algorithms.select import canonical_setting
 from .config import Settings
 from .env import LaunchInfo
-from .errors import CommTimeoutError, ConfigError, PeerError, RingletError
+from .errors import CommTimeoutError, ConfigError, PeerError, RingletError, name_ranks
 from .topology import Topology, node_key
 from .transport.base import Transport
 
@@ -180,11 +180,11 @@ class _Torch:
 
         def advice() -> str:
             late = missing()
-            return (f"rank{'s' if len(late) != 1 else ''} {', '.join(map(str, late))} did "
-                    f"not arrive. A rank that did not start ringlet (ringlet.init(), or the "
-                    f"torch group), or whose RINGLET_NODE or RINGLET_ENGINE differs from the "
-                    f"others' (it starts without the engine), never comes; if the ranks are "
-                    f"just slow, raise RINGLET_INIT_TIMEOUT (seconds)")
+            return (f"{name_ranks(late)} did not arrive. A rank that did not start ringlet "
+                    f"(ringlet.init(), or the torch group), or whose RINGLET_NODE or "
+                    f"RINGLET_ENGINE differs from the others' (it starts without the engine), "
+                    f"never comes; if the ranks are just slow, raise RINGLET_INIT_TIMEOUT "
+                    f"(seconds)")
 
         waiter = Waiter(
             self.settings, lambda: f"rank {self.rank}'s start-up on torch's store ({what})",

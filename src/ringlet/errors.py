@@ -17,6 +17,7 @@ Every problem a user can trigger is one of these, never an ``assert``, a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeVar
 
 
@@ -88,3 +89,9 @@ def relayed(exc: _E, like: BaseException | None = None) -> _E:
 def is_relayed(exc: BaseException) -> bool:
     """Whether ``exc`` is another rank's failure this rank heard of (:func:`relayed`)."""
     return bool(getattr(exc, "relayed", False))
+
+
+def name_ranks(ranks: Iterable[object]) -> str:
+    """``rank 3`` or ``ranks 1, 2``: ranks as an error message names them, in the order given."""
+    rs = list(ranks)
+    return f"rank{'' if len(rs) == 1 else 's'} {', '.join(map(str, rs))}"

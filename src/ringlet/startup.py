@@ -79,7 +79,14 @@ from typing import Any, cast
 from .algorithms.select import agreed_tuner, canonical_setting, choosing
 from .comm import Communicator
 from .config import Settings
-from .errors import ArgumentError, CommTimeoutError, ConfigError, PeerError, RingletError
+from .errors import (
+    ArgumentError,
+    CommTimeoutError,
+    ConfigError,
+    PeerError,
+    RingletError,
+    name_ranks,
+)
 from .topology import Topology
 from .transport.base import Transport
 from .transport.shm import SHM_DIR, ShmTransport
@@ -502,7 +509,8 @@ def _missing(size: int, hellos: dict[int, Any], settings: Settings) -> str:
     missing = [q for q in range(1, size) if q not in hellos]
     came = [0] + sorted(q for q in hellos if q >= 0)
     return (f"start-up timed out after {settings.init_timeout:g} s (RINGLET_INIT_TIMEOUT): "
-            f"{_ranks(missing)} of {size} did not call ringlet.init() ({_ranks(came)} did). "
+            f"{name_ranks(missing)} of {size} did not call ringlet.init() "
+            f"({name_ranks(came)} did). "
             f"Check that every rank runs and calls ringlet.init(), that none failed or is "
             f"still busy before it (raise RINGLET_INIT_TIMEOUT if so), that all ranks "
             f"were started by the same launcher, and that RINGLET_NODE and RINGLET_ENGINE "
@@ -617,10 +625,6 @@ def _send(s: socket.socket, msg: dict[str, Any]) -> None:
     s.setblocking(True)
     s.settimeout(5.0)
     s.sendall(json.dumps(msg).encode() + b"\n")
-
-
-def _ranks(rs: list[int]) -> str:
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
 def _why(exc: BaseException) -> str:

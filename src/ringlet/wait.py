@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from .config import Settings
-from .errors import CommTimeoutError, PeerError
+from .errors import CommTimeoutError, PeerError, name_ranks
 
 _sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _get_ident = threading.get_ident
@@ -160,8 +160,8 @@ class Waiter:
                                    f"{advice}")
             err.waiting_on = missing  # type: ignore[attr-defined]
             return err
-        who = (f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} "
-               f"{self._absent}") if missing else "no rank is known to be missing"
+        who = f"{name_ranks(missing)} {self._absent}" if missing else \
+            "no rank is known to be missing"
         err = CommTimeoutError(
             f"timed out after {self.timeout:g} s in {self._what()}: {who}. If the peers are "
             f"just slow, raise RINGLET_TIMEOUT (seconds); if they called a different "

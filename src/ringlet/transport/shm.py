@@ -38,6 +38,7 @@ from ..errors import (
     ConfigError,
     PeerError,
     RingletError,
+    name_ranks,
     relayed,
 )
 from ..procs import alive, cores, more_files
@@ -400,7 +401,7 @@ class ShmTransport(Transport):
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(
                         f"timed out starting the shared-memory transport ({self.prefix}): "
-                        f"ranks {', '.join(str(self.names[q]) for q in pending)} did not "
+                        f"{name_ranks(self.names[q] for q in pending)} did not "
                         f"arrive; " + (f"they called {self.building}() too (its agreement "
                                        f"passed): they are stuck or slow there" if
                                        self.building else
@@ -470,8 +471,8 @@ class ShmTransport(Transport):
                                     f"{self._stage()}")
             if time.monotonic() > deadline:
                 raise CommTimeoutError(
-                    f"timed out starting the shared-memory transport: ranks "
-                    f"{', '.join(str(self.names[q]) for q in missing)} did not map this "
+                    f"timed out starting the shared-memory transport: "
+                    f"{name_ranks(self.names[q] for q in missing)} did not map this "
                     f"rank's segment")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
