@@ -99,6 +99,9 @@ def test_unknown_variable_is_rejected_with_the_known_names() -> None:
     ({"RINGLET_SHM_SLOT_BYTES": "4100"}, r"shm_slot_bytes must be a multiple of 64"),
     ({"RINGLET_SHM_SLOTS": "1"}, r"shm_slots must be >= 2, got 1"),
     ({"RINGLET_GRACE": "-1"}, r"grace must be >= 0, got -1.0"),
+    # beat through torch's store in a busy loop, and saw every peer as stopped
+    ({"RINGLET_HEARTBEAT_S": "1e-300"}, r"heartbeat_s must be at least 0.1 s, got 1e-300"),
+    ({"RINGLET_HEARTBEAT_S": "0"}, r"heartbeat_s must be at least 0.1 s, got 0.0"),
     # an OverflowError traceback before, for every byte size
     ({"RINGLET_SHM_SLOT_BYTES": "inf"}, r"RINGLET_SHM_SLOT_BYTES='inf' is not a valid int"),
     ({"RINGLET_CMA_BYTES": "-inf"}, r"RINGLET_CMA_BYTES='-inf' is not a valid int"),

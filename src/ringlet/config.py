@@ -54,6 +54,9 @@ _KINDS = {"float": "a number", "int": "a whole number", "bool": "True or False",
 #: the longest deadline, liveness interval or grace a setting may give: a week (a wait
 #: of 1e300 s overflows the clocks of the waits that keep it)
 MAX_SECONDS = 7 * 24 * 3600.0
+#: the shortest heartbeat_s: its beats go through torch's store, three per heartbeat_s
+#: (1e-300 s passed, and beat in a busy loop)
+MIN_HEARTBEAT_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class Settings:
                "host is down; a process that dies closes its connections and is known at "
                "once). The heartbeat is a thread of the rank's: a rank that holds Python's "
                "GIL longer than this, in one long call into C code that does not release "
-               "it, looks stopped too; raise it for such programs."})
+               "it, looks stopped too; raise it for such programs. At least 0.1 s."})
     grace: float = field(default=3.0, metadata={
         "doc": "Seconds `ringlet run` and `ringlet.spawn` let the other ranks fail on "
                "their own after one rank failed, before stopping them."})
@@ -243,8 +246,11 @@ class Settings:
         for name in ("spin_us", "yield_us", "sleep_us", "liveness_s", "grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.heartbeat_s > 0:
-            raise ConfigError(f"heartbeat_s must be > 0, got {self.heartbeat_s!r}")
+        if not self.heartbeat_s >= MIN_HEARTBEAT_S:
+            raise ConfigError(
+                f"heartbeat_s must be at least {MIN_HEARTBEAT_S:g} s, got {self.heartbeat_s!r}: "
+                f"each rank beats through torch's store at least three times per heartbeat_s, "
+                f"and a rank whose beat is late by that much counts as stopped")
         if self.flight_records < 0:
             raise ConfigError(f"flight_records must be >= 0, got {self.flight_records!r}")
         if self.algo.strip():   # every entry names a collective and its algorithms
