@@ -380,13 +380,15 @@ def test_a_tree_all_reduce_has_log_rounds_and_moves_no_less_than_a_ring(p: int) 
 # --- pipelining -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
 @pytest.mark.parametrize("p,n", [(8, 14 * GB), (16, GB), (5, 64 * 10**6)])
-def test_chain_broadcast_optimum(p: int, n: int) -> None:
-    """k* = sqrt((p-2) n beta / alpha), and the time is (p-2+k)(alpha + beta n/k)."""
-    needs("broadcast", "chain")
+def test_chain_optimum(collective: str, p: int, n: int) -> None:
+    """k* = sqrt((p-2) n beta / alpha), and the time is (p-2+k)(alpha + beta n/k): the
+    reduce chain is the broadcast chain backwards (no gamma here)."""
+    needs(collective, "chain")
     alpha, beta = 5e-6, 1 / 25e9
     prof = Profile(Link(alpha, beta))
-    pr = predict("broadcast", "chain", p, n, prof, dtype="uint8")
+    pr = predict(collective, "chain", p, n, prof, dtype="uint8")
     kstar = math.sqrt((p - 2) * n * beta / alpha)
     assert pr.pieces in (math.floor(kstar), math.ceil(kstar))
     k = pr.pieces
@@ -395,8 +397,27 @@ def test_chain_broadcast_optimum(p: int, n: int) -> None:
     assert "closed form" in pr.pieces_rule
     # and it beats one piece and a tenth of k*
     for other in (1, max(1, k // 10)):
-        assert pr.seconds <= predict("broadcast", "chain", p, n, prof, "uint8",
+        assert pr.seconds <= predict(collective, "chain", p, n, prof, "uint8",
                                      pieces=other).seconds
+
+
+def test_chain_reduce_is_the_long_vectors_reduce_and_the_tree_the_short_ones() -> None:
+    # every link carries a long vector once: (p-2+k)(alpha + n/k (beta + gamma)), where
+    # Rabenseifner's moves ~2 (p-1)/p of it over its links and the binomial root lg p times
+    # it; a short one pays the chain's p - 1 rounds against the tree's lg p.  (Every rank
+    # of the chain reduces the whole vector, Rabenseifner's 2 (p-1)/p of it spread out: the
+    # chain's lead shrinks as the reduction slows, 0.58x without it, 0.87x here.)
+    prof = Profile(Link(5e-6, 1 / 25e9, 1 / 10e9))
+
+    def t(alg: str, n: int) -> float:
+        return predict("reduce", alg, 16, n, prof).seconds
+
+    assert t("chain", GB) < 0.9 * t("rabenseifner", GB) < t("binomial", GB)
+    pr = predict("reduce", "chain", 16, GB, prof)
+    k = pr.pieces
+    assert pr.seconds == pytest.approx((14 + k) * (5e-6 + GB / k * (1 / 25e9 + 1 / 10e9)),
+                                       rel=1e-6)
+    assert t("binomial", 8) < t("chain", 8)
 
 
 def test_pipelining_does_not_help_a_ring() -> None:

@@ -266,6 +266,23 @@ def test_broadcast_chain(n: int, pieces: int) -> None:
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("pieces", [1, 4, 7])
+def test_reduce_chain(n: int, pieces: int) -> None:
+    # the broadcast chain backwards: each rank but the root sends the vector once, to the
+    # rank before it; each rank but the far end receives it once and reduces it
+    root = n // 2
+    s = build("reduce", "chain", n, root, pieces=pieces)
+    m = 64 * pieces
+    c = count(s, m)
+    assert c.rounds == n - 2 + pieces
+    far = (root - 1) % n   # the chain runs root - 1 -> root - 2 -> ... -> root
+    assert all(c.sent[r] == (0 if r == root else m) for r in range(n))
+    assert all(c.received[r] == (0 if r == far else m) for r in range(n))
+    assert all(b == (a - 1) % n for _, a, b in messages(s))
+    assert c.round_sent.max() == m // pieces    # one piece per link per round
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_broadcast_scatter_allgather(n: int) -> None:
     root = 1 % n
     s = build("broadcast", "scatter_allgather", n, root)

@@ -47,7 +47,7 @@ EXPECTED = {
                    "double_binary_tree", "hierarchical", "hierarchical_pipelined", "direct",
                    "oneshot", "naive"},
     "broadcast": {"binomial", "chain", "scatter_allgather", "hierarchical", "direct", "naive"},
-    "reduce": {"binomial", "rabenseifner", "hierarchical", "naive"},
+    "reduce": {"binomial", "chain", "rabenseifner", "hierarchical", "naive"},
     "all_gather": {"ring", "recursive_doubling", "bruck", "hierarchical", "direct", "naive"},
     "reduce_scatter": {"ring", "recursive_halving", "pairwise", "hierarchical", "direct",
                        "naive"},

@@ -10,7 +10,8 @@ move contiguous runs of blocks.  Going up (reduce, gather) is the same tree
 in reverse: round ``k`` uses ``d = 2^k``.  ``ceil(lg p)`` rounds either way.
 
 Chain: the degenerate tree ``root -> root+1 -> ...``, pipelined in pieces:
-``p - 2 + pieces`` rounds, every link busy once the pipe is full.
+``p - 2 + pieces`` rounds, every link busy once the pipe is full; the reduce
+runs it backwards, into the root.
 
 Double binary tree (Sanders, Speck & Traeff 2009; NCCL's Tree): two binary
 trees, complementary in that a rank which is an inner node of one is a leaf
@@ -330,6 +331,51 @@ def broadcast_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
 
     return Schedule("broadcast", "chain", n, R, {OUT: Layout(1, P)}, rank_fn, root=root,
                     round_fn=rounds)
+
+
+@register("reduce", "chain", params={"pieces": 4})
+def reduce_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
+    """Pipelined chain reduce, rank root - 1 first, the root last: p - 2 + pieces rounds.
+
+    The broadcast chain run backwards, as NCCL's ring reduce: the rank farthest
+    from the root sends its first piece, every rank adds what it receives to its
+    own piece and passes the sum on, and the root adds the last.  With k pieces
+    it costs (p - 2 + k) (alpha + n/k (beta + gamma)): every link carries the
+    vector once, where a binomial tree's root receives it lg p times and
+    Rabenseifner's moves about 2 (p-1)/p of it, so for long vectors it is the
+    cheapest reduce on a network whose links run at once.  On one host, where
+    every copy shares the memory, it measured level with those two (4 ranks,
+    64 KiB-64 MiB, ``ringlet bench reduce --algo chain``): the size rules do not
+    take it there, a calibrated profile's tuner may.
+    """
+    P = check_pieces("reduce/chain", pieces)
+    R = n - 2 + P if n > 1 else 1
+    layouts = {IN: Layout(1, P), OUT: Layout(1, P), TMP: Layout(1, P)}
+
+    def rank_fn(r: int) -> list[list[Step]]:
+        rounds = empty_rounds(R)
+        v = (r - root) % n
+        u = n - 1 - v   # how far from the chain's far end: it sends first
+        # the root sums into OUT, the ranks between into TMP, the far end sends its input
+        acc = OUT if v == 0 else TMP
+        if u > 0 or n == 1:
+            rounds[0].append(copy([(acc, 0, P)], [(IN, 0, P)]))
+        # piece p reaches the rank u links from the far end in round u - 1 + p and
+        # leaves it, with this rank's part added, in round u + p
+        for p in range(P):
+            if u > 0:
+                rounds[u - 1 + p].append(recv_reduce((r + 1) % n, (acc, p)))
+            if v > 0:
+                rounds[u + p].append(send((r - 1) % n, (IN if u == 0 else acc, p)))
+        return rounds
+
+    def rounds(t: int) -> Messages:
+        # piece t - u leaves the rank u links from the far end (relative rank p - 1 - u)
+        u = np.arange(max(0, t - P + 1), min(t, n - 2) + 1, dtype=np.int64)
+        v = n - 1 - u
+        return messages((v + root) % n, (v - 1 + root) % n, reduce=True)
+
+    return Schedule("reduce", "chain", n, R, layouts, rank_fn, root=root, round_fn=rounds)
 
 
 # --- double binary tree --------------------------------------------------------------
