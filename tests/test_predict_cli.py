@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -136,6 +137,22 @@ def test_the_textbook_across_nodes_divides_by_the_link_between_them(
                  "8", "--textbook", "--algorithm", "ring", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["textbook"]["textbook_seconds"] == pytest.approx(2 * 1e9 / 900e9)
+
+
+def test_the_textbook_across_nodes_is_explained_too(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # two levels of links: the bandwidth terms on both links against the textbook's time,
+    # then latency; the factors multiply to the ratio (there were none: a bare ratio)
+    assert main(["predict", "all_reduce", "--bytes", "1GB", "--link", "dgx_h100", "--nodes",
+                 "2", "--textbook", "--algorithm", "hierarchical", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    tb = row["textbook"]
+    factors = [f["factor"] for f in tb["factors"]]
+    assert len(factors) == 2 and math.prod(factors) == pytest.approx(tb["ratio"], rel=1e-9)
+    assert factors[0] == pytest.approx(row["beta_seconds"] / tb["textbook_seconds"])
+    assert "two levels of links" in tb["factors"][0]["reason"] and \
+        "2 GB per rank at 50 GB/s" in tb["factors"][0]["reason"]
+    assert tb["factors"][1]["reason"].startswith("latency: ")
 
 
 def test_two_levels_and_rails(capsys: pytest.CaptureFixture[str]) -> None:

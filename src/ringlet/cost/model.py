@@ -1419,17 +1419,33 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
     """Explain ``model_seconds / textbook_seconds`` as a product of named factors.
 
     ``line_rate`` is the per-direction line rate of the (one-level) link, None
-    for two-level predictions (then only the total is given).  The factors:
-    direction (the textbook's bandwidth over the per-direction rate), efficiency,
-    volume (the schedule's critical-path bytes over the textbook's bytes) and
-    latency plus reduction (the whole time over its bandwidth term;
-    ``overhead_seconds`` is the per-message part of ``alpha_seconds``).
+    for two-level predictions.  The factors: direction (the textbook's bandwidth
+    over the per-direction rate), efficiency, volume (the schedule's
+    critical-path bytes over the textbook's bytes) and latency plus reduction
+    (the whole time over its bandwidth term; ``overhead_seconds`` is the
+    per-message part of ``alpha_seconds``).  On two levels the first three are
+    one: the bandwidth terms, on both links at their achievable rates, over the
+    textbook's time (its bytes through one figure, the link between nodes' where
+    a group spans them); then latency plus reduction as on one level.
     """
     from .units import format_bandwidth, format_bytes, format_seconds
 
     factors: list[tuple[str, float]] = []
-    if line_rate is None or beta_seconds <= 0 or textbook_bytes <= 0:
+    if beta_seconds <= 0 or textbook_bytes <= 0 or not textbook_seconds > 0:
         return TextbookComparison(textbook_seconds, model_seconds, ())
+    if line_rate is None:
+        factors.append((f"two levels of links: the schedules' bandwidth terms, inside and "
+                        f"between nodes at each link's achievable rate, take "
+                        f"{format_seconds(beta_seconds)}, not the textbook's "
+                        f"{format_seconds(textbook_seconds)} for "
+                        f"{format_bytes(textbook_bytes)} per rank at "
+                        f"{format_bandwidth(textbook_bytes / textbook_seconds)} (the figure of "
+                        f"the link between nodes where a group spans them): "
+                        f"{beta_seconds / textbook_seconds:.4g}x",
+                        beta_seconds / textbook_seconds))
+        _latency_factor(factors, model_seconds, beta_seconds, alpha_seconds, gamma_seconds,
+                        rounds, overhead_seconds)
+        return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
     name = link_name or "the link"
     direction = textbook_bandwidth / line_rate
     if abs(direction - 1) > 1e-9:
@@ -1456,6 +1472,17 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
         factors.append((f"the schedule moves {format_bytes(critical_bytes)} per rank on its "
                         f"critical path, not the textbook's {format_bytes(textbook_bytes)}"
                         f"{exact}: {volume:.4g}x", volume))
+    _latency_factor(factors, model_seconds, beta_seconds, alpha_seconds, gamma_seconds, rounds,
+                    overhead_seconds)
+    return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
+
+
+def _latency_factor(factors: list[tuple[str, float]], model_seconds: float,
+                    beta_seconds: float, alpha_seconds: float, gamma_seconds: float,
+                    rounds: int, overhead_seconds: float) -> None:
+    """:func:`compare_textbook`'s last factor: the whole time over its bandwidth terms."""
+    from .units import format_seconds
+
     rest = model_seconds / beta_seconds
     if abs(rest - 1) > 1e-12:
         n_rounds = f"{rounds} round{'' if rounds == 1 else 's'}"
@@ -1467,4 +1494,3 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
         if gamma_seconds > 0:
             parts.append(f"reduction: {format_seconds(gamma_seconds)}")
         factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))
-    return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
