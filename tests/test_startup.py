@@ -10,6 +10,7 @@ pid of one of the job's ranks (segments do) or its name holds the job id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -37,6 +38,7 @@ from ringlet.transport.shm import (
     cleanup,
     create_region,
     open_region,
+    sweep_stale,
 )
 
 SCRIPT = Path(__file__).parent / "scripts" / "startup_job.py"
@@ -349,16 +351,73 @@ def test_rendezvous_held_by_another_user_is_refused(shm_dir: None) -> None:
     assert _job_files({r["pid"] for r in reports if "pid" in r}, set()) == []
 
 
-def _plant(path: str, *, uid: int | None = None, mode: int = 0o600) -> None:
+def _plant(path: str, *, uid: int | None = None, mode: int = 0o600, pid: int | None = None,
+           magic: int = MAGIC, age: float = 0.0) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, 4096)
-        os.pwrite(fd, MAGIC.to_bytes(8, "little") + os.getpid().to_bytes(8, "little"), 0)
+        os.pwrite(fd, magic.to_bytes(8, "little")
+                  + (os.getpid() if pid is None else pid).to_bytes(8, "little"), 0)
     finally:
         os.close(fd)
     os.chmod(path, mode)
     if uid is not None:
         os.chown(path, uid, uid)
+    if age:
+        then = time.time() - age
+        os.utime(path, (then, then))
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_sweep_removes_only_old_segments_whose_creator_ended(tmp_path: Path) -> None:
+    # a job whose ranks were all SIGKILLed inside start-up leaves its segments: a later
+    # job removes them, and nothing else (a live creator's, a young one, another
+    # user's, one without a segment header, a shared buffer's, another program's)
+    d = str(tmp_path)
+    dead = _ended_pid()
+    old = 2 * 600.0
+    cases = {
+        "ringlet-aa-w-0": dict(pid=dead, age=old),                 # removed
+        "ringlet-aa-w-1": dict(pid=dead, age=old),                 # removed
+        "ringlet-bb-w-0": dict(age=old),                           # its creator (us) runs
+        "ringlet-cc-w-0": dict(pid=dead, age=10.0),                # young: maybe in start-up
+        "ringlet-dd-buf0-0": dict(pid=dead, magic=0, age=old),     # no header: a buffer
+        "other-w-0": dict(pid=dead, age=old),                      # not ringlet's
+    }
+    for name, how in cases.items():
+        _plant(os.path.join(d, name), **how)  # type: ignore[arg-type]
+    if os.geteuid() == 0:   # another user's: never
+        _plant(os.path.join(d, "ringlet-ee-w-0"), uid=65534, pid=dead, age=old)
+    removed = sweep_stale(shm_dir=d)
+    assert sorted(removed) == [os.path.join(d, "ringlet-aa-w-0"),
+                               os.path.join(d, "ringlet-aa-w-1")]
+    left = set(os.listdir(d))
+    assert left == set(cases) - {"ringlet-aa-w-0", "ringlet-aa-w-1"} | \
+        ({"ringlet-ee-w-0"} if os.geteuid() == 0 else set())
+    assert sweep_stale(shm_dir=d) == []   # nothing more
+
+
+def test_a_job_sweeps_what_a_killed_start_up_left(shm_dir: None) -> None:
+    # ringlet.init (here a 1-rank job) is what runs the sweep
+    path = os.path.join(SHM_DIR, f"ringlet-{secrets.token_hex(16)}-w-0")
+    _plant(path, pid=_ended_pid(), age=2 * 600.0)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import ringlet; ringlet.init().close()"],
+                              capture_output=True, text=True, timeout=LIMIT,
+                              env=_env(RINGLET_DEBUG="INFO"))
+        assert proc.returncode == 0, proc.stderr
+        assert not os.path.exists(path)
+        assert f"removed {path}, a segment left by a job whose ranks were all killed" in \
+            proc.stderr, proc.stderr
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 @pytest.mark.parametrize("how", [

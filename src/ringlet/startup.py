@@ -89,7 +89,7 @@ from .errors import (
 )
 from .topology import Topology
 from .transport.base import Transport
-from .transport.shm import SHM_DIR, ShmTransport
+from .transport.shm import SHM_DIR, ShmTransport, sweep_stale
 
 #: Linux has abstract Unix sockets (no file, gone with the process); elsewhere the
 #: rendezvous socket is a file in SHM_DIR, a private (0700) directory there.
@@ -278,6 +278,10 @@ def _start(rank: int, size: int, settings: Settings, job_id: str | None, key: st
         t.names = list(names)
     t.pids[:] = pids
     t.connect(settings.init_timeout, check=check)
+    if rank == 0:   # one rank per node: what jobs killed in their start-up left behind
+        for path in sweep_stale():
+            _log(f"removed {path}, a segment left by a job whose ranks were all killed "
+                 f"during their start-up")
     return job_id, t
 
 

@@ -783,6 +783,49 @@ class ShmTransport(Transport):
             pass
 
 
+#: how old a segment left in SHM_DIR must be before :func:`sweep_stale` removes it
+STALE_AFTER_S = 600.0
+
+
+def sweep_stale(older_than: float = STALE_AFTER_S, shm_dir: str | None = None) -> list[str]:
+    """Remove the segments that jobs of this user left in ``shm_dir`` (default
+    :data:`SHM_DIR`) when every rank was killed inside start-up's milliseconds (as
+    mpiexec's proxies SIGKILL the ranks when mpiexec is killed): this user's regular
+    ``ringlet-*`` files with a segment header whose creator has ended, untouched for
+    ``older_than`` seconds.  The age guards a job whose creator runs where its pid is not
+    ours to see (another pid namespace sharing this directory): a live job's segment
+    exists only until its peers have mapped it, within its start-up deadline.  Files
+    without a header (``comm.empty()``'s buffers) are left alone: nothing says whose they
+    are.  Returns the paths removed; never raises for a file it cannot read."""
+    where = SHM_DIR if shm_dir is None else shm_dir
+    try:
+        names = [n for n in os.listdir(where) if n.startswith("ringlet-")]
+    except OSError:
+        return []
+    removed = []
+    uid, now = os.geteuid(), time.time()
+    for name in names:
+        path = os.path.join(where, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size < 16 or \
+                    now - st.st_mtime < older_than:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                head = os.pread(fd, 16, 0)
+            finally:
+                os.close(fd)
+            pid = int.from_bytes(head[8:16], "little")
+            if int.from_bytes(head[:8], "little") != MAGIC or pid <= 0 or alive(pid):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def _open_private(path: str, flags: int, what: str) -> int:
     """Open ``path`` (not following a symbolic link) if it is a regular file of this user
     with no group or other permissions, as ringlet makes them; else a ConfigError naming
