@@ -56,7 +56,10 @@ Start-up guarantees
   SIGHUP arriving during :func:`init` (when their handler is the default)
   are held until the clean-up has run, then delivered as usual (the
   process still dies of the signal).  Only SIGKILL inside those few
-  milliseconds can leave a segment, which ``ringlet run`` removes at exit.
+  milliseconds can leave a segment, which ``ringlet run`` removes at exit;
+  under another launcher the next job's start-up on that host does
+  (:func:`ringlet.transport.shm.sweep_stale`, once the segment's creator has
+  ended and nobody touched it for 10 minutes).
 """
 
 from __future__ import annotations
