@@ -370,7 +370,7 @@ def reduce_chain(n: int, root: int = 0, pieces: int = 4) -> Schedule:
         return rounds
 
     def rounds(t: int) -> Messages:
-        # piece t - u leaves the rank u links from the far end (relative rank p - 1 - u)
+        # piece t - u leaves the rank u links from the far end (relative rank n - 1 - u)
         u = np.arange(max(0, t - P + 1), min(t, n - 2) + 1, dtype=np.int64)
         v = n - 1 - u
         return messages((v + root) % n, (v - 1 + root) % n, reduce=True)

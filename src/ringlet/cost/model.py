@@ -1443,9 +1443,33 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
                         f"the link between nodes where a group spans them): "
                         f"{beta_seconds / textbook_seconds:.4g}x",
                         beta_seconds / textbook_seconds))
-        _latency_factor(factors, model_seconds, beta_seconds, alpha_seconds, gamma_seconds,
-                        rounds, overhead_seconds)
-        return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
+    else:
+        factors += _one_level_factors(textbook_bytes, textbook_bandwidth, critical_bytes,
+                                      nranks, line_rate, efficiency, efficiency_source,
+                                      link_name, headline_bidirectional)
+    rest = model_seconds / beta_seconds
+    if abs(rest - 1) > 1e-12:
+        n_rounds = f"{rounds} round{'' if rounds == 1 else 's'}"
+        if overhead_seconds > 0:
+            parts = [f"latency: {n_rounds} x alpha + per-message overhead "
+                     f"{format_seconds(overhead_seconds)} = {format_seconds(alpha_seconds)}"]
+        else:
+            parts = [f"latency: {n_rounds} x alpha = {format_seconds(alpha_seconds)}"]
+        if gamma_seconds > 0:
+            parts.append(f"reduction: {format_seconds(gamma_seconds)}")
+        factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))
+    return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
+
+
+def _one_level_factors(textbook_bytes: float, textbook_bandwidth: float, critical_bytes: float,
+                       nranks: int, line_rate: float, efficiency: float,
+                       efficiency_source: str, link_name: str, headline_bidirectional: bool
+                       ) -> list[tuple[str, float]]:
+    """:func:`compare_textbook`'s factors on one level of links: direction, efficiency and
+    volume."""
+    from .units import format_bandwidth, format_bytes
+
+    factors: list[tuple[str, float]] = []
     name = link_name or "the link"
     direction = textbook_bandwidth / line_rate
     if abs(direction - 1) > 1e-9:
@@ -1472,25 +1496,4 @@ def compare_textbook(*, textbook_seconds: float, textbook_bytes: float, textbook
         factors.append((f"the schedule moves {format_bytes(critical_bytes)} per rank on its "
                         f"critical path, not the textbook's {format_bytes(textbook_bytes)}"
                         f"{exact}: {volume:.4g}x", volume))
-    _latency_factor(factors, model_seconds, beta_seconds, alpha_seconds, gamma_seconds, rounds,
-                    overhead_seconds)
-    return TextbookComparison(textbook_seconds, model_seconds, tuple(factors))
-
-
-def _latency_factor(factors: list[tuple[str, float]], model_seconds: float,
-                    beta_seconds: float, alpha_seconds: float, gamma_seconds: float,
-                    rounds: int, overhead_seconds: float) -> None:
-    """:func:`compare_textbook`'s last factor: the whole time over its bandwidth terms."""
-    from .units import format_seconds
-
-    rest = model_seconds / beta_seconds
-    if abs(rest - 1) > 1e-12:
-        n_rounds = f"{rounds} round{'' if rounds == 1 else 's'}"
-        if overhead_seconds > 0:
-            parts = [f"latency: {n_rounds} x alpha + per-message overhead "
-                     f"{format_seconds(overhead_seconds)} = {format_seconds(alpha_seconds)}"]
-        else:
-            parts = [f"latency: {n_rounds} x alpha = {format_seconds(alpha_seconds)}"]
-        if gamma_seconds > 0:
-            parts.append(f"reduction: {format_seconds(gamma_seconds)}")
-        factors.append(("; ".join(parts) + " (the textbook has no latency term)", rest))
+    return factors
