@@ -154,9 +154,8 @@ def _probed_pairs(comm: ringlet.Communicator) -> list[Any]:
         comm.send(ringlet.pairs(np.arange(5.0), np.arange(5, dtype=np.int32)), 1, tag=3)
         return []
     st = comm.probe(0, 3)
-    got = comm.recv(np.empty(st.count, ringlet.pairs([0.0], np.array([0], np.int32)).dtype),
-                    0, tag=3)
-    return [st.count, st.nbytes, st.dtype, got["index"].tolist()]
+    got = comm.recv(st.empty(), 0, tag=3)   # np.empty(st.count, st.dtype) cannot: a name
+    return [st.count, st.nbytes, st.dtype, got["index"].tolist(), got["value"].tolist()]
 
 
 def test_a_probed_message_of_pairs_counts_pairs() -> None:
@@ -164,4 +163,31 @@ def test_a_probed_message_of_pairs_counts_pairs() -> None:
     receive sized by it was 12 times too large, as mpi4py's Get_count never is)."""
     from conftest import get_world
 
-    assert get_world(2).run(_probed_pairs)[1] == [5, 60, "pair(float64,int32)", list(range(5))]
+    assert get_world(2).run(_probed_pairs)[1] == [5, 60, "pair(float64,int32)", list(range(5)),
+                                                  [float(v) for v in range(5)]]
+
+
+def _probed_into_empty(comm: ringlet.Communicator) -> list[Any]:
+    import torch
+
+    if comm.rank == 0:
+        comm.send(np.arange(6, dtype=np.int16), 1, tag=1)
+        comm.send(torch.arange(4, dtype=torch.bfloat16), 1, tag=2)
+        return []
+    out = []
+    for tag in (1, 2):
+        st = comm.probe(0, tag)
+        buf = st.empty()
+        got = comm.recv(buf, 0, tag=tag)
+        out.append([type(got).__name__, str(got.dtype), got.tolist()])
+    return out
+
+
+def test_a_probed_message_is_received_into_status_empty() -> None:
+    # Status.empty(): the buffer a receive of the probed message takes, whatever its type
+    pytest.importorskip("torch")
+    from conftest import get_world
+
+    assert get_world(2).run(_probed_into_empty)[1] == [
+        ["ndarray", "int16", list(range(6))],
+        ["Tensor", "torch.bfloat16", [0.0, 1.0, 2.0, 3.0]]]

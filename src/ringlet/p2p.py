@@ -57,11 +57,29 @@ class Status:
     dtype: str
     #: bytes of one element (pair types' too), 0 if the type is not known
     itemsize: int = field(default=0, repr=False, compare=False)
+    #: the element type's dtype code (:func:`ringlet.ops.dtype_of_code`), -1 if unknown
+    code: int = field(default=-1, repr=False, compare=False)
 
     @property
     def count(self) -> int:
         """Elements of the message (in its own element type)."""
         return self.nbytes // self.itemsize if self.itemsize else self.nbytes
+
+    def empty(self) -> Any:
+        """A buffer of ``count`` elements that a receive of this message takes: a numpy
+        array of its type (a structured one for (value, index) pairs, as
+        :func:`ringlet.pairs` makes), a torch tensor for bfloat16 (numpy has no such
+        type; torch is imported for it).  ``np.empty(st.count, st.dtype)`` does the
+        same for numpy's own types only."""
+        d = dtype_of_code(self.code)
+        if d is None:
+            raise ArgumentError(f"the message's element type ({self.dtype}) is not one this "
+                                f"process can make a buffer of")
+        if d.name == "bfloat16":
+            import torch
+
+            return torch.empty(self.count, dtype=torch.bfloat16)
+        return np.empty(self.count, d.np_dtype)
 
 
 class P2PEngine:
@@ -335,7 +353,7 @@ class P2PEngine:
             utag, code, data, _ = self.unexpected[q][i]
             d = dtype_of_code(code)
             return Status(q, utag, int(data.size), d.name if d else str(code),
-                          d.itemsize if d else 0)
+                          d.itemsize if d else 0, code)
 
     def probe(self, src: int, tag: int) -> Status:
         """Wait (under the deadline) for a message a receive of (src, tag) would take."""
