@@ -351,11 +351,7 @@ class ShmTransport(Transport):
                 if q != self.rank and self.pids[q]:
                     with contextlib.suppress(OSError, RingletError):
                         pfd = _open_private(self.path(q), os.O_RDONLY, "")
-                        try:
-                            head = os.pread(pfd, 16, 0)
-                        finally:
-                            os.close(pfd)
-                        if int.from_bytes(head[8:16], "little") == self.pids[q]:
+                        if _header(pfd)[1] == self.pids[q]:
                             os.unlink(self.path(q))
             raise
         finally:
@@ -783,6 +779,16 @@ class ShmTransport(Transport):
             pass
 
 
+def _header(fd: int) -> tuple[int, int]:
+    """A segment's first two header words, (magic, creator's pid), read from ``fd``, which
+    is closed."""
+    try:
+        head = os.pread(fd, 16, 0)
+    finally:
+        os.close(fd)
+    return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:16], "little")
+
+
 #: how old a segment left in SHM_DIR must be before :func:`sweep_stale` removes it
 STALE_AFTER_S = 600.0
 
@@ -811,13 +817,8 @@ def sweep_stale(older_than: float = STALE_AFTER_S, shm_dir: str | None = None) -
             if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size < 16 or \
                     now - st.st_mtime < older_than:
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                head = os.pread(fd, 16, 0)
-            finally:
-                os.close(fd)
-            pid = int.from_bytes(head[8:16], "little")
-            if int.from_bytes(head[:8], "little") != MAGIC or pid <= 0 or alive(pid):
+            magic, pid = _header(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+            if magic != MAGIC or pid <= 0 or alive(pid):
                 continue
             os.unlink(path)
             removed.append(path)
